@@ -1,0 +1,3 @@
+from workerpool.cli import main
+
+raise SystemExit(main())

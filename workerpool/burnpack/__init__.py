@@ -1,0 +1,23 @@
+"""Burnpack, the weight-file format of the Burn framework: zero-copy reading, compatible writing.
+
+``read`` maps a file once and hands out read-only numpy views; ``write`` produces files that
+are byte-for-byte what Burn's own writer produces for the same tensors.
+"""
+
+from .dtypes import DType, bf16_to_float32, qfloat
+from .layout import BurnpackError
+from .reader import Burnpack, FileIdentity, TensorInfo, read
+from .writer import Deferred, write
+
+__all__ = [
+    "Burnpack",
+    "BurnpackError",
+    "DType",
+    "Deferred",
+    "FileIdentity",
+    "TensorInfo",
+    "bf16_to_float32",
+    "qfloat",
+    "read",
+    "write",
+]
