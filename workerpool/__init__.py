@@ -1,3 +1,32 @@
 """workerpool: serve a numpy model from many processes that share one mapped copy of its weights."""
 
+from .aio import AsyncClient
+from .client import Client, Result
+from .errors import (
+    BadRequest,
+    DeadlineExceeded,
+    InternalError,
+    Overloaded,
+    RemoteError,
+    ShuttingDown,
+    Timeout,
+    WorkerFailed,
+    WorkerpoolError,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "BadRequest",
+    "Client",
+    "DeadlineExceeded",
+    "InternalError",
+    "Overloaded",
+    "RemoteError",
+    "Result",
+    "ShuttingDown",
+    "Timeout",
+    "WorkerFailed",
+    "WorkerpoolError",
+]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from . import burnpack, models
+from . import burnpack, control, models, runtime
+from .logs import LEVELS, setup_logging
 from .units import format_size, parse_size
 
 
@@ -88,7 +90,82 @@ def cmd_new_model(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     except ValueError as exc:
         raise CommandError(f"{args.out}: {exc}") from exc
-    print(f"workerpool: wrote {args.out}: {summary}")
+    widths = " -> ".join(str(d) for d in summary.dims)
+    print(f"workerpool: wrote {args.out}: mlp {widths} ({summary.layers} layers, {summary.activation}), "
+          f"{format_size(summary.size_bytes)}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .supervisor import ServeConfig, StartupError, Supervisor
+
+    setup_logging(args.log_level)
+    config = ServeConfig(
+        path=args.model_file,
+        workers=args.workers,
+        model=args.model,
+        bind=args.bind,
+        control=args.control,
+        load=args.load,
+        max_queue=args.max_queue,
+        graceful_timeout=args.graceful_timeout,
+        max_message_size=args.max_message_size,
+        log_level=args.log_level,
+    )
+    try:
+        return Supervisor(config).run()
+    except StartupError as exc:
+        raise CommandError(str(exc), exit_code=2) from exc
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    endpoint = args.control or runtime.default_control_endpoint()
+    try:
+        status = control.call(endpoint, "status", timeout=args.timeout)
+    except control.ControlError as exc:
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    model, queue = status["model"], status["queue"]
+    print(f"supervisor {status['supervisor_pid']} serving on {status['endpoint']}")
+    print(f"model {model['name']}: {model['path']} ({format_size(model['size'])}, inode {model['inode']}, "
+          f"generation {model['generation']}, {model['load']})")
+    print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight")
+    print(f"{'pid':>8}  {'host':<16} {'state':<9} {'gen':>4} {'served':>8} {'errors':>6} "
+          f"{'rss':>10} {'uss':>10} {'pss':>10} {'shared':>10}")
+    for worker in status["workers"]:
+        memory = worker.get("memory") or {}
+        sizes = [format_size(memory[k]) if k in memory else "-" for k in ("rss", "uss", "pss", "shared")]
+        print(f"{worker['pid']:>8}  {worker['host'][:16]:<16} {worker['state']:<9} {worker['generation']:>4} "
+              f"{worker['served']:>8} {worker['errors']:>6} " + " ".join(f"{s:>10}" for s in sizes))
+    return 0
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .client import Client
+    from .errors import WorkerpoolError
+
+    try:
+        x = np.load(args.input, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"{args.input}: cannot load a .npy array: {exc}") from exc
+    try:
+        with Client(args.endpoint, timeout=args.timeout, retries=args.retries) as client:
+            result = client.request(x)
+    except WorkerpoolError as exc:
+        raise CommandError(f"{args.endpoint}: {type(exc).__name__}: {exc}") from exc
+    outputs = result.outputs
+    if args.output:
+        if isinstance(outputs, dict):
+            np.savez(args.output, **outputs)
+        else:
+            np.save(args.output, outputs)
+        print(f"workerpool: wrote {args.output} (worker {result.worker_pid}, generation {result.generation})")
+    else:
+        print(outputs)
     return 0
 
 
@@ -131,7 +208,74 @@ def build_parser() -> argparse.ArgumentParser:
                            help="hidden width (default: chosen from the size)")
     new_model.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     new_model.set_defaults(handler=cmd_new_model)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model from N worker processes",
+        description="Serve MODEL.bpk from --workers processes that each map the file read-only, "
+        "so the weights sit in memory once. Prints one 'workerpool: serving ...' line on stdout "
+        "when every worker is ready; logs go to stderr. SIGTERM/SIGINT finish in-flight requests "
+        "and exit 0; SIGTTIN/SIGTTOU add/remove a worker. Exit 2 when the file or model is invalid.",
+    )
+    serve.add_argument("model_file", metavar="MODEL.bpk", help="the Burnpack weight file")
+    serve.add_argument("--workers", type=_positive_or_zero, default=os.cpu_count() or 1,
+                       help="worker processes (default: the number of CPUs, %(default)s here)")
+    serve.add_argument("--model", default=None, metavar="NAME|module:factory",
+                       help="model to build (default: metadata workerpool.model, else recognised "
+                       f"from the tensors; built-ins: {', '.join(models.BUILTIN_MODELS)})")
+    serve.add_argument("--bind", default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
+                       help="client endpoint (default: %(default)s, loopback only)")
+    serve.add_argument("--control", default=None, metavar="ENDPOINT",
+                       help="control endpoint for status (default: an ipc socket in a private runtime "
+                       "directory)")
+    serve.add_argument("--load", choices=("mmap", "copy"), default="mmap",
+                       help="mmap: share one mapped copy of the weights (default); copy: a private "
+                       "copy per worker, the naive baseline")
+    serve.add_argument("--max-queue", type=_positive_or_zero, default=1024, metavar="N",
+                       help="requests that may wait for a free worker; more are refused with "
+                       "'overloaded' (default: %(default)s)")
+    serve.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
+                       help="on SIGTERM, seconds to finish in-flight requests (default: %(default)s)")
+    serve.add_argument("--max-message-size", type=_size, default=parse_size("64MiB"), metavar="SIZE",
+                       help="largest request accepted; a larger one drops its connection "
+                       "(default: 64MiB)")
+    serve.add_argument("--log-level", choices=LEVELS, default="info", help="default: %(default)s")
+    serve.set_defaults(handler=cmd_serve)
+
+    status = sub.add_parser(
+        "status",
+        help="show a running server's workers, queue and memory",
+        description="Ask a running server for its state. Exit 1 when no server answers.",
+    )
+    status.add_argument("--control", default=None, metavar="ENDPOINT",
+                        help="the server's control endpoint (default: as serve's default)")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default: 5)")
+    status.set_defaults(handler=cmd_status)
+
+    infer = sub.add_parser(
+        "infer",
+        help="send one request from a .npy file",
+        description="Send the array in a .npy file to a server and print or save the output.",
+    )
+    infer.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="default: %(default)s")
+    infer.add_argument("--input", required=True, metavar="X.npy", help="input array (.npy)")
+    infer.add_argument("--output", default=None, metavar="Y.npy",
+                       help="write the output here (.npy; .npz for named outputs) instead of printing it")
+    infer.add_argument("--timeout", type=float, default=30.0, help="seconds per attempt (default: 30)")
+    infer.add_argument("--retries", type=int, default=2, help="retries after a timeout (default: 2)")
+    infer.set_defaults(handler=cmd_infer)
     return parser
+
+
+def _positive_or_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,3 +288,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. piped into head: not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

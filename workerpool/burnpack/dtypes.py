@@ -116,9 +116,9 @@ def _check_quant_scheme(scheme: Any) -> None:
     missing = {"value", "store", "mode"} - scheme.keys()
     if missing:
         raise ValueError(f"QFloat scheme lacks {', '.join(sorted(missing))}")
-    if scheme["value"] not in _QUANT_VALUES:
+    if not _is_one_of(scheme["value"], _QUANT_VALUES):
         raise ValueError(f"QFloat scheme has unknown value {_short(scheme['value'])}")
-    if scheme["mode"] not in _QUANT_MODES:
+    if not _is_one_of(scheme["mode"], _QUANT_MODES):
         raise ValueError(f"QFloat scheme has unknown mode {_short(scheme['mode'])}")
     store = scheme["store"]
     packed = (
@@ -130,8 +130,13 @@ def _check_quant_scheme(scheme: Any) -> None:
     if store != "Native" and not packed:
         raise ValueError(f"QFloat scheme has unknown store {_short(store)}")
     tensor_scale = scheme.get("tensor")
-    if tensor_scale is not None and tensor_scale not in _SCALE_DTYPES:
+    if tensor_scale is not None and not _is_one_of(tensor_scale, _SCALE_DTYPES):
         raise ValueError(f"QFloat scheme has unknown scale dtype {_short(tensor_scale)}")
+
+
+def _is_one_of(value: Any, names: set[str]) -> bool:
+    # Decoded CBOR may be a list or dict here, which a set lookup would refuse with TypeError.
+    return isinstance(value, str) and value in names
 
 
 def _is_uint(value: Any) -> bool:

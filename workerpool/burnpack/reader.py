@@ -11,21 +11,22 @@ import logging
 import math
 import mmap as _mmap
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import cbor2
 import numpy as np
 
 from . import dtypes
 from .layout import (
+    FORMAT_VERSION,
     HEADER,
     HEADER_SIZE,
     I64_MAX,
     I64_MIN,
     MAGIC,
-    FORMAT_VERSION,
     MAX_CBOR_DEPTH,
     MAX_FILE_SIZE,
     MAX_METADATA_SIZE,

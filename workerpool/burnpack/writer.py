@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import struct
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import cbor2
 import numpy as np
@@ -141,13 +143,15 @@ def _payload(path: str, entry: _Planned) -> memoryview:
     array = source.load() if isinstance(source, Deferred) else source
     if not isinstance(array, np.ndarray):
         raise BurnpackError(f"{path}: tensor {entry.name!r}: loader returned a {type(array).__name__}")
-    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    # np.asarray, not np.ascontiguousarray: the latter turns a scalar of shape () into shape (1,).
+    array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
     if array.nbytes != entry.nbytes or (entry.dtype.itemsize is not None and array.shape != entry.shape):
         raise BurnpackError(
             f"{path}: tensor {entry.name!r}: got {array.nbytes} bytes of shape {list(array.shape)}, "
             f"declared {entry.nbytes} bytes of shape {list(entry.shape)}"
         )
-    return memoryview(array).cast("B")
+    # Flatten first: memoryview.cast refuses shapes with a zero dimension such as (3, 0).
+    return memoryview(array.reshape(-1).view(np.uint8))
 
 
 def _encode_metadata(
@@ -167,7 +171,9 @@ def _encode_metadata(
         }
         if entry.name in param_ids:
             param_id = param_ids[entry.name]
-            if not (isinstance(param_id, int) and 0 <= param_id <= U64_MAX):
+            if not (
+                isinstance(param_id, int) and not isinstance(param_id, bool) and 0 <= param_id <= U64_MAX
+            ):
                 raise BurnpackError(f"{path}: tensor {entry.name!r}: param_id is not a u64")
             descriptor["param_id"] = param_id
         descriptors[entry.name] = descriptor
@@ -177,6 +183,8 @@ def _encode_metadata(
             raise BurnpackError(f"{path}: metadata keys and values must be strings")
         document["metadata"] = dict(sorted(metadata.items()))
     if scalars:
+        if not all(isinstance(k, str) for k in scalars):
+            raise BurnpackError(f"{path}: scalar names must be strings")
         document["scalars"] = {name: _scalar(path, name, value) for name, value in sorted(scalars.items())}
     blob = cbor2.dumps(document, encoders={float: _encode_float})
     if len(blob) > U32_MAX:
@@ -199,8 +207,28 @@ def _scalar(path: str, name: str, value: Any) -> dict[str, Any]:
 
 
 def _encode_float(encoder: cbor2.CBOREncoder, value: float) -> None:
-    # ciborium writes the shortest float width that loses nothing; cbor2 does so in canonical mode.
-    encoder.write(cbor2.dumps(value, canonical=True))
+    # ciborium writes the shortest width whose round trip gives back the same f64 bits, NaNs
+    # included: -NaN (what x86 arithmetic produces) is f9 fe 00. cbor2's canonical mode writes
+    # every NaN as f9 7e 00, so compare bits here instead.
+    bits = struct.pack(">d", value)
+    widths = ((b"\xf9", ">e"), (b"\xfa", ">f"))
+    if math.isnan(value):
+        # struct drops a NaN's payload in f16; the `half` crate keeps its sign and top 10 bits.
+        raw = int.from_bytes(bits, "big")
+        if raw & 1 << 51 and not raw & (1 << 42) - 1:
+            half = (raw >> 48 & 0x8000) | 0x7C00 | (raw >> 42 & 0x3FF)
+            encoder.write(b"\xf9" + half.to_bytes(2, "big"))
+            return
+        widths = widths[1:]
+    for head, fmt in widths:
+        try:
+            packed = struct.pack(fmt, value)
+        except OverflowError:
+            continue
+        if struct.pack(">d", struct.unpack(fmt, packed)[0]) == bits:
+            encoder.write(head + packed)
+            return
+    encoder.write(b"\xfb" + bits)
 
 
 def _pad_to(f: Any, position: int) -> None:

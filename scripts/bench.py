@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Requests/s and latency through workerpool, against a bare pyzmq load-balancing echo broker.
+
+The bare broker (ROUTER facing clients, ROUTER facing workers, workers that echo) is the
+transport's own cost on this machine; workerpool's figures are read against it. Both are driven
+by the same client loop: one DEALER socket keeping K requests in flight.
+
+    python scripts/bench.py                     # 1 MiB mlp, 2 workers, K = 1, 4, 16
+    python scripts/bench.py --workers 4 --seconds 5 --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import zmq
+
+from workerpool import models, protocol
+
+
+def drive(endpoint: str, frames: list, in_flight: int, seconds: float) -> dict:
+    """Keep ``in_flight`` requests outstanding for ``seconds``; return rate and latencies."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    header = json.loads(frames[1])
+
+    def send(request_id: int) -> None:
+        header["id"] = request_id
+        sock.send_multipart([b"", protocol.encode_header(header), *frames[2:]], copy=False)
+        sent[request_id] = time.perf_counter()
+
+    next_id = 0
+    for _ in range(3 * in_flight):  # warm up connections and caches
+        send(next_id)
+        next_id += 1
+        sock.recv_multipart()
+    sent.clear()
+    for _ in range(in_flight):
+        send(next_id)
+        next_id += 1
+    start = time.perf_counter()
+    end = start + seconds
+    while True:
+        reply = sock.recv_multipart()
+        now = time.perf_counter()
+        request_id = json.loads(reply[1])["id"]
+        latencies.append(now - sent.pop(request_id))
+        if now >= end:
+            break
+        send(next_id)
+        next_id += 1
+    while sent:
+        reply = sock.recv_multipart()
+        sent.pop(json.loads(reply[1])["id"])
+    elapsed = time.perf_counter() - start
+    sock.close()
+    context.term()
+    lat = np.array(latencies) * 1e6
+    return {
+        "in_flight": in_flight,
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_us": float(np.percentile(lat, 50)),
+        "p99_us": float(np.percentile(lat, 99)),
+    }
+
+
+def echo_broker(backend: str, bound: multiprocessing.Queue) -> None:
+    """The guide's load-balancing broker, minimal: the transport's own cost."""
+    context = zmq.Context()
+    clients = context.socket(zmq.ROUTER)
+    clients.bind("tcp://127.0.0.1:*")
+    bound.put(clients.getsockopt_string(zmq.LAST_ENDPOINT))
+    workers = context.socket(zmq.ROUTER)
+    workers.bind(backend)
+    poller = zmq.Poller()
+    poller.register(workers, zmq.POLLIN)
+    free: list[bytes] = []
+    while True:
+        if free:
+            poller.register(clients, zmq.POLLIN)
+        events = dict(poller.poll())
+        if events.get(workers):
+            message = workers.recv_multipart(copy=False)
+            free.append(message[0].bytes)
+            if len(message) > 2:
+                clients.send_multipart(message[2:], copy=False)
+        if events.get(clients):
+            message = clients.recv_multipart(copy=False)
+            workers.send_multipart([free.pop(0), b"", *message], copy=False)
+        if not free:
+            poller.unregister(clients)
+
+
+def echo_worker(backend: str) -> None:
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.connect(backend)
+    sock.send(b"")
+    while True:
+        message = sock.recv_multipart(copy=False)
+        client = message[1:3]
+        header = json.loads(message[3].bytes)
+        reply = {"v": 1, "id": header["id"], "status": "ok", "arrays": header["arrays"]}
+        sock.send_multipart([b"", *client, protocol.encode_header(reply), *message[4:]], copy=False)
+
+
+def run_bare(workers: int, frames: list, levels: list[int], seconds: float, tmp: str) -> list[dict]:
+    spawn = multiprocessing.get_context("spawn")
+    backend = f"ipc://{tmp}/bare-backend"
+    bound = spawn.Queue()
+    procs = [spawn.Process(target=echo_broker, args=(backend, bound), daemon=True)]
+    procs += [spawn.Process(target=echo_worker, args=(backend,), daemon=True) for _ in range(workers)]
+    for proc in procs:
+        proc.start()
+    try:
+        frontend = bound.get(timeout=30)
+        return [drive(frontend, frames, k, seconds) for k in levels]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join()
+
+
+def run_workerpool(model: str, workers: int, frames: list, levels: list[int], seconds: float, tmp: str) -> list[dict]:
+    command = [
+        sys.executable, "-m", "workerpool", "serve", model, "--workers", str(workers),
+        "--bind", "tcp://127.0.0.1:*", "--control", f"ipc://{tmp}/control", "--log-level", "warning",
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        if not line.startswith("workerpool: serving"):
+            raise SystemExit(f"server did not start: {line!r}")
+        endpoint = line.rsplit(" on ", 1)[1].strip()
+        return [drive(endpoint, frames, k, seconds) for k in levels]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--in-flight", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per level (default: 3)")
+    parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
+    args = parser.parse_args()
+    levels = [int(k) for k in args.in_flight.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "bench.bpk")
+        generated = models.generate_mlp(model, 1024 * 1024)
+        x = np.random.default_rng(0).standard_normal((1, generated.dims[0]), dtype=np.float32)
+        frames = protocol.encode_request(0, x)
+        bare = run_bare(args.workers, frames, levels, args.seconds, tmp)
+        pool = run_workerpool(model, args.workers, frames, levels, args.seconds, tmp)
+    print(f"{args.workers} workers, 1 MiB mlp, one-row float32 input; {args.seconds:g}s per level")
+    print(f"{'in flight':>9} | {'bare req/s':>10} {'p50 us':>8} {'p99 us':>8} | "
+          f"{'pool req/s':>10} {'p50 us':>8} {'p99 us':>8} | {'rps ratio':>9} {'p50 ratio':>9}")
+    for b, p in zip(bare, pool):
+        print(f"{b['in_flight']:>9} | {b['rps']:>10.0f} {b['p50_us']:>8.0f} {b['p99_us']:>8.0f} | "
+              f"{p['rps']:>10.0f} {p['p50_us']:>8.0f} {p['p99_us']:>8.0f} | "
+              f"{p['rps'] / b['rps']:>9.2f} {p['p50_us'] / b['p50_us']:>9.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workers": args.workers, "bare": bare, "workerpool": pool}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The main job end to end: a real supervisor, real worker processes, real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import workerpool
+from workerpool import burnpack, models
+from server import Server
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("model") / "small.bpk"
+    models.generate_mlp(path, 1024 * 1024)
+    return str(path)
+
+
+def digits(count: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0, 255, size=(count, 28, 28)).astype(np.float32)
+
+
+def test_mnist_answers_equal_the_model_run_in_process(burn_mnist_path):
+    """Many concurrent clients; every answer equals the same model run locally on the input."""
+    pack = burnpack.read(burn_mnist_path)
+    local = models.build_model(pack.tensors, pack.metadata)
+    failures: list[str] = []
+    pids: set[int] = set()
+
+    def client(seed: int) -> None:
+        with workerpool.Client(server.endpoint, timeout=30) as c:
+            for i in range(10):
+                x = digits(1 + i % 3, seed * 100 + i)
+                result = c.request(x)
+                pids.add(result.worker_pid)
+                if not np.allclose(result.outputs, local(x), rtol=1e-5, atol=1e-5):
+                    failures.append(f"client {seed} request {i} differs")
+
+    with Server(burn_mnist_path, workers=3) as server:
+        assert "model burn-mnist" in server.ready_line and "with 3 workers" in server.ready_line
+        threads = [threading.Thread(target=client, args=(seed,)) for seed in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert failures == []
+        assert pids <= set(server.worker_pids())
+        assert len(pids) >= 2  # concurrent load was spread over workers
+
+
+def test_slow_request_does_not_delay_free_workers(small_model):
+    """Load-awareness: while one worker sleeps on a request, the others answer meanwhile."""
+    with Server(small_model, "--model", "slow_model:factory", workers=3) as server:
+        slow_done = threading.Event()
+        slow_result: list = []
+
+        def slow() -> None:
+            with workerpool.Client(server.endpoint, timeout=30) as c:
+                slow_result.append(c.request(np.full((1, 4), -3.0, np.float32)))
+            slow_done.set()
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        server.wait_for(lambda s: any(w["state"] == "busy" for w in s["workers"]))
+        answered = 0
+        with workerpool.Client(server.endpoint, timeout=30) as c:
+            for _ in range(40):
+                out = c.infer(np.ones((1, 4), np.float32))
+                assert np.array_equal(out, np.full((1, 4), 2.0, np.float32))
+                answered += 1
+                assert not slow_done.is_set() or answered > 20
+        fast_finished_first = not slow_done.is_set()
+        thread.join(30)
+        assert fast_finished_first, "40 fast requests should finish while one 3 s request runs"
+        assert slow_result and np.array_equal(slow_result[0].outputs, np.full((1, 4), -6.0, np.float32))
+
+
+def test_infer_many_and_info(small_model):
+    with Server(small_model, workers=2) as server, workerpool.Client(server.endpoint) as c:
+        info = c.info()
+        assert info["model"] == "mlp" and info["input_shape"][1] > 0
+        width = info["input_shape"][1]
+        xs = [np.full((1, width), float(i), np.float32) for i in range(30)]
+        pack = burnpack.read(small_model)
+        local = models.build_model(pack.tensors, pack.metadata)
+        for x, y in zip(xs, c.infer_many(xs, window=6)):
+            np.testing.assert_allclose(y, local(x), rtol=1e-5, atol=1e-6)
+
+
+def test_async_client(small_model):
+    import asyncio
+
+    async def run(endpoint: str, width: int) -> list[np.ndarray]:
+        async with workerpool.AsyncClient(endpoint) as c:
+            return await asyncio.gather(*(c.infer(np.ones((2, width), np.float32)) for _ in range(8)))
+
+    with Server(small_model, workers=2) as server:
+        width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]
+        outputs = asyncio.run(run(server.endpoint, width))
+        assert len(outputs) == 8 and all(o.shape == (2, 10) for o in outputs)
+
+
+def test_status_reports_every_worker(small_model):
+    with Server(small_model, workers=2) as server:
+        status = server.status()
+        assert status["supervisor_pid"] == server.proc.pid
+        assert set(status) >= {"supervisor_pid", "model", "queue", "workers"}
+        model = status["model"]
+        assert model["path"] == small_model and model["size"] == os.path.getsize(small_model)
+        assert model["inode"] == os.stat(small_model).st_ino and model["generation"] == 1
+        assert len(status["workers"]) == 2
+        for worker in status["workers"]:
+            assert worker["state"] == "ready"
+            assert {"pid", "host", "generation", "served", "errors", "started"} <= set(worker)
+            assert {"rss", "uss", "pss", "shared"} <= set(worker["memory"])
+            assert psutil.pid_exists(worker["pid"])
+        human = subprocess.run(
+            [sys.executable, "-m", "workerpool", "status", "--control", server.control],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert human.returncode == 0 and str(status["workers"][0]["pid"]) in human.stdout
+
+
+def test_status_without_server_exits_1(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "workerpool", "status", "--control", f"ipc://{tmp_path}/none", "--timeout", "0.5"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("workerpool: error: no workerpool server answers")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("defect", ["missing", "garbage", "misfit"])
+def test_bad_model_file_exits_2_without_starting_workers(tmp_path, small_model, defect):
+    path = tmp_path / "model.bpk"
+    args = []
+    if defect == "garbage":
+        path.write_bytes(b"NRUB\x01\x00" + b"\xff" * 64)
+    elif defect == "misfit":
+        path.write_bytes(open(small_model, "rb").read())
+        args = ["--model", "burn-mnist"]
+    server = Server(path, *args)
+    try:
+        with pytest.raises(RuntimeError):
+            server.start(timeout=30)
+        assert server.proc.wait(30) == 2
+        lines = server.log().strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("workerpool: error: ")
+        assert server._known == {}  # no worker was ever started
+    finally:
+        server.stop()
+
+
+def test_sigterm_finishes_in_flight_requests(small_model):
+    server = Server(small_model, "--model", "slow_model:factory", workers=2).start()
+    try:
+        results: list = []
+
+        def slow() -> None:
+            with workerpool.Client(server.endpoint, timeout=30, retries=0) as c:
+                results.append(c.infer(np.full((1, 2), -1.5, np.float32)))
+
+        threads = [threading.Thread(target=slow) for _ in range(2)]
+        for t in threads:
+            t.start()
+        server.wait_for(lambda s: sum(w["state"] == "busy" for w in s["workers"]) == 2)
+        pids = server.worker_pids()
+        server.signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+        for t in threads:
+            t.join(30)
+        assert len(results) == 2 and all(np.array_equal(r, np.full((1, 2), -3.0)) for r in results)
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
+    finally:
+        server.stop()
+
+
+def test_supervisor_sigkill_leaves_no_orphans(small_model):
+    server = Server(small_model, workers=2).start()
+    try:
+        workers = [psutil.Process(pid) for pid in server.worker_pids()]
+        server.proc.kill()
+        server.proc.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert alive == [], f"workers outlived the supervisor: {alive}"
+    finally:
+        server.stop()
+
+
+def test_kill_9_worker_is_replaced(small_model):
+    with Server(small_model, workers=2) as server:
+        victim = server.worker_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        status = server.wait_for(
+            lambda s: len(s["workers"]) == 2
+            and victim not in [w["pid"] for w in s["workers"]]
+            and all(w["state"] == "ready" for w in s["workers"])
+        )
+        assert len(status["workers"]) == 2
+        assert "was killed by SIGKILL; starting a replacement" in server.log()
+
+
+def test_ttin_ttou_change_the_worker_count(small_model):
+    with Server(small_model, workers=2) as server:
+        server.signal(signal.SIGTTIN)
+        server.wait_for(lambda s: len(s["workers"]) == 3 and all(w["state"] == "ready" for w in s["workers"]))
+        server.signal(signal.SIGTTOU)
+        server.wait_for(lambda s: len(s["workers"]) == 2)
+        with workerpool.Client(server.endpoint) as c:
+            assert c.infer(np.ones((1, c.info()["input_shape"][1]), np.float32)).shape == (1, 10)

@@ -1,0 +1,34 @@
+"""Talking to a running supervisor over its control socket (``status``, ``reload``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import zmq
+
+
+class ControlError(Exception):
+    """No supervisor answered, or it answered with an error."""
+
+
+def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any) -> dict[str, Any]:
+    """Send one command and return the supervisor's JSON answer."""
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart([b"", json.dumps({"command": command, **arguments}).encode()])
+        if not sock.poll(timeout * 1000):
+            raise ControlError(f"no workerpool server answers at {endpoint} (waited {timeout:g}s)")
+        frames = sock.recv_multipart()
+    finally:
+        sock.close(linger=0)
+    try:
+        answer = json.loads(frames[-1])
+    except ValueError as exc:
+        raise ControlError(f"{endpoint} answered something that is not JSON") from exc
+    if "error" in answer:
+        raise ControlError(answer["error"])
+    return answer

@@ -1,0 +1,135 @@
+"""Numpy models built on a weight file's tensors without copying them.
+
+A model is made by a factory ``factory(weights, metadata)`` from the file's tensors (name to
+array, typically read-only views of one shared mapping) and its metadata (text to text). It
+keeps those arrays themselves, so every process serving the file shares one copy of the
+weights. The result is called with an input array (or a mapping of named arrays) and returns
+an array.
+
+Which factory: a built-in name (:data:`BUILTIN_MODELS`) or ``package.module:factory``, given
+explicitly, else from the metadata key ``workerpool.model``, else recognised from the tensor
+names and shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from . import mlp, mnist
+from .base import MODEL_KEY, Model, ModelError, ModelInputError
+from .mlp import GeneratedMlp, Mlp, generate_mlp
+from .mnist import BurnMnist
+
+Factory = Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Callable[..., Any]]
+
+BUILTIN_MODELS: Mapping[str, Factory] = MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist})
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "MODEL_KEY",
+    "BurnMnist",
+    "Factory",
+    "GeneratedMlp",
+    "Mlp",
+    "Model",
+    "ModelError",
+    "ModelInputError",
+    "build_model",
+    "choose_model",
+    "generate_mlp",
+    "recognise",
+    "resolve",
+]
+
+CHOICES = (
+    f"a built-in model ({', '.join(BUILTIN_MODELS)}) or package.module:factory, "
+    "where factory(weights, metadata) returns the model"
+)
+
+
+def resolve(name_or_spec: str) -> Factory:
+    """The factory for a built-in model name or a ``package.module:factory`` spec."""
+    if name_or_spec in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name_or_spec]
+    module_name, colon, attribute = name_or_spec.partition(":")
+    if not colon:
+        raise ModelError(f"unknown model {name_or_spec!r}: expected {CHOICES}")
+    if not module_name or not attribute:
+        raise ModelError(f"model spec {name_or_spec!r} is not of the form package.module:factory")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ModelError(
+            f"model {name_or_spec!r}: cannot import {module_name}: {_one_line(exc)}"
+        ) from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ModelError(f"model {name_or_spec!r}: {module_name} has no attribute {attribute}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ModelError(f"model {name_or_spec!r}: {attribute} is not callable")
+    return target
+
+
+def recognise(weights: Mapping[str, np.ndarray]) -> str | None:
+    """The built-in model whose tensors are exactly these (names, float32, shapes), if any."""
+    for name, factory in BUILTIN_MODELS.items():
+        try:
+            model = factory(weights, {})
+        except ModelError:
+            continue
+        if model.tensor_names == set(weights):
+            return name
+    return None
+
+
+def choose_model(
+    name_or_spec: str | None, weights: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+) -> tuple[str, Factory]:
+    """Pick the model: explicit name or spec, else ``workerpool.model`` metadata, else recognition."""
+    if name_or_spec:
+        return name_or_spec, resolve(name_or_spec)
+    if MODEL_KEY in metadata:
+        named = metadata[MODEL_KEY]
+        try:
+            return named, resolve(named)
+        except ModelError as exc:
+            raise ModelError(f"metadata {MODEL_KEY}={named!r}: {exc}") from exc
+    recognised = recognise(weights)
+    if recognised is None:
+        raise ModelError(
+            f"no model named and none recognised from the {len(weights)} tensors: "
+            f"name {CHOICES}, or set metadata {MODEL_KEY}"
+        )
+    return recognised, BUILTIN_MODELS[recognised]
+
+
+def build_model(
+    weights: Mapping[str, np.ndarray], metadata: Mapping[str, str], name: str | None = None
+) -> Callable[..., Any]:
+    """Choose the model as :func:`choose_model` does and build it on ``weights`` (no copy).
+
+    Every failure, including a user factory raising or returning a non-callable, is a
+    :class:`ModelError`.
+    """
+    chosen, factory = choose_model(name, weights, metadata)
+    try:
+        model = factory(weights, metadata)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"model {chosen!r} failed to build: {_one_line(exc)}") from exc
+    if not callable(model):
+        raise ModelError(
+            f"model {chosen!r}: factory returned a {type(model).__name__}, not a callable"
+        )
+    return model
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

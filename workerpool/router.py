@@ -1,0 +1,320 @@
+"""The load-aware router: clients on one ROUTER socket, workers on another.
+
+A request goes only to a worker that has said it is free (the ZeroMQ guide's load-balancing
+broker), so a slow request never holds up others that a free worker could take. Requests wait
+in a bounded queue; past ``max_queue`` they are refused at once. A request in flight on a worker
+that dies is retried once on another worker (inference is idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from . import protocol
+from .worker import transport_heartbeats
+
+log = logging.getLogger("workerpool.router")
+
+MAX_ATTEMPTS = 2
+
+
+@dataclass
+class Pending:
+    """A request the router holds: queued, or in flight on one worker."""
+
+    client: bytes
+    frames: list[Any]
+    received: float
+    expires: float | None = None
+    attempts: int = 0
+
+
+@dataclass
+class WorkerState:
+    identity: bytes
+    pid: int
+    host: str
+    generation: int
+    model: str
+    started: float
+    last_seen: float
+    state: str = "ready"
+    served: int = 0
+    errors: int = 0
+    inflight: Pending | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "host": self.host,
+            "state": self.state,
+            "generation": self.generation,
+            "served": self.served,
+            "errors": self.errors,
+            "started": self.started,
+        }
+
+
+class Router:
+    """Routes client requests to free workers; knows nothing of processes."""
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        *,
+        frontend: str,
+        backend: str,
+        max_queue: int,
+        max_message_size: int,
+        heartbeat: float = 1.0,
+        liveness: int = 5,
+        on_ready: Callable[[WorkerState], None] = lambda worker: None,
+        on_lost: Callable[[WorkerState, str], None] = lambda worker, why: None,
+    ) -> None:
+        self.max_queue = max_queue
+        self.heartbeat = heartbeat
+        self.liveness = liveness
+        self.on_ready = on_ready
+        self.on_lost = on_lost
+        self.accepting = True
+        self.workers: dict[bytes, WorkerState] = {}
+        self.free: deque[bytes] = deque()
+        self.queue: deque[Pending] = deque()
+        self.frontend = context.socket(zmq.ROUTER)
+        self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, max_message_size)
+        self.frontend.setsockopt(zmq.LINGER, 0)
+        self.frontend.bind(frontend)
+        self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.backend = context.socket(zmq.ROUTER)
+        self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.backend.setsockopt(zmq.LINGER, 0)
+        transport_heartbeats(self.backend, heartbeat, liveness)
+        self.backend.bind(backend)
+        self._next_beat = time.monotonic() + heartbeat
+        self._next_expiry_scan = 0.0
+
+    @property
+    def busy_count(self) -> int:
+        return sum(1 for worker in self.workers.values() if worker.inflight is not None)
+
+    def close(self) -> None:
+        self.frontend.close(linger=0)
+        self.backend.close(linger=0)
+
+    # Client side.
+
+    def on_frontend(self) -> None:
+        """Take one request from the client socket (the caller polls again for the next)."""
+        self._accept(self.frontend.recv_multipart(copy=False))
+
+    def _accept(self, frames: list[zmq.Frame]) -> None:
+        client = frames[0].bytes
+        if len(frames) < 3 or frames[1].bytes != b"":
+            self.reply_error(client, None, "bad_request",
+                             "a request is an empty delimiter frame, a JSON header frame, then array frames")
+            return
+        if not self.accepting:
+            self._refuse(client, frames[2], "shutting_down", "the server is shutting down")
+            return
+        pending = Pending(client, frames[2:], time.monotonic())
+        if self._dispatch(pending):
+            return
+        if len(self.queue) >= self.max_queue:
+            self._refuse(client, frames[2], "overloaded",
+                         f"{len(self.queue)} requests already queued (--max-queue {self.max_queue})")
+            return
+        try:
+            budget = protocol.deadline_of(protocol.decode_header(frames[2]))
+        except protocol.ProtocolError:
+            budget = None  # the worker answers the malformed header in full
+        if budget is not None:
+            pending.expires = pending.received + budget
+            if budget == 0:
+                self._refuse(client, frames[2], "deadline_exceeded", "the deadline passed while queued")
+                return
+        self.queue.append(pending)
+
+    def _refuse(self, client: bytes, header: Any, code: str, message: str) -> None:
+        self.reply_error(client, protocol.request_id_of(header), code, message)
+
+    def reply_error(self, client: bytes, request_id: Any, code: str, message: str) -> None:
+        self._to_client(client, protocol.encode_error(request_id, code, message))
+
+    def _to_client(self, client: bytes, frames: list[Any]) -> None:
+        try:
+            self.frontend.send_multipart([client, b"", *frames], copy=False)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; nobody to tell
+            log.debug("reply to a vanished client dropped: %s", exc)
+
+    # Worker side.
+
+    def on_backend(self) -> None:
+        """Take one message from a worker."""
+        self._from_worker(self.backend.recv_multipart(copy=False))
+
+    def _from_worker(self, frames: list[zmq.Frame]) -> None:
+        identity, command = frames[0].bytes, frames[1].bytes
+        worker = self.workers.get(identity)
+        if worker is not None:
+            worker.last_seen = time.monotonic()
+        if command == protocol.REPLY and worker is not None and len(frames) >= 4:
+            ok = frames[3].bytes == b"ok"
+            worker.served += 1
+            worker.errors += not ok
+            worker.inflight = None
+            self._to_client(frames[2].bytes, frames[4:])
+            self._worker_free(worker)
+        elif command == protocol.READY:
+            self._register(identity, frames[2:])
+        elif command == protocol.HEARTBEAT:
+            pass
+        else:
+            log.warning("unexpected %r message from worker %r ignored", command[:16], identity)
+
+    def _register(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        try:
+            info = json.loads(frames[0].bytes)
+            now = time.monotonic()
+            worker = WorkerState(
+                identity=identity,
+                pid=int(info["pid"]),
+                host=str(info["host"]),
+                generation=int(info["generation"]),
+                model=str(info["model"]),
+                started=time.time(),
+                last_seen=now,
+                info=info,
+            )
+        except (IndexError, ValueError, KeyError, TypeError) as exc:
+            log.warning("malformed READY from %r ignored: %s", identity, exc)
+            return
+        if identity in self.workers:
+            self.lose(identity, "re-registered")
+        self.workers[identity] = worker
+        log.info("worker %d on %s ready (model %s, generation %d)",
+                 worker.pid, worker.host, worker.model, worker.generation)
+        self.on_ready(worker)
+        self._worker_free(worker)
+
+    def _worker_free(self, worker: WorkerState) -> None:
+        if worker.state == "stopping":
+            self._send(worker, [protocol.STOP])
+            return
+        worker.state = "ready"
+        self.free.append(worker.identity)
+        self._drain()
+
+    def _drain(self) -> None:
+        while self.free and self.queue:
+            pending = self.queue.popleft()
+            if pending.expires is not None and time.monotonic() >= pending.expires:
+                self._expire(pending)
+            elif not self._dispatch(pending):
+                self.queue.appendleft(pending)
+
+    def _dispatch(self, pending: Pending) -> bool:
+        """Hand a request to the least recently used free worker, if there is one."""
+        while self.free:
+            worker = self.workers.get(self.free.popleft())
+            if worker is None or worker.state != "ready":
+                continue
+            if self._send(worker, [protocol.REQUEST, pending.client, *pending.frames]):
+                worker.state = "busy"
+                worker.inflight = pending
+                pending.attempts += 1
+                return True
+        return False
+
+    def _send(self, worker: WorkerState, frames: list[Any]) -> bool:
+        try:
+            self.backend.send_multipart([worker.identity, *frames], copy=False)
+            return True
+        except zmq.ZMQError as exc:
+            self.lose(worker.identity, f"unreachable ({exc})")
+            return False
+
+    def _expire(self, pending: Pending) -> None:
+        waited = time.monotonic() - pending.received
+        self._refuse(pending.client, pending.frames[0], "deadline_exceeded",
+                     f"the deadline passed after {waited * 1000:.0f} ms in the queue")
+
+    def lose(self, identity: bytes, why: str) -> None:
+        """Forget a worker; retry its request once elsewhere, else answer ``worker_failed``."""
+        worker = self.workers.pop(identity, None)
+        if worker is None:
+            return
+        try:
+            self.free.remove(identity)
+        except ValueError:
+            pass
+        pending, worker.inflight = worker.inflight, None
+        if pending is not None:
+            if pending.attempts < MAX_ATTEMPTS:
+                log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
+                self.queue.appendleft(pending)
+            else:
+                log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
+                self._refuse(pending.client, pending.frames[0], "worker_failed",
+                             f"worker {worker.pid} failed while running the request, twice")
+        else:
+            log.info("worker %d lost (%s)", worker.pid, why)
+        self.on_lost(worker, why)
+
+    def worker_exited(self, pid: int, why: str) -> None:
+        for identity, worker in list(self.workers.items()):
+            if worker.pid == pid:
+                self.lose(identity, why)
+        self._drain()
+
+    def stop_worker(self, identity: bytes) -> None:
+        """Ask a worker to exit once its current request is done."""
+        worker = self.workers[identity]
+        worker.state = "stopping"
+        if worker.inflight is None:
+            self._worker_free(worker)
+
+    # Time-driven duties.
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.queue and now >= self._next_expiry_scan:
+            self._next_expiry_scan = now + 0.01
+            if any(p.expires is not None and now >= p.expires for p in self.queue):
+                keep: deque[Pending] = deque()
+                for pending in self.queue:
+                    if pending.expires is not None and now >= pending.expires:
+                        self._expire(pending)
+                    else:
+                        keep.append(pending)
+                self.queue = keep
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat
+            deadline = self.heartbeat * self.liveness
+            for identity, worker in list(self.workers.items()):
+                # A busy worker runs the model instead of beating; libzmq's transport heartbeats
+                # still close its connection if it dies or freezes, and then this send fails.
+                if worker.inflight is None and now - worker.last_seen > deadline:
+                    self.lose(identity, f"no heartbeat for {now - worker.last_seen:.1f}s")
+                else:
+                    self._send(worker, [protocol.HEARTBEAT])
+            self._drain()
+
+    def fail_all(self, code: str, message: str) -> None:
+        """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
+        while self.queue:
+            pending = self.queue.popleft()
+            self._refuse(pending.client, pending.frames[0], code, message)
+        for worker in self.workers.values():
+            if worker.inflight is not None:
+                self._refuse(worker.inflight.client, worker.inflight.frames[0], code, message)
+                worker.inflight = None

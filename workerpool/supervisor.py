@@ -1,0 +1,420 @@
+"""The supervisor (arbiter): starts and replaces worker processes, runs the router, obeys signals.
+
+One thread, one poll loop: client and worker sockets, the control socket, a self-pipe for
+signals and a pidfd per worker, so every event (a request, a dead worker, SIGTERM) is handled
+in order without locks. Workers are fresh interpreters (``python -m workerpool.worker``) that map
+the weights themselves; nothing is forked after the model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from . import burnpack, control, metrics, models, runtime
+from .router import Router, WorkerState
+from .units import format_size
+
+log = logging.getLogger("workerpool.supervisor")
+
+BACKOFF_START = 0.5
+BACKOFF_CAP = 30.0
+STOP_TIMEOUT = 5.0
+
+
+class StartupError(Exception):
+    """The server cannot start (bad model file, endpoint in use); nothing was started."""
+
+
+@dataclass
+class ServeConfig:
+    path: str
+    workers: int
+    model: str | None = None
+    bind: str = "tcp://127.0.0.1:5555"
+    control: str | None = None
+    load: str = "mmap"
+    max_queue: int = 1024
+    graceful_timeout: float = 30.0
+    max_message_size: int = 64 * 1024 * 1024
+    heartbeat: float = 1.0
+    liveness: int = 5
+    log_level: str = "info"
+
+
+@dataclass
+class Child:
+    """A worker process the supervisor started."""
+
+    popen: subprocess.Popen
+    pidfd: int
+    started: float = field(default_factory=time.time)
+    ready: bool = False
+    stopping: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class Supervisor:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.target = config.workers
+        self.children: dict[int, Child] = {}
+        self.spawn_at: list[float] = []
+        self.failures = 0
+        self.generation = 1
+        self.announced = False
+        self.stopping = False
+        self.stop_deadline = 0.0
+        self.kill_deadline: float | None = None
+
+    # Start-up.
+
+    def _validate(self) -> tuple[str, burnpack.FileIdentity]:
+        """Read the file and build the model once, so a bad file fails before any worker starts."""
+        try:
+            pack = burnpack.read(self.config.path)
+            name = models.choose_model(self.config.model, pack.tensors, pack.metadata)[0]
+            models.build_model(pack.tensors, pack.metadata, name)
+        except (burnpack.BurnpackError, models.ModelError) as exc:
+            raise StartupError(str(exc)) from exc
+        return name, pack.identity
+
+    def _claim_control(self, endpoint: str) -> None:
+        path = runtime.ipc_path(endpoint)
+        if path is None or not os.path.exists(path):
+            return
+        try:
+            control.call(endpoint, "status", timeout=0.5)
+        except control.ControlError:
+            os.unlink(path)  # left behind by a server that died
+            return
+        raise StartupError(
+            f"another workerpool server answers on control endpoint {endpoint}; stop it or pass --control"
+        )
+
+    def run(self) -> int:
+        config = self.config
+        self.model_name, self.identity = self._validate()
+        try:
+            self.private_dir = tempfile.mkdtemp(prefix="pool-", dir=runtime.runtime_dir())
+            control_endpoint = config.control or runtime.default_control_endpoint()
+        except OSError as exc:
+            raise StartupError(f"cannot create the runtime directory: {exc}") from exc
+        self._claim_control(control_endpoint)
+        self.backend_endpoint = f"ipc://{os.path.join(self.private_dir, 'backend.sock')}"
+        self.context = zmq.Context()
+        try:
+            self._bind(control_endpoint)
+            return self._serve()
+        finally:
+            self._cleanup(control_endpoint)
+
+    def _bind(self, control_endpoint: str) -> None:
+        config = self.config
+        try:
+            self.router = Router(
+                self.context,
+                frontend=config.bind,
+                backend=self.backend_endpoint,
+                max_queue=config.max_queue,
+                max_message_size=config.max_message_size,
+                heartbeat=config.heartbeat,
+                liveness=config.liveness,
+                on_ready=self._on_ready,
+                on_lost=self._on_lost,
+            )
+        except zmq.ZMQError as exc:
+            raise StartupError(f"cannot bind {config.bind}: {exc}") from exc
+        self.control = self.context.socket(zmq.ROUTER)
+        self.control.setsockopt(zmq.LINGER, 0)
+        old_umask = os.umask(0o177)  # the control socket is for this user only
+        try:
+            self.control.bind(control_endpoint)
+        except zmq.ZMQError as exc:
+            raise StartupError(f"cannot bind control endpoint {control_endpoint}: {exc}") from exc
+        finally:
+            os.umask(old_umask)
+        self.control_endpoint = control_endpoint
+
+    def _cleanup(self, control_endpoint: str) -> None:
+        for child in list(self.children.values()):
+            child.popen.kill()
+            child.popen.wait()
+            os.close(child.pidfd)
+        self.children.clear()
+        self.context.destroy(linger=0)
+        path = runtime.ipc_path(control_endpoint)
+        if path and os.path.exists(path) and getattr(self, "control_endpoint", None):
+            os.unlink(path)
+        shutil.rmtree(self.private_dir, ignore_errors=True)
+
+    # The loop.
+
+    def _serve(self) -> int:
+        wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_r, False)
+        os.set_blocking(wakeup_w, False)
+        signal.set_wakeup_fd(wakeup_w)
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
+        for signum in handled:
+            signal.signal(signum, lambda *_: None)
+        self.poller = zmq.Poller()
+        for sock in (self.router.frontend, self.router.backend, self.control):
+            self.poller.register(sock, zmq.POLLIN)
+        self.poller.register(wakeup_r, zmq.POLLIN)
+        log.info("starting %d workers for %s (model %s, %s)", self.target, self.config.path,
+                 self.model_name, self.config.load)
+        for _ in range(self.target):
+            self._spawn()
+        self._announce_if_ready()
+        try:
+            while not self._finished():
+                timeout = 20 if self.router.queue else self.config.heartbeat * 250
+                events = dict(self.poller.poll(timeout))
+                if events.get(self.router.frontend):
+                    self.router.on_frontend()
+                if events.get(self.router.backend):
+                    self.router.on_backend()
+                if events.get(self.control):
+                    self._on_control()
+                if events.get(wakeup_r):
+                    for signum in os.read(wakeup_r, 256):
+                        self._on_signal(signum)
+                for child in list(self.children.values()):
+                    if events.get(child.pidfd):
+                        self._reap(child)
+                self._spawn_due()
+                self.router.tick()
+                if self.stopping:
+                    self._shutdown_step()
+        finally:
+            signal.set_wakeup_fd(-1)
+            for signum in handled:
+                signal.signal(signum, signal.SIG_DFL)
+            os.close(wakeup_r)
+            os.close(wakeup_w)
+        log.info("stopped")
+        return 0
+
+    def _finished(self) -> bool:
+        return self.stopping and not self.children and self.kill_deadline is not None
+
+    # Workers.
+
+    def _spawn(self) -> None:
+        config = self.config
+        command = [
+            sys.executable, "-m", "workerpool.worker", config.path,
+            "--backend", self.backend_endpoint,
+            "--load", config.load,
+            "--generation", str(self.generation),
+            "--heartbeat", str(config.heartbeat),
+            "--liveness", str(config.liveness),
+            "--log-level", config.log_level,
+            "--model", config.model or self.model_name,
+        ]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        pidfd = os.pidfd_open(popen.pid)
+        self.children[popen.pid] = Child(popen, pidfd)
+        self.poller.register(pidfd, zmq.POLLIN)
+        log.debug("started worker %d", popen.pid)
+
+    def _spawn_due(self) -> None:
+        now = time.monotonic()
+        due = [t for t in self.spawn_at if t <= now]
+        if due and not self.stopping:
+            self.spawn_at = [t for t in self.spawn_at if t > now]
+            for _ in due:
+                self._spawn()
+
+    def _reap(self, child: Child) -> None:
+        code = child.popen.wait()
+        self.poller.unregister(child.pidfd)
+        os.close(child.pidfd)
+        del self.children[child.pid]
+        why = _describe_exit(code)
+        self.router.worker_exited(child.pid, why)
+        if child.stopping or self.stopping:
+            log.info("worker %d stopped (%s)", child.pid, why)
+            return
+        if len(self.children) + len(self.spawn_at) >= self.target:
+            return
+        if child.ready:
+            log.warning("worker %d %s; starting a replacement", child.pid, why)
+            self._spawn()
+            return
+        self.failures += 1
+        delay = min(BACKOFF_START * 2 ** (self.failures - 1), BACKOFF_CAP)
+        log.error("worker %d %s before it was ready; restarting in %.1fs (%d failed starts in a row)",
+                  child.pid, why, delay, self.failures)
+        self.spawn_at.append(time.monotonic() + delay)
+
+    def _on_ready(self, worker: WorkerState) -> None:
+        child = self.children.get(worker.pid)
+        if child is not None:
+            child.ready = True
+            self.failures = 0
+            if child.stopping:
+                self.router.stop_worker(worker.identity)
+        self._announce_if_ready()
+
+    def _on_lost(self, worker: WorkerState, why: str) -> None:
+        child = self.children.get(worker.pid)
+        if child is not None and child.popen.poll() is None:
+            log.warning("killing worker %d: %s", worker.pid, why)
+            child.popen.kill()
+
+    def _announce_if_ready(self) -> None:
+        ready = sum(1 for child in self.children.values() if child.ready)
+        if not self.announced and ready >= self.target:
+            self.announced = True
+            print(
+                f"workerpool: serving {self.config.path} ({format_size(self.identity.size)}, model "
+                f"{self.model_name}) with {self.target} workers on {self.router.endpoint}",
+                flush=True,
+            )
+
+    def _add_worker(self) -> None:
+        self.target += 1
+        log.info("SIGTTIN: adding a worker (now %d)", self.target)
+        self._spawn()
+
+    def _remove_worker(self) -> None:
+        if self.target <= 1:
+            log.info("SIGTTOU ignored: keeping the last worker")
+            return
+        self.target -= 1
+        log.info("SIGTTOU: removing a worker (now %d)", self.target)
+        if self.spawn_at:
+            self.spawn_at.pop()
+            return
+        candidates = [c for c in self.children.values() if not c.stopping]
+        child = min(candidates, key=lambda c: (c.ready, -c.started))
+        child.stopping = True
+        identity = next((w.identity for w in self.router.workers.values() if w.pid == child.pid), None)
+        if identity is None:
+            child.popen.terminate()
+        else:
+            self.router.stop_worker(identity)
+
+    # Signals and shutdown.
+
+    def _on_signal(self, signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            name = signal.Signals(signum).name
+            if self.stopping:
+                log.warning("%s again: stopping now", name)
+                self.stop_deadline = 0.0
+            else:
+                self._begin_shutdown(name)
+        elif signum == signal.SIGTTIN and not self.stopping:
+            self._add_worker()
+        elif signum == signal.SIGTTOU and not self.stopping:
+            self._remove_worker()
+        elif signum == signal.SIGHUP:
+            log.info("SIGHUP: reload is not supported yet")
+
+    def _begin_shutdown(self, reason: str) -> None:
+        self.stopping = True
+        self.router.accepting = False
+        self.spawn_at.clear()
+        self.stop_deadline = time.monotonic() + self.config.graceful_timeout
+        log.info("%s: finishing %d in-flight and %d queued requests (up to %gs), then stopping",
+                 reason, self.router.busy_count, len(self.router.queue), self.config.graceful_timeout)
+
+    def _shutdown_step(self) -> None:
+        now = time.monotonic()
+        if self.kill_deadline is None:
+            drained = not self.router.queue and self.router.busy_count == 0
+            if not drained and now < self.stop_deadline:
+                return
+            if not drained:
+                log.warning("graceful timeout: failing %d unfinished requests",
+                            self.router.busy_count + len(self.router.queue))
+                self.router.fail_all("shutting_down", "the server stopped before the request finished")
+            for child in self.children.values():
+                child.stopping = True
+                child.popen.terminate()
+            self.kill_deadline = now + STOP_TIMEOUT
+        elif now >= self.kill_deadline:
+            for child in self.children.values():
+                log.warning("worker %d did not stop in %gs; killing it", child.pid, STOP_TIMEOUT)
+                child.popen.kill()
+            self.kill_deadline = float("inf")
+
+    # Control socket.
+
+    def _on_control(self) -> None:
+        while True:
+            try:
+                frames = self.control.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                request = json.loads(frames[-1])
+                command = request["command"]
+            except (ValueError, KeyError, TypeError, IndexError):
+                answer: dict[str, Any] = {"error": "malformed control request"}
+            else:
+                if command == "status":
+                    answer = self.status()
+                else:
+                    answer = {"error": f"unknown control command {command!r}"}
+            self.control.send_multipart([frames[0], b"", json.dumps(answer).encode()])
+
+    def status(self) -> dict[str, Any]:
+        registered = {worker.pid: worker for worker in self.router.workers.values()}
+        workers = []
+        for child in self.children.values():
+            worker = registered.pop(child.pid, None)
+            if worker is not None:
+                entry = worker.public()
+                if child.stopping:
+                    entry["state"] = "stopping"
+            else:
+                entry = {"pid": child.pid, "host": os.uname().nodename, "generation": self.generation,
+                         "served": 0, "errors": 0, "started": child.started,
+                         "state": "stopping" if child.stopping else "starting"}
+            entry["memory"] = metrics.process_memory(child.pid)
+            workers.append(entry)
+        for worker in registered.values():
+            workers.append({**worker.public(), "memory": None})
+        return {
+            "supervisor_pid": os.getpid(),
+            "endpoint": self.router.endpoint,
+            "model": {
+                "name": self.model_name,
+                "path": self.config.path,
+                "size": self.identity.size,
+                "inode": self.identity.inode,
+                "generation": self.generation,
+                "load": self.config.load,
+            },
+            "queue": {"depth": len(self.router.queue), "max": self.config.max_queue,
+                      "in_flight": self.router.busy_count},
+            "workers": sorted(workers, key=lambda w: w["pid"]),
+        }
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

@@ -1,0 +1,194 @@
+"""A worker process: maps the weights itself, builds the model on the views, serves requests.
+
+The router gives a worker one request at a time and runs it inline: no thread hand-off on the
+hot path. While the model runs, libzmq's I/O thread keeps answering the router's transport
+heartbeats, so a busy worker is never mistaken for a dead one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from . import burnpack, models, protocol
+from .logs import setup_logging
+
+log = logging.getLogger("workerpool.worker")
+
+
+class LoadedModel:
+    """The model of one generation, with the mapping it runs on."""
+
+    def __init__(self, path: str, spec: str | None, load: str, generation: int) -> None:
+        self.pack = burnpack.read(path, mmap=load == "mmap")
+        self.name = models.choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
+        self.model = models.build_model(self.pack.tensors, self.pack.metadata, self.name)
+        self.generation = generation
+
+    def describe(self) -> dict[str, Any]:
+        """What clients and the router learn about the model (``info`` and registration)."""
+        return {
+            "model": self.name,
+            "path": self.pack.path,
+            "size": self.pack.identity.size,
+            "inode": self.pack.identity.inode,
+            "generation": self.generation,
+            **_signature(self.model),
+        }
+
+
+def _signature(model: Any) -> dict[str, Any]:
+    """The model's declared input and output, for clients and for checking worker hosts agree."""
+    declared = {}
+    for key in ("input_shape", "output_shape"):
+        if hasattr(model, key):
+            declared[key] = list(getattr(model, key))
+    for key in ("input_dtype", "output_dtype"):
+        if hasattr(model, key):
+            declared[key] = str(getattr(model, key))
+    return declared
+
+
+def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
+    """Run one request; every failure becomes an error reply, never an exception."""
+    pid, generation = os.getpid(), loaded.generation
+    request_id = None
+    try:
+        message = protocol.decode_request(frames)
+        request_id = message.id
+        if message.header["method"] == protocol.METHOD_INFO:
+            reply = protocol.encode_reply(
+                request_id, worker_pid=pid, generation=generation, info=loaded.describe()
+            )
+            return True, reply
+        outputs = loaded.model(message.payload())
+        return True, protocol.encode_reply(request_id, outputs, worker_pid=pid, generation=generation)
+    except protocol.ProtocolError as exc:
+        return False, protocol.encode_error(
+            exc.request_id, "bad_request", str(exc), worker_pid=pid, generation=generation
+        )
+    except models.ModelInputError as exc:
+        return False, protocol.encode_error(
+            request_id, "bad_request", str(exc), worker_pid=pid, generation=generation
+        )
+    except Exception as exc:  # a model bug must not take the worker down
+        log.exception("request %r failed", request_id)
+        return False, protocol.encode_error(
+            request_id, "internal", f"{type(exc).__name__}: {exc}", worker_pid=pid, generation=generation
+        )
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.parent = os.getppid()
+        self.identity = f"{socket.gethostname()}/{os.getpid()}".encode()
+        self.stopping = False
+
+    def run(self) -> int:
+        args = self.args
+        loaded = LoadedModel(args.path, args.model, args.load, args.generation)
+        log.debug("mapped %s and built model %s", args.path, loaded.name)
+        context = zmq.Context()
+        router = context.socket(zmq.DEALER)
+        router.setsockopt(zmq.IDENTITY, self.identity)
+        transport_heartbeats(router, args.heartbeat, args.liveness)
+        router.connect(args.backend)
+        wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_w, False)
+        signal.set_wakeup_fd(wakeup_w)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        ready = {"pid": os.getpid(), "host": socket.gethostname(), **loaded.describe()}
+        router.send_multipart([protocol.READY, json.dumps(ready).encode()])
+        try:
+            return self._loop(loaded, router, wakeup_r)
+        finally:
+            router.close(linger=1000)
+            context.term()
+
+    def _loop(self, loaded: LoadedModel, router: zmq.Socket, wakeup: int) -> int:
+        interval = self.args.heartbeat
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(wakeup, zmq.POLLIN)
+        router_seen = last_beat = time.monotonic()
+        while True:
+            events = dict(poller.poll(interval * 1000 / 2))
+            now = time.monotonic()
+            if events.get(router):
+                router_seen = now
+                if self._on_router(loaded, router, router.recv_multipart(copy=False)):
+                    last_beat = time.monotonic()
+            if events.get(wakeup):
+                os.read(wakeup, 64)
+                log.info("worker %d: SIGTERM, stopping", os.getpid())
+                self.stopping = True
+            if self.stopping:
+                return 0
+            if now - last_beat >= interval:
+                router.send(protocol.HEARTBEAT)
+                last_beat = now
+            if os.getppid() != self.parent:
+                log.warning("worker %d: supervisor is gone, exiting", os.getpid())
+                return 1
+            if now - router_seen > interval * self.args.liveness:
+                log.warning("worker %d: no heartbeat from the router for %.1fs, exiting",
+                            os.getpid(), now - router_seen)
+                return 1
+
+    def _on_router(self, loaded: LoadedModel, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
+        """Handle one message from the router; True when a reply was sent."""
+        command = frames[0].bytes
+        if command == protocol.REQUEST and len(frames) >= 2:
+            ok, reply = handle_request(loaded, frames[2:])
+            router.send_multipart([protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply], copy=False)
+            return True
+        if command == protocol.STOP:
+            self.stopping = True
+        return False
+
+
+def transport_heartbeats(sock: zmq.Socket, interval: float, liveness: int) -> None:
+    """ZMTP pings, answered by libzmq's own thread: a peer that stops (killed, frozen, cut off)
+    loses its connection even while this process is busy running the model."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(interval * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(interval * liveness * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, int(interval * liveness * 1000))
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="workerpool-worker")
+    parser.add_argument("path")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--load", choices=("mmap", "copy"), default="mmap")
+    parser.add_argument("--generation", type=int, default=1)
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--liveness", type=int, default=5)
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides how to stop
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging(args.log_level)
+    try:
+        return Worker(args).run()
+    except (burnpack.BurnpackError, models.ModelError) as exc:
+        log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
