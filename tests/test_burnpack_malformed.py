@@ -193,10 +193,21 @@ def test_missing_file(tmp_path):
 
 def test_directory_is_not_a_burnpack(tmp_path):
     (tmp_path / "d.bpk").mkdir()
-    with pytest.raises(burnpack.BurnpackError) as info:
+    with pytest.raises(burnpack.BurnpackError, match="not a regular file") as info:
         burnpack.read(tmp_path / "d.bpk")
     assert str(tmp_path / "d.bpk") in str(info.value)
-    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    """Opening a FIFO for reading would wait for a writer forever; it is refused at once."""
+    os.mkfifo(tmp_path / "pipe.bpk")
+    with pytest.raises(burnpack.BurnpackError, match="not a regular file"):
+        burnpack.read(tmp_path / "pipe.bpk")
+
+
+def test_path_with_nul_byte(tmp_path):
+    with pytest.raises(burnpack.BurnpackError, match="cannot open"):
+        burnpack.read(f"{tmp_path}/a\0b.bpk")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")

@@ -334,3 +334,12 @@ def test_dtype_table_is_complete():
         assert dtypes.from_cbor(dtype.to_cbor()) == dtype
         assert dtypes.from_cbor(cbor2.loads(cbor2.dumps(dtype.to_cbor()))).name == name
     assert dtypes.BY_NAME["Bool(U32)"].to_cbor() == {"Bool": "U32"}
+
+
+def test_deferred_loader_of_the_wrong_dtype_is_refused(tmp_path):
+    """int32 bits must not be written under an F32 label just because the sizes agree."""
+    out = tmp_path / "w.bpk"
+    wrong = burnpack.Deferred(np.float32, (3,), lambda: np.arange(3, dtype=np.int32))
+    with pytest.raises(burnpack.BurnpackError, match="got a int32 array, declared F32"):
+        burnpack.write(out, {"w": wrong})
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -11,6 +11,7 @@ import logging
 import math
 import mmap as _mmap
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -124,13 +125,16 @@ def read(path: str | os.PathLike, *, mmap: bool = True) -> Burnpack:
     maps it; if mapping fails the file is read into memory and a warning is logged.
     ``mmap=False`` always reads a private copy.
     """
-    path = _resolve(os.fspath(path))
+    path = _resolve(os.fsdecode(path))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise BurnpackError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        # Non-blocking, so that a FIFO under this name is refused below instead of hanging here.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (OSError, ValueError) as exc:
+        raise BurnpackError(f"{path}: cannot open: {getattr(exc, 'strerror', None) or exc}") from exc
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BurnpackError(f"{path}: not a regular file")
         identity = FileIdentity.of(st)
         parsed = _Parser(path, fd, st.st_size).parse()
         buffer = _load(path, fd, st.st_size, mmap)

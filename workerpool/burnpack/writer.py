@@ -143,6 +143,11 @@ def _payload(path: str, entry: _Planned) -> memoryview:
     array = source.load() if isinstance(source, Deferred) else source
     if not isinstance(array, np.ndarray):
         raise BurnpackError(f"{path}: tensor {entry.name!r}: loader returned a {type(array).__name__}")
+    if array.dtype.newbyteorder("<") != entry.dtype.numpy:
+        raise BurnpackError(
+            f"{path}: tensor {entry.name!r}: got a {array.dtype} array, declared {entry.dtype.name} "
+            f"({entry.dtype.numpy})"
+        )
     # np.asarray, not np.ascontiguousarray: the latter turns a scalar of shape () into shape (1,).
     array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
     if array.nbytes != entry.nbytes or (entry.dtype.itemsize is not None and array.shape != entry.shape):

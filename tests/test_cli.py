@@ -1,0 +1,79 @@
+"""The command line as a user meets it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from workerpool import burnpack
+
+
+def workerpool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "workerpool", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_inspect_table_of_the_burn_fixture(burn_mnist_path):
+    done = workerpool("inspect", str(burn_mnist_path))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "aligned layout, 18 tensors" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("conv2.conv.weight"))
+    assert row == ["conv2.conv.weight", "F32", "[64,", "64,", "3,", "3]", "147456", "5120", "yes"]
+    assert "fc3.bias" in out and "1044736" in out  # fc3.bias's absolute offset
+    assert "total: 1043240 bytes" in out
+    assert "model: burn-mnist" in out
+
+
+def test_inspect_json(burn_mnist_path):
+    done = workerpool("inspect", str(burn_mnist_path), "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert set(info) == {"path", "version", "layout", "metadata", "scalars", "model", "total_bytes", "tensors"}
+    assert (info["version"], info["layout"], info["model"]) == (1, "aligned", "burn-mnist")
+    assert len(info["tensors"]) == 18
+    fc1 = next(t for t in info["tensors"] if t["name"] == "fc1.weight")
+    assert fc1 == {"name": "fc1.weight", "dtype": "F32", "shape": [1600, 128], "offset": 153856, "nbytes": 819200}
+
+
+@pytest.mark.parametrize("content", [None, b"", b"NRUB\x02\x00\x00\x00\x00\x00", b"not a burnpack file"])
+def test_inspect_invalid_or_missing_file_is_one_line(tmp_path, content):
+    path = tmp_path / "bad.bpk"
+    if content is not None:
+        path.write_bytes(content)
+    done = workerpool("inspect", str(path))
+    assert done.returncode == 1
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"workerpool: error: {path}: "), done.stderr
+
+
+def test_new_model_writes_a_recognised_mlp_of_about_the_size(tmp_path):
+    out = tmp_path / "m.bpk"
+    done = workerpool("new-model", str(out), "--size", "3MiB", "--seed", "4")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"workerpool: wrote {out}: mlp ")
+    assert abs(os.path.getsize(out) - 3 * 2**20) < 0.02 * 3 * 2**20
+    pack = burnpack.read(out)
+    assert pack.metadata["workerpool.model"] == "mlp"
+    inspected = json.loads(workerpool("inspect", str(out), "--json").stdout)
+    assert inspected["model"] == "mlp"
+
+
+def test_new_model_bad_size_is_a_usage_error(tmp_path):
+    done = workerpool("new-model", str(tmp_path / "m.bpk"), "--size", "lots")
+    assert done.returncode == 2
+    assert "invalid size 'lots'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "m.bpk").exists()
+
+
+def test_help_explains_every_command():
+    done = workerpool("--help")
+    assert done.returncode == 0
+    for command in ("serve", "status", "infer", "new-model", "inspect"):
+        assert command in done.stdout
