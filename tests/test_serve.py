@@ -219,3 +219,25 @@ def test_ttin_ttou_change_the_worker_count(small_model):
         server.wait_for(lambda s: len(s["workers"]) == 2)
         with workerpool.Client(server.endpoint) as c:
             assert c.infer(np.ones((1, c.info()["input_shape"][1]), np.float32)).shape == (1, 10)
+
+
+def test_infer_command_round_trip(small_model, tmp_path):
+    with Server(small_model, workers=1) as server:
+        width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]
+        np.save(tmp_path / "x.npy", np.ones((3, width), np.float32))
+        done = subprocess.run(
+            [sys.executable, "-m", "workerpool", "infer", "--endpoint", server.endpoint,
+             "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert np.load(tmp_path / "y.npy").shape == (3, 10)
+        np.save(tmp_path / "bad.npy", np.ones((3, width + 1), np.float32))
+        bad = subprocess.run(
+            [sys.executable, "-m", "workerpool", "infer", "--endpoint", server.endpoint,
+             "--input", str(tmp_path / "bad.npy")],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert bad.returncode == 1
+        assert bad.stderr.startswith("workerpool: error: ") and "BadRequest" in bad.stderr
+        assert "Traceback" not in bad.stderr

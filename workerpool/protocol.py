@@ -29,6 +29,8 @@ HEARTBEAT = b"HB"
 REQUEST = b"REQ"
 REPLY = b"REP"
 STOP = b"STOP"
+RELOAD = b"RELOAD"
+RELOADED = b"RELOADED"
 
 ALLOWED_DTYPES = {
     np.dtype(code).str: np.dtype(code)

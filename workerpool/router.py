@@ -79,12 +79,18 @@ class Router:
         liveness: int = 5,
         on_ready: Callable[[WorkerState], None] = lambda worker: None,
         on_lost: Callable[[WorkerState, str], None] = lambda worker, why: None,
+        on_reload_failed: Callable[[WorkerState, str], None] = lambda worker, why: None,
     ) -> None:
         self.max_queue = max_queue
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.on_ready = on_ready
         self.on_lost = on_lost
+        self.on_reload_failed = on_reload_failed
+        self.target_generation = 0
+        self.reload_order = b""
+        self.reloading: bytes | None = None
+        self.reload_paused = False
         self.accepting = True
         self.workers: dict[bytes, WorkerState] = {}
         self.free: deque[bytes] = deque()
@@ -174,6 +180,8 @@ class Router:
             worker.inflight = None
             self._to_client(frames[2].bytes, frames[4:])
             self._worker_free(worker)
+        elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
+            self._reloaded(worker, frames[2].bytes)
         elif command == protocol.READY:
             self._register(identity, frames[2:])
         elif command == protocol.HEARTBEAT:
@@ -210,9 +218,63 @@ class Router:
         if worker.state == "stopping":
             self._send(worker, [protocol.STOP])
             return
+        if self._may_reload(worker):
+            self._send_reload(worker)
+            return
         worker.state = "ready"
         self.free.append(worker.identity)
         self._drain()
+
+    # Hot reload: one worker at a time switches generation, between two requests.
+
+    def begin_reload(self, generation: int, identity: list[int]) -> None:
+        """Move every worker to ``generation``: the file with this identity, already validated."""
+        self.target_generation = generation
+        self.reload_order = json.dumps({"generation": generation, "identity": identity}).encode()
+        self.reload_paused = False
+        self._advance_reload()
+
+    def _may_reload(self, worker: WorkerState) -> bool:
+        return (
+            worker.generation < self.target_generation
+            and self.reloading is None
+            and not self.reload_paused
+        )
+
+    def _advance_reload(self) -> None:
+        for identity in list(self.free):
+            worker = self.workers.get(identity)
+            if worker is not None and self._may_reload(worker):
+                self.free.remove(identity)
+                self._send_reload(worker)
+                return
+
+    def _send_reload(self, worker: WorkerState) -> None:
+        if self._send(worker, [protocol.RELOAD, self.reload_order]):
+            worker.state = "reloading"
+            self.reloading = worker.identity
+
+    def _reloaded(self, worker: WorkerState, answer: bytes) -> None:
+        self.reloading = None
+        try:
+            outcome = json.loads(answer)
+            ok, generation = bool(outcome["ok"]), int(outcome["generation"])
+        except (ValueError, KeyError, TypeError):
+            ok, generation, outcome = False, worker.generation, {"error": "malformed RELOADED"}
+        if ok:
+            worker.generation = generation
+            worker.info["generation"] = generation
+        else:
+            # Pause until the next begin_reload: retrying the same file would fail the same way.
+            self.reload_paused = True
+            log.warning("worker %d could not switch to generation %d: %s",
+                        worker.pid, self.target_generation, outcome.get("error"))
+            self.on_reload_failed(worker, str(outcome.get("error")))
+        self._worker_free(worker)
+        self._advance_reload()
+
+    def reload_complete(self) -> bool:
+        return all(w.generation >= self.target_generation for w in self.workers.values())
 
     def _drain(self) -> None:
         while self.free and self.queue:
@@ -257,6 +319,8 @@ class Router:
             self.free.remove(identity)
         except ValueError:
             pass
+        if self.reloading == identity:
+            self.reloading = None
         pending, worker.inflight = worker.inflight, None
         if pending is not None:
             if pending.attempts < MAX_ATTEMPTS:
@@ -269,6 +333,7 @@ class Router:
         else:
             log.info("worker %d lost (%s)", worker.pid, why)
         self.on_lost(worker, why)
+        self._advance_reload()
 
     def worker_exited(self, pid: int, why: str) -> None:
         for identity, worker in list(self.workers.items()):

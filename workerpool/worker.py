@@ -25,6 +25,9 @@ from .logs import setup_logging
 
 log = logging.getLogger("workerpool.worker")
 
+EXIT_LOAD_FAILED = 3
+EXIT_FILE_CHANGED = 4
+
 
 class LoadedModel:
     """The model of one generation, with the mapping it runs on."""
@@ -43,20 +46,8 @@ class LoadedModel:
             "size": self.pack.identity.size,
             "inode": self.pack.identity.inode,
             "generation": self.generation,
-            **_signature(self.model),
+            **models.signature(self.model),
         }
-
-
-def _signature(model: Any) -> dict[str, Any]:
-    """The model's declared input and output, for clients and for checking worker hosts agree."""
-    declared = {}
-    for key in ("input_shape", "output_shape"):
-        if hasattr(model, key):
-            declared[key] = list(getattr(model, key))
-    for key in ("input_dtype", "output_dtype"):
-        if hasattr(model, key):
-            declared[key] = str(getattr(model, key))
-    return declared
 
 
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
@@ -97,8 +88,12 @@ class Worker:
 
     def run(self) -> int:
         args = self.args
-        loaded = LoadedModel(args.path, args.model, args.load, args.generation)
-        log.debug("mapped %s and built model %s", args.path, loaded.name)
+        self.loaded = LoadedModel(args.path, args.model, args.load, args.generation)
+        if args.expect and _identity(self.loaded) != args.expect:
+            log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
+                        os.getpid(), args.path)
+            return EXIT_FILE_CHANGED
+        log.debug("mapped %s and built model %s", args.path, self.loaded.name)
         context = zmq.Context()
         router = context.socket(zmq.DEALER)
         router.setsockopt(zmq.IDENTITY, self.identity)
@@ -108,15 +103,15 @@ class Worker:
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGTERM, lambda *_: None)
-        ready = {"pid": os.getpid(), "host": socket.gethostname(), **loaded.describe()}
+        ready = {"pid": os.getpid(), "host": socket.gethostname(), **self.loaded.describe()}
         router.send_multipart([protocol.READY, json.dumps(ready).encode()])
         try:
-            return self._loop(loaded, router, wakeup_r)
+            return self._loop(router, wakeup_r)
         finally:
             router.close(linger=1000)
             context.term()
 
-    def _loop(self, loaded: LoadedModel, router: zmq.Socket, wakeup: int) -> int:
+    def _loop(self, router: zmq.Socket, wakeup: int) -> int:
         interval = self.args.heartbeat
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
@@ -127,7 +122,7 @@ class Worker:
             now = time.monotonic()
             if events.get(router):
                 router_seen = now
-                if self._on_router(loaded, router, router.recv_multipart(copy=False)):
+                if self._on_router(router, router.recv_multipart(copy=False)):
                     last_beat = time.monotonic()
             if events.get(wakeup):
                 os.read(wakeup, 64)
@@ -146,16 +141,44 @@ class Worker:
                             os.getpid(), now - router_seen)
                 return 1
 
-    def _on_router(self, loaded: LoadedModel, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
+    def _on_router(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
         """Handle one message from the router; True when a reply was sent."""
         command = frames[0].bytes
         if command == protocol.REQUEST and len(frames) >= 2:
-            ok, reply = handle_request(loaded, frames[2:])
+            ok, reply = handle_request(self.loaded, frames[2:])
             router.send_multipart([protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply], copy=False)
+            return True
+        if command == protocol.RELOAD and len(frames) >= 2:
+            outcome = self._reload(frames[1].bytes)
+            router.send_multipart([protocol.RELOADED, json.dumps(outcome).encode()])
             return True
         if command == protocol.STOP:
             self.stopping = True
         return False
+
+    def _reload(self, order: bytes) -> dict[str, Any]:
+        """Map the file now at the path and build the model on it, between two requests.
+
+        The old generation is dropped only once the new one is built, and with it the last
+        reference to the old mapping, so the replaced file's pages can be freed.
+        """
+        try:
+            wanted = json.loads(order)
+            generation, expected = int(wanted["generation"]), list(wanted["identity"])
+            loaded = LoadedModel(self.args.path, self.args.model, self.args.load, generation)
+        except (burnpack.BurnpackError, models.ModelError, ValueError, KeyError, TypeError) as exc:
+            return {"ok": False, "generation": self.loaded.generation, "error": str(exc)}
+        if _identity(loaded) != expected:
+            return {"ok": False, "generation": self.loaded.generation,
+                    "error": f"{self.args.path} changed again before this worker mapped it"}
+        self.loaded = loaded
+        log.info("worker %d: serving generation %d", os.getpid(), generation)
+        return {"ok": True, "generation": generation, "inode": loaded.pack.identity.inode}
+
+
+def _identity(loaded: LoadedModel) -> list[int]:
+    identity = loaded.pack.identity
+    return [identity.device, identity.inode, identity.size, identity.mtime_ns]
 
 
 def transport_heartbeats(sock: zmq.Socket, interval: float, liveness: int) -> None:
@@ -173,6 +196,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--model", default=None)
     parser.add_argument("--load", choices=("mmap", "copy"), default="mmap")
     parser.add_argument("--generation", type=int, default=1)
+    parser.add_argument("--expect", type=json.loads, default=None,
+                        help="the file identity the supervisor validated, as a JSON list")
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--liveness", type=int, default=5)
     parser.add_argument("--log-level", default="info")
@@ -187,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Worker(args).run()
     except (burnpack.BurnpackError, models.ModelError) as exc:
         log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
-        return 3
+        return EXIT_LOAD_FAILED
 
 
 if __name__ == "__main__":

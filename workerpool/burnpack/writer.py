@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import struct
@@ -13,6 +12,7 @@ from typing import Any
 import cbor2
 import numpy as np
 
+from ..atomic import replace_atomically
 from . import dtypes
 from .layout import (
     FORMAT_VERSION,
@@ -26,8 +26,6 @@ from .layout import (
     align_up,
     aligned_data_start,
 )
-
-_temp_counter = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -77,12 +75,8 @@ def write(
     items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
     plan = _plan(path, items)
     blob = _encode_metadata(path, plan, metadata or {}, scalars or {}, param_ids or {})
-    directory = os.path.dirname(os.path.abspath(path))
-    temp = os.path.join(
-        directory, f".{os.path.basename(path)}.{os.getpid()}-{next(_temp_counter)}.tmp"
-    )
     try:
-        with open(temp, "xb") as f:
+        with replace_atomically(path) as f:
             f.write(HEADER.pack(MAGIC, FORMAT_VERSION, len(blob)))
             f.write(blob)
             data_start = aligned_data_start(len(blob))
@@ -90,16 +84,8 @@ def write(
             for entry in plan:
                 _pad_to(f, data_start + entry.start)
                 f.write(_payload(path, entry))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-        _fsync_directory(directory)
     except OSError as exc:
-        _remove(temp)
         raise BurnpackError(f"{path}: cannot write: {exc.strerror or exc}") from exc
-    except BaseException:
-        _remove(temp)
-        raise
 
 
 def _plan(path: str, items: list[tuple[str, TensorSource]]) -> list[_Planned]:
@@ -240,18 +226,3 @@ def _pad_to(f: Any, position: int) -> None:
     gap = position - f.tell()
     if gap:
         f.write(bytes(gap))
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

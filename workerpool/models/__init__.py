@@ -44,6 +44,7 @@ __all__ = [
     "generate_mlp",
     "recognise",
     "resolve",
+    "signature",
 ]
 
 CHOICES = (
@@ -133,3 +134,16 @@ def build_model(
 
 def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def signature(model: Any) -> dict[str, Any]:
+    """The input and output a model declares (if it does), for clients and for checking that new
+    weights or another host's model serve the same requests."""
+    declared: dict[str, Any] = {}
+    for key in ("input_shape", "output_shape"):
+        if hasattr(model, key):
+            declared[key] = list(getattr(model, key))
+    for key in ("input_dtype", "output_dtype"):
+        if hasattr(model, key):
+            declared[key] = str(getattr(model, key))
+    return declared

@@ -1,0 +1,44 @@
+"""Replace a file so that readers see the old version or the new one, never a partial file.
+
+Processes that have the old file mapped keep its inode, which is why workerpool publishes
+weights by rename and never rewrites a served file in place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+_counter = itertools.count()
+
+
+@contextmanager
+def replace_atomically(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Yield a new temporary file beside ``path``; when the block succeeds, make it ``path``.
+
+    Success: fsync the file, rename it over ``path``, fsync the directory, so the new version
+    survives a crash. Failure (any exception): remove the temporary file; ``path`` is untouched.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    temp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}-{next(_counter)}.tmp")
+    try:
+        with open(temp, "xb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise

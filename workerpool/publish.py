@@ -1,0 +1,52 @@
+"""Deploy new weights safely: validate, copy beside the served file, rename over it.
+
+A server watching the destination sees a new inode and reloads; processes that still map the
+old file keep its pages until they let go, so nobody reads a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from . import burnpack, control, models
+from .atomic import replace_atomically
+
+COPY_CHUNK = 16 * 1024 * 1024
+
+
+class PublishError(Exception):
+    """SRC was refused or could not be copied; DEST is untouched."""
+
+
+def publish(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    *,
+    control_endpoint: str | None = None,
+    model: str | None = None,
+) -> burnpack.FileIdentity:
+    """Validate ``source``, then atomically make ``destination`` a copy of it.
+
+    The model check is the running server's when ``control_endpoint`` is given (it builds its
+    own model on the file); otherwise ``model`` (or the file's own choice) is built here.
+    """
+    source, destination = os.fspath(source), os.fspath(destination)
+    try:
+        pack = burnpack.read(source)
+        if control_endpoint is None:
+            models.build_model(pack.tensors, pack.metadata, model)
+    except (burnpack.BurnpackError, models.ModelError) as exc:
+        raise PublishError(str(exc)) from exc
+    del pack
+    if control_endpoint is not None:
+        try:
+            control.call(control_endpoint, "check", path=os.path.abspath(source), timeout=60)
+        except control.ControlError as exc:
+            raise PublishError(f"{source}: the running server refuses it: {exc}") from exc
+    try:
+        with open(source, "rb") as src, replace_atomically(destination) as dst:
+            shutil.copyfileobj(src, dst, COPY_CHUNK)
+    except OSError as exc:
+        raise PublishError(f"cannot publish {source} to {destination}: {exc.strerror or exc}") from exc
+    return burnpack.FileIdentity.of(os.stat(destination))
