@@ -38,6 +38,7 @@ class Server:
         self.endpoint: str | None = None
         self.ready_line = ""
         self._known: dict[int, psutil.Process] = {}
+        self._final_log: str | None = None
 
     def start(self, timeout: float = 60.0) -> Server:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
@@ -70,6 +71,9 @@ class Server:
         return data.decode()
 
     def log(self) -> str:
+        """Everything the server logged so far (kept after stop())."""
+        if self._final_log is not None:
+            return self._final_log
         with open(self.log_path) as f:
             return f.read()
 
@@ -128,6 +132,8 @@ class Server:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
+        if self._final_log is None and os.path.exists(self.log_path):
+            self._final_log = self.log()
         shutil.rmtree(self.dir, ignore_errors=True)
         return code
 

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from . import burnpack, control, models, runtime
+from . import burnpack, control, metrics, models, runtime
 from .logs import LEVELS, setup_logging
 from .units import format_size, parse_size
 
@@ -111,6 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         graceful_timeout=args.graceful_timeout,
         max_message_size=args.max_message_size,
         log_level=args.log_level,
+        watch_interval=None if args.no_watch else args.watch_interval,
     )
     try:
         return Supervisor(config).run()
@@ -133,12 +134,50 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"generation {model['generation']}, {model['load']})")
     print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight")
     print(f"{'pid':>8}  {'host':<16} {'state':<9} {'gen':>4} {'served':>8} {'errors':>6} "
-          f"{'rss':>10} {'uss':>10} {'pss':>10} {'shared':>10}")
+          + " ".join(f"{_MEMORY_COLUMNS[k]:>10}" for k in _MEMORY_COLUMNS))
     for worker in status["workers"]:
         memory = worker.get("memory") or {}
-        sizes = [format_size(memory[k]) if k in memory else "-" for k in ("rss", "uss", "pss", "shared")]
+        sizes = [format_size(memory[k]) if k in memory else "-" for k in _MEMORY_COLUMNS]
         print(f"{worker['pid']:>8}  {worker['host'][:16]:<16} {worker['state']:<9} {worker['generation']:>4} "
               f"{worker['served']:>8} {worker['errors']:>6} " + " ".join(f"{s:>10}" for s in sizes))
+    totals = status["totals"]
+    model_size = "-" if totals["model_size"] is None else format_size(totals["model_size"])
+    print(f"total PSS of {totals['workers']} workers: {format_size(totals['pss'])} "
+          f"(model file {model_size})")
+    if args.explain:
+        for key, column in _MEMORY_COLUMNS.items():
+            print(f"  {column:<8} {metrics.MEMORY_FIELDS[key]}")
+        print(f"  {'total':<8} {metrics.TOTAL_FIELDS['pss']}")
+    return 0
+
+
+_MEMORY_COLUMNS = {"rss": "rss", "uss": "uss", "pss": "pss", "shared": "shared", "anon": "anon",
+                   "pte": "pte", "weights_resident": "weights"}
+"""The memory figures ``status`` shows, by key, with their column titles; ``--json`` has all."""
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    endpoint = args.control or runtime.default_control_endpoint()
+    try:
+        answer = control.call(endpoint, "reload", timeout=args.timeout)
+    except control.ControlError as exc:
+        raise CommandError(f"reload failed: {exc}") from exc
+    if answer["result"] == "unchanged":
+        print(f"workerpool: weights unchanged; generation {answer['generation']} keeps serving")
+    else:
+        print(f"workerpool: every worker now serves generation {answer['generation']}")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from .publish import PublishError, publish
+
+    try:
+        identity = publish(args.source, args.destination, control_endpoint=args.control, model=args.model)
+    except PublishError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"workerpool: published {args.source} as {args.destination} (inode {identity.inode}, "
+          f"{format_size(identity.size)})")
     return 0
 
 
@@ -239,8 +278,42 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-size", type=_size, default=parse_size("64MiB"), metavar="SIZE",
                        help="largest request accepted; a larger one drops its connection "
                        "(default: 64MiB)")
+    serve.add_argument("--watch-interval", type=float, default=0.5, metavar="S",
+                       help="seconds between checks of MODEL.bpk for new weights published by rename "
+                       "(default: %(default)s)")
+    serve.add_argument("--no-watch", action="store_true",
+                       help="do not watch MODEL.bpk; reload only on SIGHUP or 'workerpool reload'")
     serve.add_argument("--log-level", choices=LEVELS, default="info", help="default: %(default)s")
     serve.set_defaults(handler=cmd_serve)
+
+    reload = sub.add_parser(
+        "reload",
+        help="load new weights now and wait until every worker serves them",
+        description="Ask a running server to check its weight file now (as SIGHUP does) and wait "
+        "until every worker serves the new generation. Exit 0 when they do or when the file is "
+        "unchanged; exit 1 with the reason when the new file is refused or the switch does not "
+        "complete.",
+    )
+    reload.add_argument("--control", default=None, metavar="ENDPOINT",
+                        help="the server's control endpoint (default: as serve's default)")
+    reload.add_argument("--timeout", type=float, default=150.0, help="seconds to wait (default: 150)")
+    reload.set_defaults(handler=cmd_reload)
+
+    publish = sub.add_parser(
+        "publish",
+        help="deploy new weights: validate, copy beside DEST, rename over it",
+        description="Validate SRC (and, with --control, that the running server's model accepts "
+        "it), copy it to a temporary file in DEST's directory, fsync it, rename it over DEST and "
+        "fsync the directory. A server watching DEST then reloads. An invalid SRC leaves DEST "
+        "untouched (exit 1).",
+    )
+    publish.add_argument("source", metavar="SRC.bpk")
+    publish.add_argument("destination", metavar="DEST.bpk", help="the path the server serves")
+    publish.add_argument("--control", default=None, metavar="ENDPOINT",
+                         help="also ask the server at this control endpoint to check SRC")
+    publish.add_argument("--model", default=None, metavar="NAME|module:factory",
+                         help="without --control, the model to check SRC against (default: as serve)")
+    publish.set_defaults(handler=cmd_publish)
 
     status = sub.add_parser(
         "status",
@@ -250,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--control", default=None, metavar="ENDPOINT",
                         help="the server's control endpoint (default: as serve's default)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument("--explain", action="store_true",
+                        help="say under the table what each memory column means")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default: 5)")
     status.set_defaults(handler=cmd_status)
 

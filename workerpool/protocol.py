@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
 MAX_RANK = 32
 MAX_ARRAYS = 64
+MAX_NESTING = 64  # far below the recursion limit, so every header read can be re-encoded
 
 METHOD_INFER = "infer"
 METHOD_INFO = "info"
@@ -83,12 +85,38 @@ def decode_header(frame: Any) -> dict[str, Any]:
     if len(data) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header is {len(data)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
     try:
-        header = json.loads(data)
+        header = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
+    if _nesting(header) > MAX_NESTING:
+        raise ProtocolError(f"header nests deeper than {MAX_NESTING} levels")
     return header
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python accepts NaN and Infinity; JSON does not
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _nesting(value: Any) -> int:
+    """How deep arrays and objects nest in ``value`` (without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            stack.extend((item, depth + 1) for item in value)
+    return deepest
 
 
 def pack_arrays(payload: Inputs | None) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -184,6 +212,7 @@ def decode_request(frames: Sequence[Any]) -> Message:
             f"unknown method {header.get('method')!r}; methods are {', '.join(METHODS)}", request_id
         )
     try:
+        deadline_of(header)
         arrays, names = unpack_arrays(header.get("arrays", []), frames[1:])
     except ProtocolError as exc:
         raise ProtocolError(str(exc), request_id) from None
@@ -195,7 +224,7 @@ def deadline_of(header: Mapping[str, Any]) -> float | None:
     value = header.get("deadline_ms")
     if value is None:
         return None
-    if type(value) not in (int, float) or not value >= 0:
+    if type(value) not in (int, float) or not 0 <= value <= sys.float_info.max:
         raise ProtocolError("deadline_ms must be a non-negative number of milliseconds")
     return value / 1000.0
 

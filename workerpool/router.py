@@ -126,7 +126,8 @@ class Router:
     def _accept(self, frames: list[zmq.Frame]) -> None:
         client = frames[0].bytes
         if len(frames) < 3 or frames[1].bytes != b"":
-            self.reply_error(client, None, "bad_request",
+            request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
+            self.reply_error(client, request_id, "bad_request",
                              "a request is an empty delimiter frame, a JSON header frame, then array frames")
             return
         if not self.accepting:
@@ -158,9 +159,9 @@ class Router:
 
     def _to_client(self, client: bytes, frames: list[Any]) -> None:
         try:
-            self.frontend.send_multipart([client, b"", *frames], copy=False)
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; nobody to tell
-            log.debug("reply to a vanished client dropped: %s", exc)
+            self.frontend.send_multipart([client, b"", *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
+            log.debug("reply to a vanished or stalled client dropped: %s", exc)
 
     # Worker side.
 
@@ -299,7 +300,7 @@ class Router:
 
     def _send(self, worker: WorkerState, frames: list[Any]) -> bool:
         try:
-            self.backend.send_multipart([worker.identity, *frames], copy=False)
+            self.backend.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.ZMQError as exc:
             self.lose(worker.identity, f"unreachable ({exc})")

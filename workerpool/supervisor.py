@@ -22,9 +22,10 @@ from typing import Any
 
 import zmq
 
-from . import burnpack, control, metrics, models, runtime
+from . import control, metrics, reload, runtime
 from .router import Router, WorkerState
 from .units import format_size
+from .worker import EXIT_FILE_CHANGED
 
 log = logging.getLogger("workerpool.supervisor")
 
@@ -51,6 +52,8 @@ class ServeConfig:
     heartbeat: float = 1.0
     liveness: int = 5
     log_level: str = "info"
+    watch_interval: float | None = 0.5
+    reload_timeout: float = 120.0
 
 
 @dataclass
@@ -75,23 +78,14 @@ class Supervisor:
         self.children: dict[int, Child] = {}
         self.spawn_at: list[float] = []
         self.failures = 0
-        self.generation = 1
         self.announced = False
+        self.reload_waiters: list[tuple[bytes, int, float]] = []
+        self.next_watch = 0.0
         self.stopping = False
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
 
     # Start-up.
-
-    def _validate(self) -> tuple[str, burnpack.FileIdentity]:
-        """Read the file and build the model once, so a bad file fails before any worker starts."""
-        try:
-            pack = burnpack.read(self.config.path)
-            name = models.choose_model(self.config.model, pack.tensors, pack.metadata)[0]
-            models.build_model(pack.tensors, pack.metadata, name)
-        except (burnpack.BurnpackError, models.ModelError) as exc:
-            raise StartupError(str(exc)) from exc
-        return name, pack.identity
 
     def _claim_control(self, endpoint: str) -> None:
         path = runtime.ipc_path(endpoint)
@@ -108,7 +102,10 @@ class Supervisor:
 
     def run(self) -> int:
         config = self.config
-        self.model_name, self.identity = self._validate()
+        try:  # the file and the model, checked once before anything starts
+            self.watcher = reload.Watcher(config.path, config.model)
+        except reload.WeightsRefused as exc:
+            raise StartupError(str(exc)) from exc
         try:
             self.private_dir = tempfile.mkdtemp(prefix="pool-", dir=runtime.runtime_dir())
             control_endpoint = config.control or runtime.default_control_endpoint()
@@ -177,7 +174,7 @@ class Supervisor:
             self.poller.register(sock, zmq.POLLIN)
         self.poller.register(wakeup_r, zmq.POLLIN)
         log.info("starting %d workers for %s (model %s, %s)", self.target, self.config.path,
-                 self.model_name, self.config.load)
+                 self.watcher.current.model, self.config.load)
         for _ in range(self.target):
             self._spawn()
         self._announce_if_ready()
@@ -199,6 +196,8 @@ class Supervisor:
                         self._reap(child)
                 self._spawn_due()
                 self.router.tick()
+                self._watch()
+                self._answer_reload_waiters()
                 if self.stopping:
                     self._shutdown_step()
         finally:
@@ -221,11 +220,12 @@ class Supervisor:
             sys.executable, "-m", "workerpool.worker", config.path,
             "--backend", self.backend_endpoint,
             "--load", config.load,
-            "--generation", str(self.generation),
+            "--generation", str(self.watcher.current.generation),
+            "--expect", json.dumps(self.watcher.current.identity_list()),
             "--heartbeat", str(config.heartbeat),
             "--liveness", str(config.liveness),
             "--log-level", config.log_level,
-            "--model", config.model or self.model_name,
+            "--model", config.model or self.watcher.current.model,
         ]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, close_fds=True)
@@ -237,7 +237,7 @@ class Supervisor:
     def _spawn_due(self) -> None:
         now = time.monotonic()
         due = [t for t in self.spawn_at if t <= now]
-        if due and not self.stopping:
+        if due and not self.stopping and self.watcher.problem is None:
             self.spawn_at = [t for t in self.spawn_at if t > now]
             for _ in due:
                 self._spawn()
@@ -252,7 +252,22 @@ class Supervisor:
         if child.stopping or self.stopping:
             log.info("worker %d stopped (%s)", child.pid, why)
             return
+        if code == -signal.SIGBUS:
+            log.error("worker %d was killed by SIGBUS: %s was truncated or rewritten in place while "
+                      "mapped; publish new weights by rename (workerpool publish NEW.bpk %s)",
+                      child.pid, self.config.path, self.config.path)
+        self._check_weights("worker exit")
         if len(self.children) + len(self.spawn_at) >= self.target:
+            return
+        if self.watcher.problem is not None:
+            log.warning("worker %d %s; waiting for a valid %s before starting a replacement",
+                        child.pid, why, self.config.path)
+            self.spawn_at.append(time.monotonic())
+            return
+        if code == EXIT_FILE_CHANGED:
+            log.info("worker %d found %s replaced while it started; starting another",
+                     child.pid, self.config.path)
+            self._spawn()
             return
         if child.ready:
             log.warning("worker %d %s; starting a replacement", child.pid, why)
@@ -284,10 +299,49 @@ class Supervisor:
         if not self.announced and ready >= self.target:
             self.announced = True
             print(
-                f"workerpool: serving {self.config.path} ({format_size(self.identity.size)}, model "
-                f"{self.model_name}) with {self.target} workers on {self.router.endpoint}",
+                f"workerpool: serving {self.config.path} ({format_size(self.watcher.current.identity.size)}, "
+                f"model {self.watcher.current.model}) with {self.target} workers on {self.router.endpoint}",
                 flush=True,
             )
+
+    # Hot reload.
+
+    def _watch(self) -> None:
+        interval = self.config.watch_interval
+        now = time.monotonic()
+        if interval is not None and now >= self.next_watch and not self.stopping:
+            self.next_watch = now + interval
+            self._check_weights("watch")
+
+    def _check_weights(self, trigger: str) -> str:
+        """Look at the served path; start moving the pool to a new, valid generation."""
+        outcome = self.watcher.check(trigger)
+        if outcome == "new":
+            current = self.watcher.current
+            self.router.begin_reload(current.generation, current.identity_list())
+        return outcome
+
+    def _answer_reload_waiters(self) -> None:
+        """Answer ``workerpool reload`` once every worker serves its generation, or time is up."""
+        if not self.reload_waiters:
+            return
+        now = time.monotonic()
+        starting = any(not child.ready for child in self.children.values())
+        done = not starting and self.router.reload_complete() and bool(self.router.workers)
+        waiting = []
+        for client, generation, deadline in self.reload_waiters:
+            current = self.watcher.current.generation
+            if done and current >= generation:
+                self._control_reply(client, {"result": "reloaded", "generation": current})
+            elif now >= deadline:
+                behind = [w.pid for w in self.router.workers.values() if w.generation < generation]
+                self._control_reply(client, {
+                    "error": f"not every worker reached generation {generation} within "
+                    f"{self.config.reload_timeout:g}s (still behind: {behind or 'workers starting'})"
+                })
+            else:
+                waiting.append((client, generation, deadline))
+        self.reload_waiters = waiting
 
     def _add_worker(self) -> None:
         self.target += 1
@@ -326,8 +380,10 @@ class Supervisor:
             self._add_worker()
         elif signum == signal.SIGTTOU and not self.stopping:
             self._remove_worker()
-        elif signum == signal.SIGHUP:
-            log.info("SIGHUP: reload is not supported yet")
+        elif signum == signal.SIGHUP and not self.stopping:
+            if self._check_weights("SIGHUP") == "unchanged":
+                log.info("SIGHUP: %s is unchanged; generation %d keeps serving",
+                         self.config.path, self.watcher.current.generation)
 
     def _begin_shutdown(self, reason: str) -> None:
         self.stopping = True
@@ -368,17 +424,48 @@ class Supervisor:
             try:
                 request = json.loads(frames[-1])
                 command = request["command"]
-            except (ValueError, KeyError, TypeError, IndexError):
+            except (ValueError, KeyError, TypeError, IndexError, RecursionError):
                 answer: dict[str, Any] = {"error": "malformed control request"}
             else:
-                if command == "status":
-                    answer = self.status()
-                else:
-                    answer = {"error": f"unknown control command {command!r}"}
-            self.control.send_multipart([frames[0], b"", json.dumps(answer).encode()])
+                answer = self._control_command(frames[0], command, request)
+            if answer is not None:
+                self._control_reply(frames[0], answer)
+
+    def _control_reply(self, client: bytes, answer: dict[str, Any]) -> None:
+        try:
+            self.control.send_multipart([client, b"", json.dumps(answer).encode()])
+        except zmq.ZMQError as exc:
+            log.debug("control reply dropped: %s", exc)
+
+    def _control_command(self, client: bytes, command: Any, request: dict) -> dict[str, Any] | None:
+        """Answer a control command now, or return None when the answer comes later."""
+        if command == "status":
+            return self.status()
+        if command == "reload":
+            if self.stopping:
+                return {"error": "the server is shutting down"}
+            outcome = self._check_weights("reload")
+            current = self.watcher.current.generation
+            if outcome == "unchanged" and self.router.reload_complete():
+                return {"result": "unchanged", "generation": current}
+            if outcome == "refused":
+                return {"error": self.watcher.problem}
+            self.reload_waiters.append((client, current, time.monotonic() + self.config.reload_timeout))
+            return None
+        if command == "check":
+            try:
+                name, _, signature = reload.validate(str(request.get("path")), self.watcher.current.model)
+            except reload.WeightsRefused as exc:
+                return {"error": str(exc)}
+            if signature != self.watcher.current.signature:
+                return {"error": f"model {name} would take {signature}, the served one takes "
+                        f"{self.watcher.current.signature}"}
+            return {"result": "ok", "model": name}
+        return {"error": f"unknown control command {command!r}"}
 
     def status(self) -> dict[str, Any]:
         registered = {worker.pid: worker for worker in self.router.workers.values()}
+        memory = metrics.pool_memory(list(self.children), self.config.path)
         workers = []
         for child in self.children.values():
             worker = registered.pop(child.pid, None)
@@ -387,27 +474,32 @@ class Supervisor:
                 if child.stopping:
                     entry["state"] = "stopping"
             else:
-                entry = {"pid": child.pid, "host": os.uname().nodename, "generation": self.generation,
+                entry = {"pid": child.pid, "host": os.uname().nodename,
+                         "generation": self.watcher.current.generation,
                          "served": 0, "errors": 0, "started": child.started,
                          "state": "stopping" if child.stopping else "starting"}
-            entry["memory"] = metrics.process_memory(child.pid)
+            entry["memory"] = memory.workers[child.pid]
             workers.append(entry)
         for worker in registered.values():
             workers.append({**worker.public(), "memory": None})
+        current = self.watcher.current
         return {
             "supervisor_pid": os.getpid(),
             "endpoint": self.router.endpoint,
             "model": {
-                "name": self.model_name,
+                "name": current.model,
                 "path": self.config.path,
-                "size": self.identity.size,
-                "inode": self.identity.inode,
-                "generation": self.generation,
+                "size": current.identity.size,
+                "inode": current.identity.inode,
+                "generation": current.generation,
                 "load": self.config.load,
+                "watch_interval": self.config.watch_interval,
+                "last_reload": self.watcher.last_reload,
             },
             "queue": {"depth": len(self.router.queue), "max": self.config.max_queue,
                       "in_flight": self.router.busy_count},
             "workers": sorted(workers, key=lambda w: w["pid"]),
+            "totals": memory.totals,
         }
 
 
