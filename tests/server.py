@@ -99,7 +99,7 @@ class Server:
         last = None
         while time.monotonic() < deadline:
             try:
-                last = self.status(timeout=2.0)
+                last = control.call(self.control, "status", timeout=2.0, memory=False)
             except control.ControlError:
                 last = None
             if last is not None and predicate(last):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,8 @@ class Supervisor:
         self.failures = 0
         self.announced = False
         self.reload_waiters: list[tuple[bytes, int, float]] = []
+        self.status_waiters: list[tuple[bytes, Future]] = []
+        self.memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
         self.next_watch = 0.0
         self.stopping = False
         self.stop_deadline = 0.0
@@ -153,6 +156,7 @@ class Supervisor:
             child.popen.wait()
             os.close(child.pidfd)
         self.children.clear()
+        self.memory_reader.shutdown(wait=True, cancel_futures=True)
         self.context.destroy(linger=0)
         path = runtime.ipc_path(control_endpoint)
         if path and os.path.exists(path) and getattr(self, "control_endpoint", None):
@@ -180,7 +184,8 @@ class Supervisor:
         self._announce_if_ready()
         try:
             while not self._finished():
-                timeout = 20 if self.router.queue else self.config.heartbeat * 250
+                busy = self.router.queue or self.status_waiters
+                timeout = 20 if busy else self.config.heartbeat * 250
                 events = dict(self.poller.poll(timeout))
                 if events.get(self.router.frontend):
                     self.router.on_frontend()
@@ -198,6 +203,7 @@ class Supervisor:
                 self.router.tick()
                 self._watch()
                 self._answer_reload_waiters()
+                self._answer_status_waiters()
                 if self.stopping:
                     self._shutdown_step()
         finally:
@@ -381,7 +387,8 @@ class Supervisor:
         elif signum == signal.SIGTTOU and not self.stopping:
             self._remove_worker()
         elif signum == signal.SIGHUP and not self.stopping:
-            if self._check_weights("SIGHUP") == "unchanged":
+            outcome = self._check_weights("SIGHUP")
+            if outcome == "unchanged":
                 log.info("SIGHUP: %s is unchanged; generation %d keeps serving",
                          self.config.path, self.watcher.current.generation)
 
@@ -440,7 +447,13 @@ class Supervisor:
     def _control_command(self, client: bytes, command: Any, request: dict) -> dict[str, Any] | None:
         """Answer a control command now, or return None when the answer comes later."""
         if command == "status":
-            return self.status()
+            if not request.get("memory", True):
+                return self.status()
+            # Reading every worker's smaps takes tens of milliseconds: do it beside the loop,
+            # which keeps routing meanwhile, and answer when it is done.
+            memory = self.memory_reader.submit(metrics.pool_memory, list(self.children), self.config.path)
+            self.status_waiters.append((client, memory))
+            return None
         if command == "reload":
             if self.stopping:
                 return {"error": "the server is shutting down"}
@@ -463,9 +476,18 @@ class Supervisor:
             return {"result": "ok", "model": name}
         return {"error": f"unknown control command {command!r}"}
 
-    def status(self) -> dict[str, Any]:
+    def _answer_status_waiters(self) -> None:
+        waiting = []
+        for client, memory in self.status_waiters:
+            if memory.done():
+                self._control_reply(client, self.status(memory.result()))
+            else:
+                waiting.append((client, memory))
+        self.status_waiters = waiting
+
+    def status(self, memory: metrics.PoolMemory | None = None) -> dict[str, Any]:
+        """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
         registered = {worker.pid: worker for worker in self.router.workers.values()}
-        memory = metrics.pool_memory(list(self.children), self.config.path)
         workers = []
         for child in self.children.values():
             worker = registered.pop(child.pid, None)
@@ -478,7 +500,7 @@ class Supervisor:
                          "generation": self.watcher.current.generation,
                          "served": 0, "errors": 0, "started": child.started,
                          "state": "stopping" if child.stopping else "starting"}
-            entry["memory"] = memory.workers[child.pid]
+            entry["memory"] = memory.workers.get(child.pid) if memory else None
             workers.append(entry)
         for worker in registered.values():
             workers.append({**worker.public(), "memory": None})
@@ -499,7 +521,7 @@ class Supervisor:
             "queue": {"depth": len(self.router.queue), "max": self.config.max_queue,
                       "in_flight": self.router.busy_count},
             "workers": sorted(workers, key=lambda w: w["pid"]),
-            "totals": memory.totals,
+            "totals": memory.totals if memory else None,
         }
 
 
