@@ -688,3 +688,13 @@ def test_client_that_never_reads_cannot_stall_the_server(small_model, context):
                 assert np.array_equal(c.infer(x), 2 * x)
         assert sent == 2500
         assert server.proc.poll() is None
+
+
+def test_many_frames_over_the_total_size_limit_are_refused(small_model, context):
+    """libzmq limits each frame; the router refuses a message whose frames add up past the limit."""
+    with Server(small_model, "--max-message-size", "1MiB", workers=1) as server:
+        frames = [header(1, [f32([230_000])] * 5), *[b"\0" * 920_000] * 5]
+        reply = reply_header(exchange(context, server.endpoint, [b"", *frames]))
+        assert reply["status"] == "error" and reply["error"]["code"] == "bad_request"
+        assert "over --max-message-size 1048576" in reply["error"]["message"] and reply["id"] == 1
+        assert server.status()["workers"][0]["served"] == 0  # it never reached a worker

@@ -82,6 +82,7 @@ class Router:
         on_reload_failed: Callable[[WorkerState, str], None] = lambda worker, why: None,
     ) -> None:
         self.max_queue = max_queue
+        self.max_message_size = max_message_size
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.on_ready = on_ready
@@ -133,6 +134,11 @@ class Router:
         if not self.accepting:
             self._refuse(client, frames[2], "shutting_down", "the server is shutting down")
             return
+        size = sum(len(frame) for frame in frames)
+        if size > self.max_message_size:  # libzmq's own limit is per frame
+            self._refuse(client, frames[2], "bad_request",
+                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
+            return
         pending = Pending(client, frames[2:], time.monotonic())
         if self._dispatch(pending):
             return
@@ -140,16 +146,23 @@ class Router:
             self._refuse(client, frames[2], "overloaded",
                          f"{len(self.queue)} requests already queued (--max-queue {self.max_queue})")
             return
-        try:
-            budget = protocol.deadline_of(protocol.decode_header(frames[2]))
-        except protocol.ProtocolError:
-            budget = None  # the worker answers the malformed header in full
-        if budget is not None:
-            pending.expires = pending.received + budget
-            if budget == 0:
-                self._refuse(client, frames[2], "deadline_exceeded", "the deadline passed while queued")
-                return
-        self.queue.append(pending)
+        self._enqueue(pending)
+
+    def _enqueue(self, pending: Pending, *, first: bool = False) -> None:
+        """Queue a request, with its deadline: read from the header only now, off the fast path."""
+        if pending.expires is None:
+            try:
+                budget = protocol.deadline_of(protocol.decode_header(pending.frames[0]))
+            except protocol.ProtocolError:
+                budget = None  # the worker answers the malformed header in full
+            if budget is not None:
+                pending.expires = pending.received + budget
+        if pending.expires is not None and time.monotonic() >= pending.expires:
+            self._expire(pending)
+        elif first:
+            self.queue.appendleft(pending)
+        else:
+            self.queue.append(pending)
 
     def _refuse(self, client: bytes, header: Any, code: str, message: str) -> None:
         self.reply_error(client, protocol.request_id_of(header), code, message)
@@ -326,7 +339,7 @@ class Router:
         if pending is not None:
             if pending.attempts < MAX_ATTEMPTS:
                 log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
-                self.queue.appendleft(pending)
+                self._enqueue(pending, first=True)
             else:
                 log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
                 self._refuse(pending.client, pending.frames[0], "worker_failed",
