@@ -2,8 +2,9 @@
 """Requests/s and latency through workerpool, against a bare pyzmq load-balancing echo broker.
 
 The bare broker (ROUTER facing clients, ROUTER facing workers, workers that echo) is the
-transport's own cost on this machine; workerpool's figures are read against it. Both are driven
-by the same client loop: one DEALER socket keeping K requests in flight.
+transport's own cost on this machine; workerpool's figures are read against it. The same broker
+with workers that run the model ("bare+model") separates the model's cost from workerpool's.
+All are driven by the same client loop: one DEALER socket keeping K requests in flight.
 
     python scripts/bench.py                     # 1 MiB mlp, 2 workers, K = 1, 4, 16
     python scripts/bench.py --workers 4 --seconds 5 --json bench.json
@@ -23,7 +24,7 @@ import time
 import numpy as np
 import zmq
 
-from workerpool import models, protocol
+from workerpool import burnpack, models, protocol
 
 
 def drive(endpoint: str, frames: list, in_flight: int, seconds: float) -> dict:
@@ -104,7 +105,13 @@ def echo_broker(backend: str, bound: multiprocessing.Queue) -> None:
             poller.unregister(clients)
 
 
-def echo_worker(backend: str) -> None:
+def echo_worker(backend: str, model_path: str | None = None) -> None:
+    """Echo the arrays back or, given ``model_path``, run workerpool's model and protocol on them:
+    the same work a workerpool worker does, without its supervision, heartbeats and checks."""
+    model = None
+    if model_path is not None:
+        pack = burnpack.read(model_path)
+        model = models.build_model(pack.tensors, pack.metadata)
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.connect(backend)
@@ -112,17 +119,24 @@ def echo_worker(backend: str) -> None:
     while True:
         message = sock.recv_multipart(copy=False)
         client = message[1:3]
-        header = json.loads(message[3].bytes)
-        reply = {"v": 1, "id": header["id"], "status": "ok", "arrays": header["arrays"]}
-        sock.send_multipart([b"", *client, protocol.encode_header(reply), *message[4:]], copy=False)
+        if model is None:
+            header = json.loads(message[3].bytes)
+            reply = [protocol.encode_header({"v": 1, "id": header["id"], "status": "ok",
+                                             "arrays": header["arrays"]}), *message[4:]]
+        else:
+            request = protocol.decode_request(message[3:])
+            reply = protocol.encode_reply(request.id, model(request.payload()), worker_pid=0, generation=1)
+        sock.send_multipart([b"", *client, *reply], copy=False)
 
 
-def run_bare(workers: int, frames: list, levels: list[int], seconds: float, tmp: str) -> list[dict]:
+def run_bare(workers: int, frames: list, levels: list[int], seconds: float, tmp: str,
+             model_path: str | None = None) -> list[dict]:
     spawn = multiprocessing.get_context("spawn")
     backend = f"ipc://{tmp}/bare-backend"
     bound = spawn.Queue()
     procs = [spawn.Process(target=echo_broker, args=(backend, bound), daemon=True)]
-    procs += [spawn.Process(target=echo_worker, args=(backend,), daemon=True) for _ in range(workers)]
+    procs += [spawn.Process(target=echo_worker, args=(backend, model_path), daemon=True)
+              for _ in range(workers)]
     for proc in procs:
         proc.start()
     try:
@@ -165,17 +179,20 @@ def main() -> None:
         x = np.random.default_rng(0).standard_normal((1, generated.dims[0]), dtype=np.float32)
         frames = protocol.encode_request(0, x)
         bare = run_bare(args.workers, frames, levels, args.seconds, tmp)
+        same = run_bare(args.workers, frames, levels, args.seconds, tmp, model_path=model)
         pool = run_workerpool(model, args.workers, frames, levels, args.seconds, tmp)
     print(f"{args.workers} workers, 1 MiB mlp, one-row float32 input; {args.seconds:g}s per level")
-    print(f"{'in flight':>9} | {'bare req/s':>10} {'p50 us':>8} {'p99 us':>8} | "
-          f"{'pool req/s':>10} {'p50 us':>8} {'p99 us':>8} | {'rps ratio':>9} {'p50 ratio':>9}")
-    for b, p in zip(bare, pool):
-        print(f"{b['in_flight']:>9} | {b['rps']:>10.0f} {b['p50_us']:>8.0f} {b['p99_us']:>8.0f} | "
-              f"{p['rps']:>10.0f} {p['p50_us']:>8.0f} {p['p99_us']:>8.0f} | "
+    print("bare: echo broker and echo workers; bare+model: the same broker, workers running the model")
+    print(f"{'in flight':>9} | {'bare req/s':>10} {'p50 us':>7} | {'bare+model':>10} {'p50 us':>7} | "
+          f"{'pool req/s':>10} {'p50 us':>7} {'p99 us':>7} | {'rps ratio':>9} {'p50 ratio':>9}")
+    for b, m, p in zip(bare, same, pool):
+        print(f"{b['in_flight']:>9} | {b['rps']:>10.0f} {b['p50_us']:>7.0f} | {m['rps']:>10.0f} "
+              f"{m['p50_us']:>7.0f} | {p['rps']:>10.0f} {p['p50_us']:>7.0f} {p['p99_us']:>7.0f} | "
               f"{p['rps'] / b['rps']:>9.2f} {p['p50_us'] / b['p50_us']:>9.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workers": args.workers, "bare": bare, "workerpool": pool}, f, indent=2)
+            json.dump({"workers": args.workers, "bare": bare, "bare_model": same, "workerpool": pool},
+                      f, indent=2)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
 MAX_RANK = 32
 MAX_ARRAYS = 64
-MAX_NESTING = 64  # far below the recursion limit, so every header read can be re-encoded
+MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
 
 METHOD_INFER = "infer"
 METHOD_INFO = "info"
@@ -90,8 +90,9 @@ def decode_header(frame: Any) -> dict[str, Any]:
         raise ProtocolError(f"header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
-    if _nesting(header) > MAX_NESTING:
-        raise ProtocolError(f"header nests deeper than {MAX_NESTING} levels")
+    # The id is the one value echoed back, and it must stay encodable (Python's JSON recurses).
+    if _nesting(header.get("id")) >= MAX_NESTING:  # the header object is the first level
+        raise ProtocolError(f"the request id nests deeper than {MAX_NESTING} levels")
     return header
 
 

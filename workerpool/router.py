@@ -19,11 +19,12 @@ from typing import Any
 import zmq
 
 from . import protocol
-from .worker import transport_heartbeats
+from .transport import NOBLOCK, readable, send_parts, transport_heartbeats
 
 log = logging.getLogger("workerpool.router")
 
 MAX_ATTEMPTS = 2
+BATCH = 64  # messages taken from one socket per poll: amortises the loop, keeps it fair
 
 
 @dataclass
@@ -121,8 +122,11 @@ class Router:
     # Client side.
 
     def on_frontend(self) -> None:
-        """Take one request from the client socket (the caller polls again for the next)."""
-        self._accept(self.frontend.recv_multipart(copy=False))
+        """Take the requests waiting on the client socket (a bounded batch per poll)."""
+        for _ in range(BATCH):
+            self._accept(self.frontend.recv_multipart(copy=False))
+            if not readable(self.frontend):
+                return
 
     def _accept(self, frames: list[zmq.Frame]) -> None:
         client = frames[0].bytes
@@ -172,15 +176,18 @@ class Router:
 
     def _to_client(self, client: bytes, frames: list[Any]) -> None:
         try:
-            self.frontend.send_multipart([client, b"", *frames], flags=zmq.NOBLOCK, copy=False)
+            send_parts(self.frontend, [client, b"", *frames], NOBLOCK)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
             log.debug("reply to a vanished or stalled client dropped: %s", exc)
 
     # Worker side.
 
     def on_backend(self) -> None:
-        """Take one message from a worker."""
-        self._from_worker(self.backend.recv_multipart(copy=False))
+        """Take the messages waiting from workers (a bounded batch per poll)."""
+        for _ in range(BATCH):
+            self._from_worker(self.backend.recv_multipart(copy=False))
+            if not readable(self.backend):
+                return
 
     def _from_worker(self, frames: list[zmq.Frame]) -> None:
         identity, command = frames[0].bytes, frames[1].bytes
@@ -313,7 +320,7 @@ class Router:
 
     def _send(self, worker: WorkerState, frames: list[Any]) -> bool:
         try:
-            self.backend.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK, copy=False)
+            send_parts(self.backend, [worker.identity, *frames], NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             self.lose(worker.identity, f"unreachable ({exc})")

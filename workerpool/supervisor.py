@@ -33,6 +33,7 @@ log = logging.getLogger("workerpool.supervisor")
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
 STOP_TIMEOUT = 5.0
+DUTY_INTERVAL = 0.01  # seconds between checks of timers: deadlines, heartbeats, the weight file
 
 
 class StartupError(Exception):
@@ -84,6 +85,7 @@ class Supervisor:
         self.status_waiters: list[tuple[bytes, Future]] = []
         self.memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
         self.next_watch = 0.0
+        self.next_duties = 0.0
         self.stopping = False
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
@@ -184,8 +186,8 @@ class Supervisor:
         self._announce_if_ready()
         try:
             while not self._finished():
-                busy = self.router.queue or self.status_waiters
-                timeout = 20 if busy else self.config.heartbeat * 250
+                busy = self.router.queue or self.status_waiters or self.stopping
+                timeout = DUTY_INTERVAL * 2000 if busy else self.config.heartbeat * 250
                 events = dict(self.poller.poll(timeout))
                 if events.get(self.router.frontend):
                     self.router.on_frontend()
@@ -199,13 +201,16 @@ class Supervisor:
                 for child in list(self.children.values()):
                     if events.get(child.pidfd):
                         self._reap(child)
-                self._spawn_due()
-                self.router.tick()
-                self._watch()
-                self._answer_reload_waiters()
-                self._answer_status_waiters()
-                if self.stopping:
-                    self._shutdown_step()
+                now = time.monotonic()
+                if now >= self.next_duties:  # time-driven work, at most every DUTY_INTERVAL
+                    self.next_duties = now + DUTY_INTERVAL
+                    self._spawn_due()
+                    self.router.tick()
+                    self._watch()
+                    self._answer_reload_waiters()
+                    self._answer_status_waiters()
+                    if self.stopping:
+                        self._shutdown_step()
         finally:
             signal.set_wakeup_fd(-1)
             for signum in handled:

@@ -22,6 +22,7 @@ import zmq
 
 from . import burnpack, models, protocol
 from .logs import setup_logging
+from .transport import send_parts, transport_heartbeats
 
 log = logging.getLogger("workerpool.worker")
 
@@ -146,7 +147,7 @@ class Worker:
         command = frames[0].bytes
         if command == protocol.REQUEST and len(frames) >= 2:
             ok, reply = handle_request(self.loaded, frames[2:])
-            router.send_multipart([protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply], copy=False)
+            send_parts(router, [protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply])
             return True
         if command == protocol.RELOAD and len(frames) >= 2:
             outcome = self._reload(frames[1].bytes)
@@ -179,14 +180,6 @@ class Worker:
 def _identity(loaded: LoadedModel) -> list[int]:
     identity = loaded.pack.identity
     return [identity.device, identity.inode, identity.size, identity.mtime_ns]
-
-
-def transport_heartbeats(sock: zmq.Socket, interval: float, liveness: int) -> None:
-    """ZMTP pings, answered by libzmq's own thread: a peer that stops (killed, frozen, cut off)
-    loses its connection even while this process is busy running the model."""
-    sock.setsockopt(zmq.HEARTBEAT_IVL, int(interval * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(interval * liveness * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, int(interval * liveness * 1000))
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

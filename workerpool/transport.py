@@ -1,0 +1,38 @@
+"""ZeroMQ socket settings and sends shared by the router, the workers and the clients."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+# Below this, copying a part into a new message is cheaper than handing libzmq a buffer it must
+# give back later (pyzmq's own copy threshold); above it, arrays go out without a copy.
+ZERO_COPY_MIN = 64 * 1024
+# Plain ints: pyzmq's constants are enum flags, and enum arithmetic costs microseconds per message.
+SNDMORE = int(zmq.SNDMORE)
+NOBLOCK = int(zmq.NOBLOCK)
+POLLIN = int(zmq.POLLIN)
+
+
+def send_parts(sock: zmq.Socket, parts: Sequence[Any], flags: int = 0) -> None:
+    """Send a multipart message: received frames as they are, large buffers without a copy."""
+    more = flags | SNDMORE
+    last = len(parts) - 1
+    for index, part in enumerate(parts):
+        large = not isinstance(part, (bytes, zmq.Frame)) and memoryview(part).nbytes >= ZERO_COPY_MIN
+        sock.send(part, more if index < last else flags, copy=not large)
+
+
+def readable(sock: zmq.Socket) -> bool:
+    """Whether a message is waiting, without a poll call."""
+    return bool(sock.get(zmq.EVENTS) & POLLIN)
+
+
+def transport_heartbeats(sock: zmq.Socket, interval: float, liveness: int) -> None:
+    """ZMTP pings, answered by libzmq's own thread: a peer that stops (killed, frozen, cut off)
+    loses its connection even while the process at the other end is busy running the model."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(interval * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(interval * liveness * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, int(interval * liveness * 1000))
