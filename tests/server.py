@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -23,17 +24,13 @@ READY_PREFIX = "workerpool: serving "
 class Server:
     """A ``workerpool serve`` subprocess on an ephemeral loopback port and a private ipc directory."""
 
+    ready_prefix = READY_PREFIX
+
     def __init__(self, model: str | os.PathLike, *args: str, workers: int = 2) -> None:
         self.dir = tempfile.mkdtemp(prefix="wp-")  # short: ipc paths are limited to ~100 bytes
         self.control = f"ipc://{self.dir}/control"
         self.log_path = os.path.join(self.dir, "server.log")
-        self.command = [
-            sys.executable, "-m", "workerpool", "serve", str(model),
-            "--workers", str(workers),
-            "--bind", "tcp://127.0.0.1:*",
-            "--control", self.control,
-            *args,
-        ]
+        self.command = self.build_command(str(model), workers, args)
         self.proc: subprocess.Popen | None = None
         self.endpoint: str | None = None
         self.ready_line = ""
@@ -47,11 +44,20 @@ class Server:
             self.command, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL, env=env
         )
         self.ready_line = self.read_line(timeout)
-        if not self.ready_line.startswith(READY_PREFIX):
+        if not self.ready_line.startswith(self.ready_prefix):
             raise RuntimeError(f"server did not become ready: {self.ready_line!r}\n{self.log()}")
-        self.endpoint = self.ready_line.rsplit(" on ", 1)[1].strip()
+        self.endpoint = self.ready_line.rsplit(" ", 1)[1].strip()
         self.track()
         return self
+
+    def build_command(self, model: str, workers: int, args: Sequence[str]) -> list[str]:
+        return [
+            sys.executable, "-m", "workerpool", "serve", model,
+            "--workers", str(workers),
+            "--bind", "tcp://127.0.0.1:*",
+            "--control", self.control,
+            *args,
+        ]
 
     def read_line(self, timeout: float) -> str:
         """One line of the server's stdout, or '' at EOF or timeout."""
@@ -142,3 +148,17 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class Host(Server):
+    """A ``workerpool workers`` subprocess: N workers serving through a router's TCP backend."""
+
+    ready_prefix = "workerpool: "
+
+    def __init__(self, model: str | os.PathLike, connect: str, *args: str, workers: int = 1) -> None:
+        self.connect = connect
+        super().__init__(model, *args, workers=workers)
+
+    def build_command(self, model: str, workers: int, args: Sequence[str]) -> list[str]:
+        return [sys.executable, "-m", "workerpool", "workers", model, "--connect", self.connect,
+                "--workers", str(workers), *args]

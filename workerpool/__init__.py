@@ -13,6 +13,7 @@ from .errors import (
     WorkerFailed,
     WorkerpoolError,
 )
+from .security import ClientKeys
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,7 @@ __all__ = [
     "AsyncClient",
     "BadRequest",
     "Client",
+    "ClientKeys",
     "DeadlineExceeded",
     "InternalError",
     "Overloaded",

@@ -15,6 +15,7 @@ from . import protocol
 from .client import DEFAULT_ENDPOINT, Outputs, Result, _Call, _Calls, _open_socket, _poll_ms, _send
 from .errors import WorkerpoolError
 from .protocol import Inputs
+from .security import ClientKeys
 
 
 class AsyncClient:
@@ -33,12 +34,14 @@ class AsyncClient:
         timeout: float = 30.0,
         retries: int = 2,
         context: zmq.Context | None = None,
+        keys: ClientKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._keys = keys
         self._context = context or zmq.Context.instance()
         self._calls = _Calls(endpoint, timeout, retries, on_done=self._wake)
         self._socket: zmq.asyncio.Socket | None = _open_socket(
-            self._context, endpoint, zmq.asyncio.Socket
+            self._context, endpoint, zmq.asyncio.Socket, keys
         )
         self._waiters: dict[_Call, asyncio.Future[None]] = {}
         self._reader: asyncio.Task[None] | None = None
@@ -139,7 +142,7 @@ class AsyncClient:
 
     def _reset(self) -> None:
         self._open().close(linger=0)
-        self._socket = _open_socket(self._context, self.endpoint, zmq.asyncio.Socket)
+        self._socket = _open_socket(self._context, self.endpoint, zmq.asyncio.Socket, self._keys)
         self._calls.retry(time.monotonic(), self._send)
 
     def _open(self) -> zmq.asyncio.Socket:

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from . import burnpack, control, metrics, models, runtime
+from . import burnpack, control, metrics, models, runtime, security
 from .logs import LEVELS, setup_logging
 from .units import format_size, parse_size
 
@@ -112,11 +112,59 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_message_size=args.max_message_size,
         log_level=args.log_level,
         watch_interval=None if args.no_watch else args.watch_interval,
+        backend=args.backend,
+        server_keys=_server_keys(args),
     )
     try:
         return Supervisor(config).run()
     except StartupError as exc:
         raise CommandError(str(exc), exit_code=2) from exc
+
+
+def _server_keys(args: argparse.Namespace) -> security.ServerKeys | None:
+    if bool(args.curve_server_key) != bool(args.curve_client_keys):
+        raise CommandError("--curve-server-key and --curve-client-keys go together", exit_code=2)
+    if not args.curve_server_key:
+        return None
+    return security.ServerKeys(args.curve_server_key, args.curve_client_keys)
+
+
+def _client_keys(args: argparse.Namespace) -> security.ClientKeys | None:
+    if bool(args.curve_key) != bool(args.curve_server_key):
+        raise CommandError("--curve-key and --curve-server-key go together", exit_code=2)
+    if not args.curve_key:
+        return None
+    return security.ClientKeys(args.curve_key, args.curve_server_key)
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    from .host import WorkerHost
+    from .supervisor import ServeConfig, StartupError
+
+    setup_logging(args.log_level)
+    config = ServeConfig(
+        path=args.model_file,
+        workers=args.workers,
+        model=args.model,
+        load=args.load,
+        graceful_timeout=args.graceful_timeout,
+        log_level=args.log_level,
+        watch_interval=None if args.no_watch else args.watch_interval,
+    )
+    try:
+        return WorkerHost(config, args.connect, _client_keys(args)).run()
+    except StartupError as exc:
+        raise CommandError(str(exc), exit_code=2) from exc
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    try:
+        public, secret = security.generate(args.directory, args.name)
+    except OSError as exc:
+        raise CommandError(f"{args.directory}: cannot write keys: {exc.strerror or exc}") from exc
+    print(f"workerpool: wrote {public} (public: give it to the other side) and {secret} "
+          "(secret: keep it here, mode 0600)")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -192,7 +240,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise CommandError(f"{args.input}: cannot load a .npy array: {exc}") from exc
     try:
-        with Client(args.endpoint, timeout=args.timeout, retries=args.retries) as client:
+        with Client(args.endpoint, timeout=args.timeout, retries=args.retries,
+                    keys=_client_keys(args)) as client:
             result = client.request(x)
     except WorkerpoolError as exc:
         raise CommandError(f"{args.endpoint}: {type(exc).__name__}: {exc}") from exc
@@ -275,9 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
                        "'overloaded' (default: %(default)s)")
     serve.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
                        help="on SIGTERM, seconds to finish in-flight requests (default: %(default)s)")
-    serve.add_argument("--max-message-size", type=_size, default=parse_size("64MiB"), metavar="SIZE",
-                       help="largest request accepted; a larger one drops its connection "
-                       "(default: 64MiB)")
+    serve.add_argument("--max-message-size", type=_size, default=None, metavar="SIZE",
+                       help="largest request accepted (default: room for a batch of 4096 of the "
+                       "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)")
+    serve.add_argument("--backend", default=None, metavar="ENDPOINT",
+                       help="where workers connect (default: a private ipc socket); a TCP endpoint "
+                       "such as tcp://0.0.0.0:5556 lets 'workerpool workers' on other hosts join")
+    serve.add_argument("--curve-server-key", default=None, metavar="FILE",
+                       help="this server's secret key file (from 'workerpool keys generate'): "
+                       "authenticate and encrypt the client and TCP worker endpoints with CURVE")
+    serve.add_argument("--curve-client-keys", default=None, metavar="DIR",
+                       help="directory of the public key files of allowed clients and worker hosts")
     serve.add_argument("--watch-interval", type=float, default=0.5, metavar="S",
                        help="seconds between checks of MODEL.bpk for new weights published by rename "
                        "(default: %(default)s)")
@@ -339,8 +396,53 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the output here (.npy; .npz for named outputs) instead of printing it")
     infer.add_argument("--timeout", type=float, default=30.0, help="seconds per attempt (default: 30)")
     infer.add_argument("--retries", type=int, default=2, help="retries after a timeout (default: 2)")
+    _add_client_key_options(infer)
     infer.set_defaults(handler=cmd_infer)
+
+    workers = sub.add_parser(
+        "workers",
+        help="run N workers on this host for a router on another host",
+        description="Start N worker processes on this host that map MODEL.bpk (this host's own "
+        "copy) and serve through the router of 'workerpool serve --backend tcp://...' on another "
+        "host. Workers are replaced when they die, reconnect when the router restarts, and roll "
+        "to new weights one at a time when MODEL.bpk is replaced by rename.",
+    )
+    workers.add_argument("model_file", metavar="MODEL.bpk", help="this host's copy of the weights")
+    workers.add_argument("--connect", required=True, metavar="ENDPOINT",
+                         help="the router's backend endpoint, e.g. tcp://router-host:5556")
+    workers.add_argument("--workers", type=_positive_or_zero, default=os.cpu_count() or 1,
+                         help="worker processes (default: the number of CPUs, %(default)s here)")
+    workers.add_argument("--model", default=None, metavar="NAME|module:factory",
+                         help="model to build (default: as serve)")
+    workers.add_argument("--load", choices=("mmap", "copy"), default="mmap", help="as serve")
+    workers.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
+                         help="on SIGTERM, seconds for workers to leave the router (default: 30)")
+    workers.add_argument("--watch-interval", type=float, default=0.5, metavar="S",
+                         help="seconds between checks of MODEL.bpk for new weights (default: 0.5)")
+    workers.add_argument("--no-watch", action="store_true", help="do not watch MODEL.bpk")
+    _add_client_key_options(workers)
+    workers.add_argument("--log-level", choices=LEVELS, default="info", help="default: %(default)s")
+    workers.set_defaults(handler=cmd_workers)
+
+    keys = sub.add_parser(
+        "keys",
+        help="generate CURVE key pairs",
+        description="'workerpool keys generate DIR [--name NAME]' writes DIR/NAME.key (public) and "
+        "DIR/NAME.key_secret (secret, mode 0600).",
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    generate = keys_sub.add_parser("generate", help="write a new key pair")
+    generate.add_argument("directory", metavar="DIR")
+    generate.add_argument("--name", default="workerpool", help="file name stem (default: %(default)s)")
+    generate.set_defaults(handler=cmd_keys)
     return parser
+
+
+def _add_client_key_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--curve-key", default=None, metavar="FILE",
+                        help="this side's secret key file, for a server using CURVE")
+    parser.add_argument("--curve-server-key", default=None, metavar="FILE",
+                        help="the server's public key file (NAME.key)")
 
 
 def _positive_or_zero(text: str) -> int:

@@ -31,6 +31,7 @@ from .errors import (
     WorkerpoolError,
 )
 from .protocol import Inputs, Message, ProtocolError
+from .security import ClientKeys
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
@@ -247,8 +248,10 @@ def _remote_error(header: dict[str, Any]) -> RemoteError:
     return exc
 
 
-def _open_socket(context: zmq.Context, endpoint: str, socket_class: type[zmq.Socket]) -> zmq.Socket:
-    """A DEALER connected to the server's ROUTER.
+def _open_socket(
+    context: zmq.Context, endpoint: str, socket_class: type[zmq.Socket], keys: ClientKeys | None
+) -> zmq.Socket:
+    """A DEALER connected to the server's ROUTER (with CURVE when ``keys`` are given).
 
     No ``IMMEDIATE``: a fresh socket (every retry makes one) has no finished connection yet, and
     with ``IMMEDIATE`` a non-blocking send would fail there; without it the message waits in the
@@ -256,6 +259,8 @@ def _open_socket(context: zmq.Context, endpoint: str, socket_class: type[zmq.Soc
     """
     socket = context.socket(zmq.DEALER, socket_class=socket_class)
     socket.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        keys.apply(socket)
     socket.connect(endpoint)
     return socket
 
@@ -285,6 +290,9 @@ class Client:
     Each request waits up to ``timeout`` seconds for its reply. When a reply is overdue the
     socket is closed and replaced and every outstanding request is resent (inference is
     idempotent); a request sent ``retries + 1`` times without a reply raises ``Timeout``.
+
+    ``keys`` (:class:`workerpool.security.ClientKeys`) speaks CURVE to a server started with
+    ``--curve-server-key``: without allowed keys such a server does not answer at all.
     """
 
     def __init__(
@@ -294,11 +302,13 @@ class Client:
         timeout: float = 30.0,
         retries: int = 2,
         context: zmq.Context | None = None,
+        keys: ClientKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._keys = keys
         self._context = context or zmq.Context.instance()
         self._calls = _Calls(endpoint, timeout, retries)
-        self._socket: zmq.Socket | None = _open_socket(self._context, endpoint, zmq.Socket)
+        self._socket: zmq.Socket | None = _open_socket(self._context, endpoint, zmq.Socket, keys)
 
     def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
         """Run the model on ``x`` (an array, or a dict of named arrays).
@@ -380,7 +390,7 @@ class Client:
 
     def _reset(self) -> None:
         self._open().close(linger=0)
-        self._socket = _open_socket(self._context, self.endpoint, zmq.Socket)
+        self._socket = _open_socket(self._context, self.endpoint, zmq.Socket, self._keys)
         self._calls.retry(time.monotonic(), self._send)
 
     def _open(self) -> zmq.Socket:

@@ -33,6 +33,9 @@ REPLY = b"REP"
 STOP = b"STOP"
 RELOAD = b"RELOAD"
 RELOADED = b"RELOADED"
+BYE = b"BYE"  # worker: I am leaving; answered with STOP once nothing is in flight
+WHO = b"WHO"  # router: I do not know you (it restarted); answered with READY
+REFUSE = b"REFUSE"  # router: your model does not fit mine; the worker exits
 
 ALLOWED_DTYPES = {
     np.dtype(code).str: np.dtype(code)

@@ -81,9 +81,12 @@ class Router:
         on_ready: Callable[[WorkerState], None] = lambda worker: None,
         on_lost: Callable[[WorkerState, str], None] = lambda worker, why: None,
         on_reload_failed: Callable[[WorkerState, str], None] = lambda worker, why: None,
+        signature: dict[str, Any] | None = None,
+        secure: Callable[[zmq.Socket], None] | None = None,
     ) -> None:
         self.max_queue = max_queue
         self.max_message_size = max_message_size
+        self.signature = signature or {}
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.on_ready = on_ready
@@ -101,13 +104,20 @@ class Router:
         self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.frontend.setsockopt(zmq.MAXMSGSIZE, max_message_size)
         self.frontend.setsockopt(zmq.LINGER, 0)
+        if secure is not None:
+            secure(self.frontend)
         self.frontend.bind(frontend)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         self.backend = context.socket(zmq.ROUTER)
         self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.backend.setsockopt(zmq.LINGER, 0)
         transport_heartbeats(self.backend, heartbeat, liveness)
+        if not backend.startswith("ipc://"):  # worker hosts connect from outside
+            self.backend.setsockopt(zmq.MAXMSGSIZE, max_message_size + (1 << 20))
+            if secure is not None:
+                secure(self.backend)
         self.backend.bind(backend)
+        self.backend_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
         self._next_beat = time.monotonic() + heartbeat
         self._next_expiry_scan = 0.0
 
@@ -205,6 +215,10 @@ class Router:
             self._reloaded(worker, frames[2].bytes)
         elif command == protocol.READY:
             self._register(identity, frames[2:])
+        elif worker is None:  # a worker registered with a router before this one restarted
+            self._send_raw(identity, [protocol.WHO])
+        elif command == protocol.BYE:
+            self.stop_worker(identity)
         elif command == protocol.HEARTBEAT:
             pass
         else:
@@ -226,6 +240,13 @@ class Router:
             )
         except (IndexError, ValueError, KeyError, TypeError) as exc:
             log.warning("malformed READY from %r ignored: %s", identity, exc)
+            return
+        misfit = {key: (worker.info.get(key), value) for key, value in self.signature.items()
+                  if worker.info.get(key) != value}
+        if misfit:
+            reason = "; ".join(f"{key} is {got}, this router serves {want}" for key, (got, want) in misfit.items())
+            log.warning("refused worker %d on %s: its model does not fit: %s", worker.pid, worker.host, reason)
+            self._send_raw(identity, [protocol.REFUSE, reason.encode()])
             return
         if identity in self.workers:
             self.lose(identity, "re-registered")
@@ -258,6 +279,7 @@ class Router:
     def _may_reload(self, worker: WorkerState) -> bool:
         return (
             worker.generation < self.target_generation
+            and worker.info.get("local", True)  # worker hosts watch their own copy of the file
             and self.reloading is None
             and not self.reload_paused
         )
@@ -295,7 +317,8 @@ class Router:
         self._advance_reload()
 
     def reload_complete(self) -> bool:
-        return all(w.generation >= self.target_generation for w in self.workers.values())
+        return all(w.generation >= self.target_generation
+                   for w in self.workers.values() if w.info.get("local", True))
 
     def _drain(self) -> None:
         while self.free and self.queue:
@@ -317,6 +340,12 @@ class Router:
                 pending.attempts += 1
                 return True
         return False
+
+    def _send_raw(self, identity: bytes, frames: list[bytes]) -> None:
+        try:
+            send_parts(self.backend, [identity, *frames], NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("message to unregistered worker %r dropped: %s", identity, exc)
 
     def _send(self, worker: WorkerState, frames: list[Any]) -> bool:
         try:

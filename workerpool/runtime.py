@@ -26,3 +26,11 @@ def default_control_endpoint() -> str:
 
 def ipc_path(endpoint: str) -> str | None:
     return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+
+
+def is_local(endpoint: str) -> bool:
+    """Whether only this machine can reach ``endpoint`` (ipc, inproc or loopback TCP)."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -17,13 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 
-from . import control, metrics, reload, runtime
+from . import control, metrics, reload, runtime, security
 from .router import Router, WorkerState
 from .units import format_size
 from .worker import EXIT_FILE_CHANGED
@@ -50,12 +53,14 @@ class ServeConfig:
     load: str = "mmap"
     max_queue: int = 1024
     graceful_timeout: float = 30.0
-    max_message_size: int = 64 * 1024 * 1024
+    max_message_size: int | None = None
     heartbeat: float = 1.0
     liveness: int = 5
     log_level: str = "info"
     watch_interval: float | None = 0.5
     reload_timeout: float = 120.0
+    backend: str | None = None
+    server_keys: security.ServerKeys | None = None
 
 
 @dataclass
@@ -67,6 +72,7 @@ class Child:
     started: float = field(default_factory=time.time)
     ready: bool = False
     stopping: bool = False
+    generation: int = 1
 
     @property
     def pid(self) -> int:
@@ -106,64 +112,96 @@ class Supervisor:
         )
 
     def run(self) -> int:
-        config = self.config
         try:  # the file and the model, checked once before anything starts
-            self.watcher = reload.Watcher(config.path, config.model)
+            self.watcher = reload.Watcher(self.config.path, self.config.model)
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
-        try:
-            self.private_dir = tempfile.mkdtemp(prefix="pool-", dir=runtime.runtime_dir())
-            control_endpoint = config.control or runtime.default_control_endpoint()
-        except OSError as exc:
-            raise StartupError(f"cannot create the runtime directory: {exc}") from exc
-        self._claim_control(control_endpoint)
-        self.backend_endpoint = f"ipc://{os.path.join(self.private_dir, 'backend.sock')}"
         self.context = zmq.Context()
+        self.poller = zmq.Poller()
+        self.readers: dict[Any, Callable[[], None]] = {}
         try:
-            self._bind(control_endpoint)
+            self._open()
             return self._serve()
         finally:
-            self._cleanup(control_endpoint)
+            for child in list(self.children.values()):
+                child.popen.kill()
+                child.popen.wait()
+                os.close(child.pidfd)
+            self.children.clear()
+            self.memory_reader.shutdown(wait=True, cancel_futures=True)
+            self._close()
+            self.context.destroy(linger=0)
 
-    def _bind(self, control_endpoint: str) -> None:
+    def _read(self, source: Any, handler: Callable[[], None]) -> None:
+        """Call ``handler`` whenever ``source`` (a socket or a file descriptor) is readable."""
+        self.readers[source] = handler
+        self.poller.register(source, zmq.POLLIN)
+
+    def _forget(self, source: Any) -> None:
+        del self.readers[source]
+        self.poller.unregister(source)
+
+    def _open(self) -> None:
+        """Bind the router's sockets and the control socket."""
         config = self.config
+        try:
+            self.private_dir = tempfile.mkdtemp(prefix="pool-", dir=runtime.runtime_dir())
+            self.control_endpoint = config.control or runtime.default_control_endpoint()
+        except OSError as exc:
+            raise StartupError(f"cannot create the runtime directory: {exc}") from exc
+        _check_local(self.control_endpoint)
+        self._claim_control(self.control_endpoint)
+        secure = None
+        if config.server_keys is not None:
+            try:
+                self.authenticator = config.server_keys.start(self.context)
+            except security.KeysError as exc:
+                raise StartupError(str(exc)) from exc
+            secure = config.server_keys.apply
+        for endpoint in (config.bind, config.backend):
+            if endpoint and secure is None and not runtime.is_local(endpoint):
+                log.warning("%s is open to the network without CURVE keys: anyone who can reach it "
+                            "can use it (see --curve-server-key)", endpoint)
+        backend = config.backend or f"ipc://{os.path.join(self.private_dir, 'backend.sock')}"
+        max_message_size = config.max_message_size or default_max_message_size(self.watcher.current.signature)
         try:
             self.router = Router(
                 self.context,
                 frontend=config.bind,
-                backend=self.backend_endpoint,
+                backend=backend,
                 max_queue=config.max_queue,
-                max_message_size=config.max_message_size,
+                max_message_size=max_message_size,
                 heartbeat=config.heartbeat,
                 liveness=config.liveness,
                 on_ready=self._on_ready,
                 on_lost=self._on_lost,
+                signature=self.watcher.current.signature,
+                secure=secure,
             )
         except zmq.ZMQError as exc:
-            raise StartupError(f"cannot bind {config.bind}: {exc}") from exc
+            raise StartupError(f"cannot bind {config.bind} and {backend}: {exc}") from exc
+        self.backend_endpoint = self.router.backend_endpoint
         self.control = self.context.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.LINGER, 0)
         old_umask = os.umask(0o177)  # the control socket is for this user only
         try:
-            self.control.bind(control_endpoint)
+            self.control.bind(self.control_endpoint)
         except zmq.ZMQError as exc:
-            raise StartupError(f"cannot bind control endpoint {control_endpoint}: {exc}") from exc
+            raise StartupError(f"cannot bind control endpoint {self.control_endpoint}: {exc}") from exc
         finally:
             os.umask(old_umask)
-        self.control_endpoint = control_endpoint
+        self.control_bound = True
+        self._read(self.router.frontend, self.router.on_frontend)
+        self._read(self.router.backend, self.router.on_backend)
+        self._read(self.control, self._on_control)
 
-    def _cleanup(self, control_endpoint: str) -> None:
-        for child in list(self.children.values()):
-            child.popen.kill()
-            child.popen.wait()
-            os.close(child.pidfd)
-        self.children.clear()
-        self.memory_reader.shutdown(wait=True, cancel_futures=True)
-        self.context.destroy(linger=0)
-        path = runtime.ipc_path(control_endpoint)
-        if path and os.path.exists(path) and getattr(self, "control_endpoint", None):
+    def _close(self) -> None:
+        if getattr(self, "authenticator", None) is not None:
+            self.authenticator.stop()
+        path = runtime.ipc_path(getattr(self, "control_endpoint", ""))
+        if path and os.path.exists(path) and getattr(self, "control_bound", False):
             os.unlink(path)
-        shutil.rmtree(self.private_dir, ignore_errors=True)
+        shutil.rmtree(getattr(self, "private_dir", ""), ignore_errors=True)
 
     # The loop.
 
@@ -175,10 +213,7 @@ class Supervisor:
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
         for signum in handled:
             signal.signal(signum, lambda *_: None)
-        self.poller = zmq.Poller()
-        for sock in (self.router.frontend, self.router.backend, self.control):
-            self.poller.register(sock, zmq.POLLIN)
-        self.poller.register(wakeup_r, zmq.POLLIN)
+        self._read(wakeup_r, lambda: self._on_signals(os.read(wakeup_r, 256)))
         log.info("starting %d workers for %s (model %s, %s)", self.target, self.config.path,
                  self.watcher.current.model, self.config.load)
         for _ in range(self.target):
@@ -186,29 +221,17 @@ class Supervisor:
         self._announce_if_ready()
         try:
             while not self._finished():
-                busy = self.router.queue or self.status_waiters or self.stopping
-                timeout = DUTY_INTERVAL * 2000 if busy else self.config.heartbeat * 250
-                events = dict(self.poller.poll(timeout))
-                if events.get(self.router.frontend):
-                    self.router.on_frontend()
-                if events.get(self.router.backend):
-                    self.router.on_backend()
-                if events.get(self.control):
-                    self._on_control()
-                if events.get(wakeup_r):
-                    for signum in os.read(wakeup_r, 256):
-                        self._on_signal(signum)
-                for child in list(self.children.values()):
-                    if events.get(child.pidfd):
-                        self._reap(child)
+                timeout = DUTY_INTERVAL * 2000 if self._busy() else self.config.heartbeat * 250
+                for source, _ in self.poller.poll(timeout):
+                    handler = self.readers.get(source)
+                    if handler is not None:
+                        handler()
                 now = time.monotonic()
                 if now >= self.next_duties:  # time-driven work, at most every DUTY_INTERVAL
                     self.next_duties = now + DUTY_INTERVAL
                     self._spawn_due()
-                    self.router.tick()
+                    self._tick()
                     self._watch()
-                    self._answer_reload_waiters()
-                    self._answer_status_waiters()
                     if self.stopping:
                         self._shutdown_step()
         finally:
@@ -220,12 +243,20 @@ class Supervisor:
         log.info("stopped")
         return 0
 
+    def _busy(self) -> bool:
+        return bool(self.router.queue or self.status_waiters or self.stopping)
+
+    def _tick(self) -> None:
+        self.router.tick()
+        self._answer_reload_waiters()
+        self._answer_status_waiters()
+
     def _finished(self) -> bool:
         return self.stopping and not self.children and self.kill_deadline is not None
 
     # Workers.
 
-    def _spawn(self) -> None:
+    def _spawn(self, extra: Sequence[str] = (), pass_fds: Sequence[int] = ()) -> Child:
         config = self.config
         command = [
             sys.executable, "-m", "workerpool.worker", config.path,
@@ -237,13 +268,16 @@ class Supervisor:
             "--liveness", str(config.liveness),
             "--log-level", config.log_level,
             "--model", config.model or self.watcher.current.model,
+            *extra,
         ]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, close_fds=True)
-        pidfd = os.pidfd_open(popen.pid)
-        self.children[popen.pid] = Child(popen, pidfd)
-        self.poller.register(pidfd, zmq.POLLIN)
+        popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, close_fds=True,
+                                 pass_fds=pass_fds)
+        child = Child(popen, os.pidfd_open(popen.pid), generation=self.watcher.current.generation)
+        self.children[popen.pid] = child
+        self._read(child.pidfd, lambda: self._reap(child))
         log.debug("started worker %d", popen.pid)
+        return child
 
     def _spawn_due(self) -> None:
         now = time.monotonic()
@@ -255,11 +289,11 @@ class Supervisor:
 
     def _reap(self, child: Child) -> None:
         code = child.popen.wait()
-        self.poller.unregister(child.pidfd)
+        self._forget(child.pidfd)
         os.close(child.pidfd)
         del self.children[child.pid]
         why = _describe_exit(code)
-        self.router.worker_exited(child.pid, why)
+        self._worker_exited(child, why)
         if child.stopping or self.stopping:
             log.info("worker %d stopped (%s)", child.pid, why)
             return
@@ -290,13 +324,17 @@ class Supervisor:
                   child.pid, why, delay, self.failures)
         self.spawn_at.append(time.monotonic() + delay)
 
+    def _worker_exited(self, child: Child, why: str) -> None:
+        self.router.worker_exited(child.pid, why)
+
     def _on_ready(self, worker: WorkerState) -> None:
         child = self.children.get(worker.pid)
         if child is not None:
-            child.ready = True
-            self.failures = 0
-            if child.stopping:
-                self.router.stop_worker(worker.identity)
+            self._child_ready(child)
+
+    def _child_ready(self, child: Child) -> None:
+        child.ready = True
+        self.failures = 0
         self._announce_if_ready()
 
     def _on_lost(self, worker: WorkerState, why: str) -> None:
@@ -309,11 +347,12 @@ class Supervisor:
         ready = sum(1 for child in self.children.values() if child.ready)
         if not self.announced and ready >= self.target:
             self.announced = True
-            print(
-                f"workerpool: serving {self.config.path} ({format_size(self.watcher.current.identity.size)}, "
-                f"model {self.watcher.current.model}) with {self.target} workers on {self.router.endpoint}",
-                flush=True,
-            )
+            print(self._ready_line(), flush=True)
+
+    def _ready_line(self) -> str:
+        current = self.watcher.current
+        return (f"workerpool: serving {self.config.path} ({format_size(current.identity.size)}, "
+                f"model {current.model}) with {self.target} workers on {self.router.endpoint}")
 
     # Hot reload.
 
@@ -328,9 +367,13 @@ class Supervisor:
         """Look at the served path; start moving the pool to a new, valid generation."""
         outcome = self.watcher.check(trigger)
         if outcome == "new":
-            current = self.watcher.current
-            self.router.begin_reload(current.generation, current.identity_list())
+            self._switch()
         return outcome
+
+    def _switch(self) -> None:
+        """Move the workers to the watcher's new generation, one at a time."""
+        current = self.watcher.current
+        self.router.begin_reload(current.generation, current.identity_list())
 
     def _answer_reload_waiters(self) -> None:
         """Answer ``workerpool reload`` once every worker serves its generation, or time is up."""
@@ -369,15 +412,19 @@ class Supervisor:
             self.spawn_at.pop()
             return
         candidates = [c for c in self.children.values() if not c.stopping]
-        child = min(candidates, key=lambda c: (c.ready, -c.started))
+        self._stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
+
+    def _stop_child(self, child: Child) -> None:
+        """SIGTERM: the worker says goodbye to the router and leaves once its request is done."""
         child.stopping = True
-        identity = next((w.identity for w in self.router.workers.values() if w.pid == child.pid), None)
-        if identity is None:
-            child.popen.terminate()
-        else:
-            self.router.stop_worker(identity)
+        child.popen.terminate()
 
     # Signals and shutdown.
+
+    def _on_signals(self, signums: bytes) -> None:
+        """The signal numbers Python's wakeup fd received, handled here in the loop, in order."""
+        for signum in signums:
+            self._on_signal(signum)
 
     def _on_signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -399,31 +446,35 @@ class Supervisor:
 
     def _begin_shutdown(self, reason: str) -> None:
         self.stopping = True
-        self.router.accepting = False
+        self._stop_accepting()
         self.spawn_at.clear()
         self.stop_deadline = time.monotonic() + self.config.graceful_timeout
-        log.info("%s: finishing %d in-flight and %d queued requests (up to %gs), then stopping",
-                 reason, self.router.busy_count, len(self.router.queue), self.config.graceful_timeout)
+        log.info("%s: finishing %d unfinished requests (up to %gs), then stopping",
+                 reason, self._unfinished(), self.config.graceful_timeout)
 
     def _shutdown_step(self) -> None:
         now = time.monotonic()
         if self.kill_deadline is None:
-            drained = not self.router.queue and self.router.busy_count == 0
-            if not drained and now < self.stop_deadline:
+            unfinished = self._unfinished()
+            if unfinished and now < self.stop_deadline:
                 return
-            if not drained:
-                log.warning("graceful timeout: failing %d unfinished requests",
-                            self.router.busy_count + len(self.router.queue))
+            if unfinished:
+                log.warning("graceful timeout: failing %d unfinished requests", unfinished)
                 self.router.fail_all("shutting_down", "the server stopped before the request finished")
-            for child in self.children.values():
-                child.stopping = True
-                child.popen.terminate()
+            for child in list(self.children.values()):
+                self._stop_child(child)
             self.kill_deadline = now + STOP_TIMEOUT
         elif now >= self.kill_deadline:
             for child in self.children.values():
                 log.warning("worker %d did not stop in %gs; killing it", child.pid, STOP_TIMEOUT)
                 child.popen.kill()
             self.kill_deadline = float("inf")
+
+    def _stop_accepting(self) -> None:
+        self.router.accepting = False
+
+    def _unfinished(self) -> int:
+        return self.router.busy_count + len(self.router.queue)
 
     # Control socket.
 
@@ -537,3 +588,19 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def default_max_message_size(signature: dict[str, Any]) -> int:
+    """Room for a batch of 4096 inputs of the model's declared shape (at least 1 MiB); 64 MiB
+    when the model declares none."""
+    shape, dtype = signature.get("input_shape"), signature.get("input_dtype")
+    if not shape or dtype is None or any(d is None for d in shape[1:]):
+        return 64 * 1024 * 1024
+    sample = math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    return max(1024 * 1024, 4096 * sample + 64 * 1024)
+
+
+def _check_local(endpoint: str) -> None:
+    if not runtime.is_local(endpoint):
+        raise StartupError(f"the control endpoint {endpoint} must be ipc:// or loopback: it is not "
+                           "authenticated")

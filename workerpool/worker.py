@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from . import burnpack, models, protocol
+from . import burnpack, models, protocol, security
 from .logs import setup_logging
 from .transport import send_parts, transport_heartbeats
 
@@ -28,6 +28,7 @@ log = logging.getLogger("workerpool.worker")
 
 EXIT_LOAD_FAILED = 3
 EXIT_FILE_CHANGED = 4
+EXIT_REFUSED = 5
 
 
 class LoadedModel:
@@ -86,6 +87,8 @@ class Worker:
         self.parent = os.getppid()
         self.identity = f"{socket.gethostname()}/{os.getpid()}".encode()
         self.stopping = False
+        self.reregister = False
+        self.router_missing = False
 
     def run(self) -> int:
         args = self.args
@@ -95,52 +98,83 @@ class Worker:
                         os.getpid(), args.path)
             return EXIT_FILE_CHANGED
         log.debug("mapped %s and built model %s", args.path, self.loaded.name)
+        if args.ready_fd is not None:  # tell a worker host's supervisor: loaded, now connecting
+            os.write(args.ready_fd, b"ready")
+            os.close(args.ready_fd)
         context = zmq.Context()
         router = context.socket(zmq.DEALER)
         router.setsockopt(zmq.IDENTITY, self.identity)
+        router.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues up for a router that is not there
         transport_heartbeats(router, args.heartbeat, args.liveness)
+        if args.curve_key:
+            security.ClientKeys(args.curve_key, args.curve_server_key).apply(router)
         router.connect(args.backend)
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGTERM, lambda *_: None)
-        ready = {"pid": os.getpid(), "host": socket.gethostname(), **self.loaded.describe()}
-        router.send_multipart([protocol.READY, json.dumps(ready).encode()])
         try:
             return self._loop(router, wakeup_r)
         finally:
             router.close(linger=1000)
             context.term()
 
+    def _register(self, router: zmq.Socket) -> bool:
+        """Say READY (with what this worker serves); False while no router is connected."""
+        ready = {"pid": os.getpid(), "host": socket.gethostname(), "local": not self.args.remote,
+                 **self.loaded.describe()}
+        return _send_now(router, [protocol.READY, json.dumps(ready).encode()])
+
     def _loop(self, router: zmq.Socket, wakeup: int) -> int:
         interval = self.args.heartbeat
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(wakeup, zmq.POLLIN)
+        patience = interval * self.args.liveness
         router_seen = last_beat = time.monotonic()
+        leave_by: float | None = None
+        registered = self._register(router)
         while True:
-            events = dict(poller.poll(interval * 1000 / 2))
+            events = dict(poller.poll(interval * 1000 / 4))
             now = time.monotonic()
             if events.get(router):
                 router_seen = now
                 if self._on_router(router, router.recv_multipart(copy=False)):
                     last_beat = time.monotonic()
+            if self.reregister:
+                self.reregister = False
+                registered = False
+            if not registered:
+                registered = self._register(router)
             if events.get(wakeup):
                 os.read(wakeup, 64)
-                log.info("worker %d: SIGTERM, stopping", os.getpid())
-                self.stopping = True
-            if self.stopping:
+                if leave_by is None:
+                    # Say goodbye and wait for the router's STOP: a request it sent meanwhile is
+                    # still answered, so leaving loses nothing. No router connected: just go.
+                    log.info("worker %d: SIGTERM, leaving the pool", os.getpid())
+                    leave_by = now + patience
+                    if not _send_now(router, [protocol.BYE]):
+                        return 0
+            if self.stopping or (leave_by is not None and (now >= leave_by or not registered)):
                 return 0
             if now - last_beat >= interval:
-                router.send(protocol.HEARTBEAT)
+                _send_now(router, [protocol.HEARTBEAT])
                 last_beat = now
             if os.getppid() != self.parent:
                 log.warning("worker %d: supervisor is gone, exiting", os.getpid())
                 return 1
-            if now - router_seen > interval * self.args.liveness:
-                log.warning("worker %d: no heartbeat from the router for %.1fs, exiting",
-                            os.getpid(), now - router_seen)
-                return 1
+            if now - router_seen > patience:
+                if not self.args.remote:
+                    log.warning("worker %d: no heartbeat from the router for %.1fs, exiting",
+                                os.getpid(), now - router_seen)
+                    return 1
+                if not self.router_missing:
+                    log.warning("worker %d: no heartbeat from the router at %s for %.1fs; waiting for it",
+                                os.getpid(), self.args.backend, now - router_seen)
+                self.router_missing = True
+            elif self.router_missing:
+                log.info("worker %d: the router at %s is back", os.getpid(), self.args.backend)
+                self.router_missing = False
 
     def _on_router(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
         """Handle one message from the router; True when a reply was sent."""
@@ -155,6 +189,12 @@ class Worker:
             return True
         if command == protocol.STOP:
             self.stopping = True
+        elif command == protocol.WHO:  # a restarted router does not know us yet
+            self.reregister = True
+        elif command == protocol.REFUSE:
+            reason = frames[1].bytes.decode(errors="replace") if len(frames) > 1 else "no reason given"
+            log.error("worker %d: the router refuses this worker: %s", os.getpid(), reason)
+            raise Refused(reason)
         return False
 
     def _reload(self, order: bytes) -> dict[str, Any]:
@@ -177,6 +217,18 @@ class Worker:
         return {"ok": True, "generation": generation, "inode": loaded.pack.identity.inode}
 
 
+class Refused(Exception):
+    """The router will not take this worker (its model does not fit the router's)."""
+
+
+def _send_now(sock: zmq.Socket, frames: list[bytes]) -> bool:
+    try:
+        sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        return True
+    except zmq.Again:  # no router connected right now
+        return False
+
+
 def _identity(loaded: LoadedModel) -> list[int]:
     identity = loaded.pack.identity
     return [identity.device, identity.inode, identity.size, identity.mtime_ns]
@@ -194,6 +246,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--liveness", type=int, default=5)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--remote", action="store_true",
+                        help="the router is on another host: wait for it instead of exiting")
+    parser.add_argument("--ready-fd", type=int, default=None,
+                        help="write to this inherited pipe once the model is built")
+    parser.add_argument("--curve-key", default=None, help="this host's secret key file")
+    parser.add_argument("--curve-server-key", default=None, help="the router's public key file")
     return parser.parse_args(argv)
 
 
@@ -203,9 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level)
     try:
         return Worker(args).run()
-    except (burnpack.BurnpackError, models.ModelError) as exc:
+    except (burnpack.BurnpackError, models.ModelError, security.KeysError) as exc:
         log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
         return EXIT_LOAD_FAILED
+    except Refused:
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":

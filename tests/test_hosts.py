@@ -1,0 +1,127 @@
+"""Worker hosts over TCP (on loopback): a router with no local workers, hosts joining and leaving."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import workerpool
+from server import Host, Server
+from workerpool import models, security
+
+WIDTH = 64
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hosts") / "model.bpk"
+    models.generate_mlp(path, 256 * 1024, width=WIDTH, seed=3)
+    return path
+
+
+def free_backend() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def ready_pids(status: dict) -> set[int]:
+    return {w["pid"] for w in status["workers"] if w["state"] in ("ready", "busy")}
+
+
+def worker_pids(host: Host) -> set[int]:
+    host.track()
+    return set(host._known)
+
+
+def answering_pids(endpoint: str, count: int, **options) -> set[int]:
+    x = np.ones((1, WIDTH), np.float32)
+    with workerpool.Client(endpoint, timeout=10, **options) as client:
+        return {client.request(x).worker_pid for _ in range(count)}
+
+
+def test_two_hosts_serve_and_one_host_dying_hangs_nothing(model):
+    backend = free_backend()
+    with Server(model, "--backend", backend, workers=0) as router, \
+            Host(model, backend, workers=2) as first, Host(model, backend, workers=1) as second:
+        router.wait_for(lambda s: len(ready_pids(s)) == 3)
+        first_pids, second_pids = worker_pids(first), worker_pids(second)
+        assert ready_pids(router.status()) == first_pids | second_pids
+        assert answering_pids(router.endpoint, 60) == first_pids | second_pids
+
+        outcomes: list[str] = []
+
+        def load() -> None:
+            x = np.ones((1, WIDTH), np.float32)
+            with workerpool.Client(router.endpoint, timeout=15, retries=0) as client:
+                for _ in range(60):
+                    try:
+                        outcomes.append(f"ok {client.request(x).worker_pid}")
+                    except workerpool.RemoteError as exc:
+                        outcomes.append(type(exc).__name__)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        first.proc.kill()  # the whole host goes: its supervisor, then (orphaned) its workers
+        thread.join(60)
+        assert not thread.is_alive(), "a request hung after a host died"
+        assert len(outcomes) == 60
+        assert all(o.startswith("ok") or o == "WorkerFailed" for o in outcomes), outcomes
+        router.wait_for(lambda s: ready_pids(s) == second_pids, timeout=20)
+        assert answering_pids(router.endpoint, 10) == second_pids
+
+        with Host(model, backend, workers=2) as again:
+            router.wait_for(lambda s: len(ready_pids(s)) == 3)
+            assert worker_pids(again) <= answering_pids(router.endpoint, 60)
+
+
+def test_hosts_rejoin_a_restarted_router(model):
+    backend = free_backend()
+    with Host(model, backend, workers=2) as host:
+        pids = worker_pids(host)
+        with Server(model, "--backend", backend, workers=0) as router:
+            router.wait_for(lambda s: ready_pids(s) == pids)
+            assert answering_pids(router.endpoint, 20) == pids
+        with Server(model, "--backend", backend, workers=0) as restarted:
+            restarted.wait_for(lambda s: ready_pids(s) == pids, timeout=20)
+            assert answering_pids(restarted.endpoint, 20) == pids
+        assert worker_pids(host) == pids  # the same workers, reconnected, not restarted
+
+
+def test_host_with_a_model_that_does_not_fit_is_refused(model, tmp_path):
+    other = tmp_path / "wide.bpk"
+    models.generate_mlp(other, 256 * 1024, width=WIDTH * 2, seed=3)
+    backend = free_backend()
+    with Server(model, "--backend", backend, workers=0) as router, Host(other, backend, workers=1) as host:
+        router.wait_for(lambda s: "refused worker" in router.log(), timeout=20)
+        assert ready_pids(router.status()) == set()
+    assert "its model does not fit: input_shape is [None, 128], this router serves [None, 64]" in router.log()
+    assert "the router refuses this worker" in host.log()
+
+
+def test_curve_serves_allowed_keys_only(model, tmp_path):
+    keys = tmp_path / "keys"
+    allowed = keys / "allowed"
+    _, server_secret = security.generate(str(keys / "server"), "server")
+    server_public = str(keys / "server" / "server.key")
+    _, alice_secret = security.generate(str(allowed), "alice")
+    _, host_secret = security.generate(str(allowed), "host")
+    _, mallory_secret = security.generate(str(keys / "strangers"), "mallory")
+    backend = free_backend()
+    with Server(model, "--backend", backend, "--curve-server-key", server_secret,
+                "--curve-client-keys", str(allowed), workers=0) as router, \
+            Host(model, backend, "--curve-key", host_secret, "--curve-server-key", server_public,
+                 workers=1) as host:
+        router.wait_for(lambda s: len(ready_pids(s)) == 1)
+        alice = workerpool.ClientKeys(alice_secret, server_public)
+        assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
+        x = np.ones((1, WIDTH), np.float32)
+        for keys_used in (None, workerpool.ClientKeys(mallory_secret, server_public)):
+            with workerpool.Client(router.endpoint, timeout=1, retries=0, keys=keys_used) as client:
+                with pytest.raises(workerpool.Timeout):
+                    client.infer(x)
+        assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
