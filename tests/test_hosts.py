@@ -12,6 +12,7 @@ import pytest
 import workerpool
 from server import Host, Server
 from workerpool import models, security
+from workerpool.publish import publish
 
 WIDTH = 64
 
@@ -125,3 +126,37 @@ def test_curve_serves_allowed_keys_only(model, tmp_path):
                 with pytest.raises(workerpool.Timeout):
                     client.infer(x)
         assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
+
+
+def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(model, tmp_path):
+    copy_a, copy_b = tmp_path / "a.bpk", tmp_path / "b.bpk"
+    for copy in (copy_a, copy_b):
+        copy.write_bytes(model.read_bytes())
+    new = tmp_path / "new.bpk"
+    models.generate_mlp(new, 256 * 1024, width=WIDTH, seed=4)
+    backend = free_backend()
+    with Server(model, "--backend", backend, workers=0) as router, \
+            Host(copy_a, backend, workers=2) as host_a, Host(copy_b, backend, workers=1) as host_b:
+        router.wait_for(lambda s: len(ready_pids(s)) == 3)
+        b_pids = worker_pids(host_b)
+        publish(new, copy_a)
+        status = router.wait_for(lambda s: sorted(w["generation"] for w in s["workers"]
+                                                  if w["state"] in ("ready", "busy")) == [1, 2, 2])
+        assert {w["pid"] for w in status["workers"] if w["generation"] == 1} == b_pids
+        assert all(w["host"] for w in status["workers"])
+        x = np.ones((1, WIDTH), np.float32)
+        with workerpool.Client(router.endpoint, timeout=10) as client:
+            seen = {(r.worker_pid in b_pids, r.generation) for r in (client.request(x) for _ in range(40))}
+        assert seen == {(True, 1), (False, 2)}
+    assert "starting a worker on generation 2 to replace one on generation 1" in host_a.log()
+
+
+def test_control_endpoint_must_be_local(model):
+    server = Server(model, "--control", "tcp://0.0.0.0:5999")
+    try:
+        with pytest.raises(RuntimeError):
+            server.start(timeout=30)
+        assert server.proc.wait(30) == 2
+        assert "must be ipc:// or loopback" in server.log()
+    finally:
+        server.stop()
