@@ -7,9 +7,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import burnpack, control, metrics, models, runtime, security
 from .logs import LEVELS, setup_logging
+from .supervisor import ServeConfig, StartupError, Supervisor
 from .units import format_size, parse_size
 
 
@@ -97,26 +99,38 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .supervisor import ServeConfig, StartupError, Supervisor
+    from .supervisor import Supervisor
 
-    setup_logging(args.log_level)
-    config = ServeConfig(
-        path=args.model_file,
-        workers=args.workers,
-        model=args.model,
+    config = _pool_config(
+        args,
         bind=args.bind,
         control=args.control,
-        load=args.load,
         max_queue=args.max_queue,
-        graceful_timeout=args.graceful_timeout,
         max_message_size=args.max_message_size,
-        log_level=args.log_level,
-        watch_interval=None if args.no_watch else args.watch_interval,
         backend=args.backend,
         server_keys=_server_keys(args),
     )
+    return _run_pool(Supervisor(config))
+
+
+def _pool_config(args: argparse.Namespace, **serve_only: Any) -> ServeConfig:
+    """What ``serve`` and ``workers`` share: the weights, the workers and their supervision."""
+    setup_logging(args.log_level)
+    return ServeConfig(
+        path=args.model_file,
+        workers=args.workers,
+        model=args.model,
+        load=args.load,
+        graceful_timeout=args.graceful_timeout,
+        log_level=args.log_level,
+        watch_interval=None if args.no_watch else args.watch_interval,
+        **serve_only,
+    )
+
+
+def _run_pool(supervisor: Supervisor) -> int:
     try:
-        return Supervisor(config).run()
+        return supervisor.run()
     except StartupError as exc:
         raise CommandError(str(exc), exit_code=2) from exc
 
@@ -139,22 +153,8 @@ def _client_keys(args: argparse.Namespace) -> security.ClientKeys | None:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     from .host import WorkerHost
-    from .supervisor import ServeConfig, StartupError
 
-    setup_logging(args.log_level)
-    config = ServeConfig(
-        path=args.model_file,
-        workers=args.workers,
-        model=args.model,
-        load=args.load,
-        graceful_timeout=args.graceful_timeout,
-        log_level=args.log_level,
-        watch_interval=None if args.no_watch else args.watch_interval,
-    )
-    try:
-        return WorkerHost(config, args.connect, _client_keys(args)).run()
-    except StartupError as exc:
-        raise CommandError(str(exc), exit_code=2) from exc
+    return _run_pool(WorkerHost(_pool_config(args), args.connect, _client_keys(args)))
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
