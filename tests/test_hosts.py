@@ -161,3 +161,27 @@ def test_control_endpoint_must_be_local(model):
         assert "must be ipc:// or loopback" in server.log()
     finally:
         server.stop()
+
+
+def test_garbage_on_the_worker_endpoint_hurts_nobody(model):
+    """The TCP backend is reachable from outside: malformed worker messages are ignored."""
+    import zmq
+
+    backend = free_backend()
+    with Server(model, "--backend", backend, workers=1) as router:
+        context = zmq.Context()
+        impostor = context.socket(zmq.DEALER)
+        impostor.setsockopt(zmq.LINGER, 0)
+        impostor.connect(backend)
+        try:
+            for payload in (b'{"pid": 1e400, "generation": 1, "host": "x", "model": "mlp"}',
+                            b"[" * 200_000, b"not json", b'{"pid": "1"}'):
+                impostor.send_multipart([b"READY", payload])
+            impostor.send_multipart([b"RELOADED", b"{}"])
+            impostor.send_multipart([b"REP", b"someone", b"ok", b"{}"])
+            router.wait_for(lambda s: "malformed READY" in router.log())
+        finally:
+            impostor.close()
+            context.term()
+        assert answering_pids(router.endpoint, 5) == set(router.worker_pids())
+        assert router.proc.poll() is None and "Traceback" not in router.log()

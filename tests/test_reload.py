@@ -246,3 +246,17 @@ def test_publish_with_control_asks_the_running_model(tmp_path, versions):
         )
         assert done.returncode == 1 and "the running server refuses it" in done.stderr
         assert served.read_bytes() == versions[0].read_bytes()
+
+
+def test_file_briefly_missing_does_not_stop_replacements(tmp_path, versions):
+    served = tmp_path / "served.bpk"
+    shutil.copyfile(versions[0], served)
+    aside = tmp_path / "aside.bpk"
+    with Server(served, workers=2) as server:
+        os.rename(served, aside)
+        server.wait_for(lambda s: "cannot stat" in server.log())
+        os.rename(aside, served)  # the very same file comes back
+        victim = server.worker_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        server.wait_for(lambda s: len(s["workers"]) == 2 and victim not in [w["pid"] for w in s["workers"]]
+                        and all(w["state"] == "ready" for w in s["workers"]))

@@ -31,14 +31,15 @@ def replace_atomically(path: str | os.PathLike) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
     except BaseException:
         try:
             os.unlink(temp)
         except FileNotFoundError:
             pass
         raise
+    # Past the rename the new file is in place; syncing the directory makes that survive a crash.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

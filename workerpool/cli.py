@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import zmq
+
 from . import burnpack, control, metrics, models, runtime, security
 from .logs import LEVELS, setup_logging
 from .supervisor import ServeConfig, StartupError, Supervisor
@@ -99,8 +101,6 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .supervisor import Supervisor
-
     config = _pool_config(
         args,
         bind=args.bind,
@@ -167,8 +167,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _control_endpoint(args: argparse.Namespace) -> str:
+    try:
+        return args.control or runtime.default_control_endpoint()
+    except OSError as exc:
+        raise CommandError(f"cannot use the runtime directory: {exc}") from exc
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    endpoint = args.control or runtime.default_control_endpoint()
+    endpoint = _control_endpoint(args)
     try:
         status = control.call(endpoint, "status", timeout=args.timeout)
     except control.ControlError as exc:
@@ -205,7 +212,7 @@ _MEMORY_COLUMNS = {"rss": "rss", "uss": "uss", "pss": "pss", "shared": "shared",
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    endpoint = args.control or runtime.default_control_endpoint()
+    endpoint = _control_endpoint(args)
     try:
         answer = control.call(endpoint, "reload", timeout=args.timeout)
     except control.ControlError as exc:
@@ -245,6 +252,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
             result = client.request(x)
     except WorkerpoolError as exc:
         raise CommandError(f"{args.endpoint}: {type(exc).__name__}: {exc}") from exc
+    except (security.KeysError, zmq.ZMQError, ValueError) as exc:
+        raise CommandError(f"{args.endpoint}: {exc}") from exc
     outputs = result.outputs
     if args.output:
         if isinstance(outputs, dict):

@@ -78,8 +78,8 @@ class WorkerHost(Supervisor):
         old = [c for c in active if c.generation < generation]
         if self.stopping or not old or self.watcher.problem is not None:
             return
-        if any(c.generation == generation and not c.ready for c in active):
-            return  # the new worker is still loading
+        if any(not c.ready for c in active):
+            return  # a new worker is still loading
         if len(active) > self.target:
             self._stop_child(min(old, key=lambda c: c.started))
         else:
@@ -98,6 +98,10 @@ class WorkerHost(Supervisor):
 
     def _unfinished(self) -> int:
         return 0
+
+    def _leave_timeout(self) -> float:
+        """Stopped workers finish their request and leave the router: --graceful-timeout."""
+        return self.config.graceful_timeout
 
     def _ready_line(self) -> str:
         current = self.watcher.current

@@ -11,7 +11,7 @@ rss, uss, pss, shared and swap come from psutil (``memory_full_info`` reads
 from ``/proc/<pid>/status`` and ``/proc/<pid>/smaps``. The kernel walks a process's page tables
 for each smaps file, so a ``status`` call costs about 5 ms per worker for a 64 MiB model and
 20 ms per worker for 1 GiB (measured on 2 cores: 42 ms and 150 ms for 8 workers), half of it
-for the weights' residency, spent in the supervisor's loop.
+for the weights' residency; the supervisor reads them on a thread beside its loop.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import burnpack, models
 
-log = logging.getLogger("workerpool.supervisor")
+log = logging.getLogger("workerpool.reload")
 
 
 class WeightsRefused(Exception):
@@ -31,10 +31,6 @@ class Weights:
     identity: burnpack.FileIdentity
     model: str
     signature: dict[str, Any]
-
-    def identity_list(self) -> list[int]:
-        identity = self.identity
-        return [identity.device, identity.inode, identity.size, identity.mtime_ns]
 
 
 def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
@@ -65,6 +61,7 @@ class Watcher:
         try:
             identity = burnpack.FileIdentity.of(os.stat(self.path))
         except OSError as exc:
+            self.seen = None  # whatever comes back is looked at afresh
             if self.problem is None:
                 self.problem = f"cannot stat {self.path}: {exc.strerror}"
                 log.warning("%s; generation %d keeps serving", self.problem, self.current.generation)

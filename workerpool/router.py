@@ -96,6 +96,8 @@ class Router:
         self.reload_order = b""
         self.reloading: bytes | None = None
         self.reload_paused = False
+        self.switching = False  # between begin_reload and every worker on the new generation
+        self.generation_floor: dict[bytes, int] = {}  # client -> newest generation that answered it
         self.accepting = True
         self.workers: dict[bytes, WorkerState] = {}
         self.free: deque[bytes] = deque()
@@ -124,10 +126,6 @@ class Router:
     @property
     def busy_count(self) -> int:
         return sum(1 for worker in self.workers.values() if worker.inflight is not None)
-
-    def close(self) -> None:
-        self.frontend.close(linger=0)
-        self.backend.close(linger=0)
 
     # Client side.
 
@@ -205,14 +203,20 @@ class Router:
         if worker is not None:
             worker.last_seen = time.monotonic()
         if command == protocol.REPLY and worker is not None and len(frames) >= 4:
+            pending, client = worker.inflight, frames[2].bytes
+            if pending is None or pending.client != client:  # already answered, e.g. shutting down
+                log.debug("late reply from worker %d dropped", worker.pid)
+                return
             ok = frames[3].bytes == b"ok"
             worker.served += 1
             worker.errors += not ok
             worker.inflight = None
-            self._to_client(frames[2].bytes, frames[4:])
+            if self.switching:
+                self.generation_floor[client] = max(worker.generation, self.generation_floor.get(client, 0))
+            self._to_client(client, frames[4:])
             self._worker_free(worker)
         elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
-            self._reloaded(worker, frames[2].bytes)
+            self._reloaded(worker, frames[2])
         elif command == protocol.READY:
             self._register(identity, frames[2:])
         elif worker is None:  # a worker registered with a router before this one restarted
@@ -225,21 +229,23 @@ class Router:
             log.warning("unexpected %r message from worker %r ignored", command[:16], identity)
 
     def _register(self, identity: bytes, frames: list[zmq.Frame]) -> None:
-        try:
-            info = json.loads(frames[0].bytes)
-            now = time.monotonic()
+        try:  # a worker host on TCP is outside: read its READY as warily as a request
+            info = protocol.decode_header(frames[0])
+            pid, generation = info["pid"], info["generation"]
+            if type(pid) is not int or type(generation) is not int:
+                raise TypeError("pid and generation must be integers")
             worker = WorkerState(
                 identity=identity,
-                pid=int(info["pid"]),
+                pid=pid,
                 host=str(info["host"]),
-                generation=int(info["generation"]),
+                generation=generation,
                 model=str(info["model"]),
                 started=time.time(),
-                last_seen=now,
+                last_seen=time.monotonic(),
                 info=info,
             )
-        except (IndexError, ValueError, KeyError, TypeError) as exc:
-            log.warning("malformed READY from %r ignored: %s", identity, exc)
+        except (IndexError, KeyError, TypeError, protocol.ProtocolError) as exc:
+            log.warning("malformed READY from %r ignored: %s", identity[:64], exc)
             return
         misfit = {key: (worker.info.get(key), value) for key, value in self.signature.items()
                   if worker.info.get(key) != value}
@@ -265,6 +271,9 @@ class Router:
             return
         worker.state = "ready"
         self.free.append(worker.identity)
+        if self.switching and self.reload_complete():
+            self.switching = False
+            self.generation_floor.clear()
         self._drain()
 
     # Hot reload: one worker at a time switches generation, between two requests.
@@ -274,6 +283,7 @@ class Router:
         self.target_generation = generation
         self.reload_order = json.dumps({"generation": generation, "identity": identity}).encode()
         self.reload_paused = False
+        self.switching = True
         self._advance_reload()
 
     def _may_reload(self, worker: WorkerState) -> bool:
@@ -287,7 +297,7 @@ class Router:
     def _advance_reload(self) -> None:
         for identity in list(self.free):
             worker = self.workers.get(identity)
-            if worker is not None and self._may_reload(worker):
+            if worker is not None and worker.state == "ready" and self._may_reload(worker):
                 self.free.remove(identity)
                 self._send_reload(worker)
                 return
@@ -297,22 +307,30 @@ class Router:
             worker.state = "reloading"
             self.reloading = worker.identity
 
-    def _reloaded(self, worker: WorkerState, answer: bytes) -> None:
+    def _reloaded(self, worker: WorkerState, answer: Any) -> None:
+        if worker.identity != self.reloading:
+            log.warning("unexpected RELOADED from worker %d ignored", worker.pid)
+            return
         self.reloading = None
         try:
-            outcome = json.loads(answer)
-            ok, generation = bool(outcome["ok"]), int(outcome["generation"])
-        except (ValueError, KeyError, TypeError):
-            ok, generation, outcome = False, worker.generation, {"error": "malformed RELOADED"}
-        if ok:
+            outcome = protocol.decode_header(answer)
+            ok, ordered, generation = outcome["ok"], outcome["ordered"], outcome["generation"]
+            if type(ordered) is not int or type(generation) is not int:
+                raise TypeError("generations must be integers")
+        except (KeyError, TypeError, protocol.ProtocolError):
+            ok, ordered, generation = False, self.target_generation, worker.generation
+            outcome = {"error": "malformed RELOADED"}
+        if ok is True:
             worker.generation = generation
             worker.info["generation"] = generation
         else:
-            # Pause until the next begin_reload: retrying the same file would fail the same way.
-            self.reload_paused = True
-            log.warning("worker %d could not switch to generation %d: %s",
-                        worker.pid, self.target_generation, outcome.get("error"))
-            self.on_reload_failed(worker, str(outcome.get("error")))
+            log.warning("worker %d could not switch to generation %d: %s", worker.pid, ordered,
+                        outcome.get("error"))
+            if ordered == self.target_generation:
+                # Retrying the same file would fail the same way: wait for the next begin_reload.
+                self.reload_paused = True
+                self.on_reload_failed(worker, str(outcome.get("error")))
+        worker.state = "ready" if worker.state == "reloading" else worker.state
         self._worker_free(worker)
         self._advance_reload()
 
@@ -327,12 +345,21 @@ class Router:
                 self._expire(pending)
             elif not self._dispatch(pending):
                 self.queue.appendleft(pending)
+                break
 
     def _dispatch(self, pending: Pending) -> bool:
-        """Hand a request to the least recently used free worker, if there is one."""
-        while self.free:
+        """Hand a request to the least recently used free worker, if there is one.
+
+        While workers switch generation, a client that was answered by the new one is served
+        only by workers at least that new: its replies never go back a generation.
+        """
+        floor = self.generation_floor.get(pending.client, 0) if self.switching else 0
+        for _ in range(len(self.free)):
             worker = self.workers.get(self.free.popleft())
             if worker is None or worker.state != "ready":
+                continue
+            if worker.generation < floor:
+                self.free.append(worker.identity)
                 continue
             if self._send(worker, [protocol.REQUEST, pending.client, *pending.frames]):
                 worker.state = "busy"
@@ -387,7 +414,7 @@ class Router:
 
     def worker_exited(self, pid: int, why: str) -> None:
         for identity, worker in list(self.workers.items()):
-            if worker.pid == pid:
+            if worker.pid == pid and worker.info.get("local", True):
                 self.lose(identity, why)
         self._drain()
 
@@ -395,7 +422,9 @@ class Router:
         """Ask a worker to exit once its current request is done."""
         worker = self.workers[identity]
         worker.state = "stopping"
-        if worker.inflight is None:
+        if identity in self.free:
+            self.free.remove(identity)
+        if worker.inflight is None and self.reloading != identity:
             self._worker_free(worker)
 
     # Time-driven duties.
@@ -418,7 +447,8 @@ class Router:
             for identity, worker in list(self.workers.items()):
                 # A busy worker runs the model instead of beating; libzmq's transport heartbeats
                 # still close its connection if it dies or freezes, and then this send fails.
-                if worker.inflight is None and now - worker.last_seen > deadline:
+                if worker.inflight is None and worker.state != "reloading" \
+                        and now - worker.last_seen > deadline:
                     self.lose(identity, f"no heartbeat for {now - worker.last_seen:.1f}s")
                 else:
                     self._send(worker, [protocol.HEARTBEAT])

@@ -29,7 +29,7 @@ import zmq
 from . import control, metrics, reload, runtime, security
 from .router import Router, WorkerState
 from .units import format_size
-from .worker import EXIT_FILE_CHANGED
+from .worker import EXIT_FILE_CHANGED, EXIT_REFUSED
 
 log = logging.getLogger("workerpool.supervisor")
 
@@ -86,6 +86,8 @@ class Supervisor:
         self.children: dict[int, Child] = {}
         self.spawn_at: list[float] = []
         self.failures = 0
+        self.refusals = 0
+        self.switch_failure: str | None = None  # why a worker could not switch to the current generation
         self.announced = False
         self.reload_waiters: list[tuple[bytes, int, float]] = []
         self.status_waiters: list[tuple[bytes, Future]] = []
@@ -103,7 +105,7 @@ class Supervisor:
         if path is None or not os.path.exists(path):
             return
         try:
-            control.call(endpoint, "status", timeout=0.5)
+            control.call(endpoint, "status", timeout=2.0, memory=False)
         except control.ControlError:
             os.unlink(path)  # left behind by a server that died
             return
@@ -175,6 +177,7 @@ class Supervisor:
                 liveness=config.liveness,
                 on_ready=self._on_ready,
                 on_lost=self._on_lost,
+                on_reload_failed=self._on_reload_failed,
                 signature=self.watcher.current.signature,
                 secure=secure,
             )
@@ -263,7 +266,7 @@ class Supervisor:
             "--backend", self.backend_endpoint,
             "--load", config.load,
             "--generation", str(self.watcher.current.generation),
-            "--expect", json.dumps(self.watcher.current.identity_list()),
+            "--expect", json.dumps(self.watcher.current.identity.as_list()),
             "--heartbeat", str(config.heartbeat),
             "--liveness", str(config.liveness),
             "--log-level", config.log_level,
@@ -302,7 +305,7 @@ class Supervisor:
                       "mapped; publish new weights by rename (workerpool publish NEW.bpk %s)",
                       child.pid, self.config.path, self.config.path)
         self._check_weights("worker exit")
-        if len(self.children) + len(self.spawn_at) >= self.target:
+        if sum(not c.stopping for c in self.children.values()) + len(self.spawn_at) >= self.target:
             return
         if self.watcher.problem is not None:
             log.warning("worker %d %s; waiting for a valid %s before starting a replacement",
@@ -313,6 +316,13 @@ class Supervisor:
             log.info("worker %d found %s replaced while it started; starting another",
                      child.pid, self.config.path)
             self._spawn()
+            return
+        if code == EXIT_REFUSED:  # the same file would be refused again: back off until it changes
+            self.refusals += 1
+            delay = min(BACKOFF_START * 2 ** (self.refusals - 1), BACKOFF_CAP)
+            log.error("worker %d was refused by the router: its model does not fit; trying again in "
+                      "%.1fs (%d refusals in a row)", child.pid, delay, self.refusals)
+            self.spawn_at.append(time.monotonic() + delay)
             return
         if child.ready:
             log.warning("worker %d %s; starting a replacement", child.pid, why)
@@ -328,9 +338,13 @@ class Supervisor:
         self.router.worker_exited(child.pid, why)
 
     def _on_ready(self, worker: WorkerState) -> None:
-        child = self.children.get(worker.pid)
+        child = self._local_child(worker)
         if child is not None:
             self._child_ready(child)
+
+    def _local_child(self, worker: WorkerState) -> Child | None:
+        """The process behind a registered worker, if it is ours (a worker host's pids may collide)."""
+        return self.children.get(worker.pid) if worker.info.get("local", True) else None
 
     def _child_ready(self, child: Child) -> None:
         child.ready = True
@@ -338,7 +352,7 @@ class Supervisor:
         self._announce_if_ready()
 
     def _on_lost(self, worker: WorkerState, why: str) -> None:
-        child = self.children.get(worker.pid)
+        child = self._local_child(worker)
         if child is not None and child.popen.poll() is None:
             log.warning("killing worker %d: %s", worker.pid, why)
             child.popen.kill()
@@ -367,13 +381,15 @@ class Supervisor:
         """Look at the served path; start moving the pool to a new, valid generation."""
         outcome = self.watcher.check(trigger)
         if outcome == "new":
+            self.refusals = 0
+            self.switch_failure = None
             self._switch()
         return outcome
 
     def _switch(self) -> None:
         """Move the workers to the watcher's new generation, one at a time."""
         current = self.watcher.current
-        self.router.begin_reload(current.generation, current.identity_list())
+        self.router.begin_reload(current.generation, current.identity.as_list())
 
     def _answer_reload_waiters(self) -> None:
         """Answer ``workerpool reload`` once every worker serves its generation, or time is up."""
@@ -387,6 +403,8 @@ class Supervisor:
             current = self.watcher.current.generation
             if done and current >= generation:
                 self._control_reply(client, {"result": "reloaded", "generation": current})
+            elif self.switch_failure is not None and current == generation:
+                self._control_reply(client, {"error": self.switch_failure})
             elif now >= deadline:
                 behind = [w.pid for w in self.router.workers.values() if w.generation < generation]
                 self._control_reply(client, {
@@ -396,6 +414,10 @@ class Supervisor:
             else:
                 waiting.append((client, generation, deadline))
         self.reload_waiters = waiting
+
+    def _on_reload_failed(self, worker: WorkerState, why: str) -> None:
+        self.switch_failure = f"worker {worker.pid} could not switch to generation " \
+            f"{self.watcher.current.generation}: {why}"
 
     def _add_worker(self) -> None:
         self.target += 1
@@ -463,12 +485,16 @@ class Supervisor:
                 self.router.fail_all("shutting_down", "the server stopped before the request finished")
             for child in list(self.children.values()):
                 self._stop_child(child)
-            self.kill_deadline = now + STOP_TIMEOUT
+            self.kill_deadline = now + self._leave_timeout()
         elif now >= self.kill_deadline:
             for child in self.children.values():
                 log.warning("worker %d did not stop in %gs; killing it", child.pid, STOP_TIMEOUT)
                 child.popen.kill()
             self.kill_deadline = float("inf")
+
+    def _leave_timeout(self) -> float:
+        """How long stopped workers get to exit before they are killed."""
+        return STOP_TIMEOUT
 
     def _stop_accepting(self) -> None:
         self.router.accepting = False
@@ -543,7 +569,8 @@ class Supervisor:
 
     def status(self, memory: metrics.PoolMemory | None = None) -> dict[str, Any]:
         """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
-        registered = {worker.pid: worker for worker in self.router.workers.values()}
+        registered = {w.pid: w for w in self.router.workers.values() if w.info.get("local", True)}
+        remote = [w for w in self.router.workers.values() if not w.info.get("local", True)]
         workers = []
         for child in self.children.values():
             worker = registered.pop(child.pid, None)
@@ -558,7 +585,7 @@ class Supervisor:
                          "state": "stopping" if child.stopping else "starting"}
             entry["memory"] = memory.workers.get(child.pid) if memory else None
             workers.append(entry)
-        for worker in registered.values():
+        for worker in [*registered.values(), *remote]:
             workers.append({**worker.public(), "memory": None})
         current = self.watcher.current
         return {

@@ -22,7 +22,7 @@ import zmq
 
 from . import burnpack, models, protocol, security
 from .logs import setup_logging
-from .transport import send_parts, transport_heartbeats
+from .transport import NOBLOCK, send_parts, transport_heartbeats
 
 log = logging.getLogger("workerpool.worker")
 
@@ -55,10 +55,14 @@ class LoadedModel:
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
     """Run one request; every failure becomes an error reply, never an exception."""
     pid, generation = os.getpid(), loaded.generation
-    request_id = None
     try:
         message = protocol.decode_request(frames)
-        request_id = message.id
+    except protocol.ProtocolError as exc:
+        return False, protocol.encode_error(
+            exc.request_id, "bad_request", str(exc), worker_pid=pid, generation=generation
+        )
+    request_id = message.id
+    try:
         if message.header["method"] == protocol.METHOD_INFO:
             reply = protocol.encode_reply(
                 request_id, worker_pid=pid, generation=generation, info=loaded.describe()
@@ -66,10 +70,6 @@ def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, li
             return True, reply
         outputs = loaded.model(message.payload())
         return True, protocol.encode_reply(request_id, outputs, worker_pid=pid, generation=generation)
-    except protocol.ProtocolError as exc:
-        return False, protocol.encode_error(
-            exc.request_id, "bad_request", str(exc), worker_pid=pid, generation=generation
-        )
     except models.ModelInputError as exc:
         return False, protocol.encode_error(
             request_id, "bad_request", str(exc), worker_pid=pid, generation=generation
@@ -93,7 +93,7 @@ class Worker:
     def run(self) -> int:
         args = self.args
         self.loaded = LoadedModel(args.path, args.model, args.load, args.generation)
-        if args.expect and _identity(self.loaded) != args.expect:
+        if args.expect and self.loaded.pack.identity.as_list() != args.expect:
             log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
                         os.getpid(), args.path)
             return EXIT_FILE_CHANGED
@@ -181,11 +181,11 @@ class Worker:
         command = frames[0].bytes
         if command == protocol.REQUEST and len(frames) >= 2:
             ok, reply = handle_request(self.loaded, frames[2:])
-            send_parts(router, [protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply])
+            _send_now(router, [protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply])
             return True
         if command == protocol.RELOAD and len(frames) >= 2:
             outcome = self._reload(frames[1].bytes)
-            router.send_multipart([protocol.RELOADED, json.dumps(outcome).encode()])
+            _send_now(router, [protocol.RELOADED, json.dumps(outcome).encode()])
             return True
         if command == protocol.STOP:
             self.stopping = True
@@ -203,35 +203,32 @@ class Worker:
         The old generation is dropped only once the new one is built, and with it the last
         reference to the old mapping, so the replaced file's pages can be freed.
         """
+        wanted = json.loads(order)
+        generation, expected = int(wanted["generation"]), list(wanted["identity"])
+        refusal = {"ok": False, "ordered": generation, "generation": self.loaded.generation}
         try:
-            wanted = json.loads(order)
-            generation, expected = int(wanted["generation"]), list(wanted["identity"])
             loaded = LoadedModel(self.args.path, self.args.model, self.args.load, generation)
-        except (burnpack.BurnpackError, models.ModelError, ValueError, KeyError, TypeError) as exc:
-            return {"ok": False, "generation": self.loaded.generation, "error": str(exc)}
-        if _identity(loaded) != expected:
-            return {"ok": False, "generation": self.loaded.generation,
-                    "error": f"{self.args.path} changed again before this worker mapped it"}
+        except (burnpack.BurnpackError, models.ModelError) as exc:
+            return {**refusal, "error": str(exc)}
+        if loaded.pack.identity.as_list() != expected:
+            return {**refusal, "error": f"{self.args.path} changed again before this worker mapped it"}
         self.loaded = loaded
         log.info("worker %d: serving generation %d", os.getpid(), generation)
-        return {"ok": True, "generation": generation, "inode": loaded.pack.identity.inode}
+        return {"ok": True, "ordered": generation, "generation": generation}
 
 
 class Refused(Exception):
     """The router will not take this worker (its model does not fit the router's)."""
 
 
-def _send_now(sock: zmq.Socket, frames: list[bytes]) -> bool:
+def _send_now(sock: zmq.Socket, frames: list[Any]) -> bool:
+    """Send without blocking: with no router connected (gone, restarting) the message is dropped
+    rather than this worker stuck; the router retries a request whose reply never came."""
     try:
-        sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        send_parts(sock, frames, NOBLOCK)
         return True
-    except zmq.Again:  # no router connected right now
+    except zmq.Again:
         return False
-
-
-def _identity(loaded: LoadedModel) -> list[int]:
-    identity = loaded.pack.identity
-    return [identity.device, identity.inode, identity.size, identity.mtime_ns]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

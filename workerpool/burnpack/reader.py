@@ -56,6 +56,10 @@ class FileIdentity:
     def of(cls, st: os.stat_result) -> FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
+    def as_list(self) -> list[int]:
+        """The four numbers, as passed between processes (JSON)."""
+        return [self.device, self.inode, self.size, self.mtime_ns]
+
 
 @dataclass(frozen=True)
 class TensorInfo:
