@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from server import Host, Server
 
 import workerpool
-from server import Host, Server
 from workerpool import models, security
 from workerpool.publish import publish
 

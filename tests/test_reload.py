@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from server import Server
 
 import workerpool
-from server import Server
 from workerpool import burnpack, models
 from workerpool.publish import publish
 
@@ -111,8 +111,8 @@ def test_invalid_and_misfit_files_are_refused_and_old_weights_keep_serving(tmp_p
             temp = tmp_path / "incoming.bpk"
             shutil.copyfile(bad, temp)
             os.rename(temp, served)
-            status = server.wait_for(lambda s: (s["model"]["last_reload"] or {}).get("result") == "refused"
-                                     and reason in s["model"]["last_reload"]["reason"])
+            status = server.wait_for(lambda s, reason=reason: (s["model"]["last_reload"] or {}).get("result")
+                                     == "refused" and reason in s["model"]["last_reload"]["reason"])
             assert status["model"]["generation"] == 1
             assert all(w["generation"] == 1 for w in status["workers"])
             seen = sum(len(r) for r in load.replies.values())

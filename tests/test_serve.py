@@ -12,10 +12,10 @@ import time
 import numpy as np
 import psutil
 import pytest
+from server import Server
 
 import workerpool
 from workerpool import burnpack, models
-from server import Server
 
 
 @pytest.fixture(scope="module")
