@@ -100,7 +100,7 @@ def test_host_with_a_model_that_does_not_fit_is_refused(model, tmp_path):
     with Server(model, "--backend", backend, workers=0) as router, Host(other, backend, workers=1) as host:
         router.wait_for(lambda s: "refused worker" in router.log(), timeout=20)
         assert ready_pids(router.status()) == set()
-    assert "its model does not fit: input_shape is [None, 128], this router serves [None, 64]" in router.log()
+    assert "its model does not fit: input_shape is [None, 128], the served model's is [None, 64]" in router.log()
     assert "the router refuses this worker" in host.log()
 
 

@@ -107,7 +107,7 @@ def test_invalid_and_misfit_files_are_refused_and_old_weights_keep_serving(tmp_p
     garbage = tmp_path / "garbage.bpk"
     garbage.write_bytes(b"NRUB\x01\x00\xff\xff\x00\x00" + b"\x00" * 100)
     with Server(served, workers=2) as server, Load(server.endpoint) as load:
-        for bad, reason in ((garbage, "metadata"), (misfit, "would take")):
+        for bad, reason in ((garbage, "metadata"), (misfit, "does not fit generation 1")):
             temp = tmp_path / "incoming.bpk"
             shutil.copyfile(bad, temp)
             os.rename(temp, served)

@@ -87,9 +87,9 @@ class Watcher:
             return self._refuse(trigger, self.problem)
         if validated != identity:  # replaced again while we read it: look again next time
             self.seen = validated
-        if signature != self.current.signature:
-            self.problem = (f"{self.path}: model {name} would take {signature}, "
-                            f"but generation {self.current.generation} takes {self.current.signature}")
+        mismatch = models.signature_mismatch(self.current.signature, signature)
+        if mismatch:
+            self.problem = f"{self.path}: model {name} does not fit generation {self.current.generation}: {mismatch}"
             return self._refuse(trigger, self.problem)
         self.problem = None
         self.current = Weights(self.current.generation + 1, validated, name, signature)

@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 
-from . import protocol
+from . import models, protocol
 from .transport import NOBLOCK, readable, send_parts, transport_heartbeats
 
 log = logging.getLogger("workerpool.router")
@@ -247,10 +247,8 @@ class Router:
         except (IndexError, KeyError, TypeError, protocol.ProtocolError) as exc:
             log.warning("malformed READY from %r ignored: %s", identity[:64], exc)
             return
-        misfit = {key: (worker.info.get(key), value) for key, value in self.signature.items()
-                  if worker.info.get(key) != value}
-        if misfit:
-            reason = "; ".join(f"{key} is {got}, this router serves {want}" for key, (got, want) in misfit.items())
+        reason = models.signature_mismatch(self.signature, info)
+        if reason:
             log.warning("refused worker %d on %s: its model does not fit: %s", worker.pid, worker.host, reason)
             self._send_raw(identity, [protocol.REFUSE, reason.encode()])
             return

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from . import control, metrics, reload, runtime, security
+from . import control, metrics, models, reload, runtime, security
 from .router import Router, WorkerState
 from .units import format_size
 from .worker import EXIT_FILE_CHANGED, EXIT_REFUSED
@@ -552,9 +552,9 @@ class Supervisor:
                 name, _, signature = reload.validate(str(request.get("path")), self.watcher.current.model)
             except reload.WeightsRefused as exc:
                 return {"error": str(exc)}
-            if signature != self.watcher.current.signature:
-                return {"error": f"model {name} would take {signature}, the served one takes "
-                        f"{self.watcher.current.signature}"}
+            mismatch = models.signature_mismatch(self.watcher.current.signature, signature)
+            if mismatch:
+                return {"error": f"model {name} does not fit the served one: {mismatch}"}
             return {"result": "ok", "model": name}
         return {"error": f"unknown control command {command!r}"}
 

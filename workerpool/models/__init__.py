@@ -45,6 +45,7 @@ __all__ = [
     "recognise",
     "resolve",
     "signature",
+    "signature_mismatch",
 ]
 
 CHOICES = (
@@ -147,3 +148,10 @@ def signature(model: Any) -> dict[str, Any]:
         if hasattr(model, key):
             declared[key] = str(getattr(model, key))
     return declared
+
+
+def signature_mismatch(served: Mapping[str, Any], other: Mapping[str, Any]) -> str | None:
+    """How ``other`` differs from the ``served`` signature, in one line, or None when it fits."""
+    differences = [f"{key} is {other.get(key)}, the served model's is {value}"
+                   for key, value in served.items() if other.get(key) != value]
+    return "; ".join(differences) or None
