@@ -314,25 +314,16 @@ def build_parser() -> argparse.ArgumentParser:
         "when every worker is ready; logs go to stderr. SIGTERM/SIGINT finish in-flight requests "
         "and exit 0; SIGTTIN/SIGTTOU add/remove a worker. Exit 2 when the file or model is invalid.",
     )
-    serve.add_argument("model_file", metavar="MODEL.bpk", help="the Burnpack weight file")
-    serve.add_argument("--workers", type=_positive_or_zero, default=os.cpu_count() or 1,
-                       help="worker processes (default: the number of CPUs, %(default)s here)")
-    serve.add_argument("--model", default=None, metavar="NAME|module:factory",
-                       help="model to build (default: metadata workerpool.model, else recognised "
-                       f"from the tensors; built-ins: {', '.join(models.BUILTIN_MODELS)})")
+    _add_pool_options(serve, "the Burnpack weight file",
+                      "on SIGTERM, seconds to finish in-flight requests (default: %(default)s)")
     serve.add_argument("--bind", default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
                        help="client endpoint (default: %(default)s, loopback only)")
     serve.add_argument("--control", default=None, metavar="ENDPOINT",
                        help="control endpoint for status (default: an ipc socket in a private runtime "
                        "directory)")
-    serve.add_argument("--load", choices=("mmap", "copy"), default="mmap",
-                       help="mmap: share one mapped copy of the weights (default); copy: a private "
-                       "copy per worker, the naive baseline")
     serve.add_argument("--max-queue", type=_positive_or_zero, default=1024, metavar="N",
                        help="requests that may wait for a free worker; more are refused with "
                        "'overloaded' (default: %(default)s)")
-    serve.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
-                       help="on SIGTERM, seconds to finish in-flight requests (default: %(default)s)")
     serve.add_argument("--max-message-size", type=_size, default=None, metavar="SIZE",
                        help="largest request accepted (default: room for a batch of 4096 of the "
                        "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)")
@@ -344,12 +335,6 @@ def build_parser() -> argparse.ArgumentParser:
                        "authenticate and encrypt the client and TCP worker endpoints with CURVE")
     serve.add_argument("--curve-client-keys", default=None, metavar="DIR",
                        help="directory of the public key files of allowed clients and worker hosts")
-    serve.add_argument("--watch-interval", type=float, default=0.5, metavar="S",
-                       help="seconds between checks of MODEL.bpk for new weights published by rename "
-                       "(default: %(default)s)")
-    serve.add_argument("--no-watch", action="store_true",
-                       help="do not watch MODEL.bpk; reload only on SIGHUP or 'workerpool reload'")
-    serve.add_argument("--log-level", choices=LEVELS, default="info", help="default: %(default)s")
     serve.set_defaults(handler=cmd_serve)
 
     reload = sub.add_parser(
@@ -416,21 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
         "host. Workers are replaced when they die, reconnect when the router restarts, and roll "
         "to new weights one at a time when MODEL.bpk is replaced by rename.",
     )
-    workers.add_argument("model_file", metavar="MODEL.bpk", help="this host's copy of the weights")
+    _add_pool_options(workers, "this host's copy of the weights",
+                      "on SIGTERM, seconds for workers to leave the router (default: %(default)s)")
     workers.add_argument("--connect", required=True, metavar="ENDPOINT",
                          help="the router's backend endpoint, e.g. tcp://router-host:5556")
-    workers.add_argument("--workers", type=_positive_or_zero, default=os.cpu_count() or 1,
-                         help="worker processes (default: the number of CPUs, %(default)s here)")
-    workers.add_argument("--model", default=None, metavar="NAME|module:factory",
-                         help="model to build (default: as serve)")
-    workers.add_argument("--load", choices=("mmap", "copy"), default="mmap", help="as serve")
-    workers.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
-                         help="on SIGTERM, seconds for workers to leave the router (default: 30)")
-    workers.add_argument("--watch-interval", type=float, default=0.5, metavar="S",
-                         help="seconds between checks of MODEL.bpk for new weights (default: 0.5)")
-    workers.add_argument("--no-watch", action="store_true", help="do not watch MODEL.bpk")
     _add_client_key_options(workers)
-    workers.add_argument("--log-level", choices=LEVELS, default="info", help="default: %(default)s")
     workers.set_defaults(handler=cmd_workers)
 
     keys = sub.add_parser(
@@ -445,6 +420,26 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--name", default="workerpool", help="file name stem (default: %(default)s)")
     generate.set_defaults(handler=cmd_keys)
     return parser
+
+
+def _add_pool_options(parser: argparse.ArgumentParser, file_help: str, graceful_help: str) -> None:
+    """The options of ``serve`` and ``workers`` alike: the weights, the workers, watching, logs."""
+    parser.add_argument("model_file", metavar="MODEL.bpk", help=file_help)
+    parser.add_argument("--workers", type=_positive_or_zero, default=os.cpu_count() or 1,
+                        help="worker processes (default: the number of CPUs, %(default)s here)")
+    parser.add_argument("--model", default=None, metavar="NAME|module:factory",
+                        help="model to build (default: metadata workerpool.model, else recognised "
+                        f"from the tensors; built-ins: {', '.join(models.BUILTIN_MODELS)})")
+    parser.add_argument("--load", choices=("mmap", "copy"), default="mmap",
+                        help="mmap: share one mapped copy of the weights (default); copy: a private "
+                        "copy per worker, the naive baseline")
+    parser.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S", help=graceful_help)
+    parser.add_argument("--watch-interval", type=float, default=0.5, metavar="S",
+                        help="seconds between checks of MODEL.bpk for new weights published by rename "
+                        "(default: %(default)s)")
+    parser.add_argument("--no-watch", action="store_true",
+                        help="do not watch MODEL.bpk; reload only on SIGHUP (or 'workerpool reload')")
+    parser.add_argument("--log-level", choices=LEVELS, default="info", help="default: %(default)s")
 
 
 def _add_client_key_options(parser: argparse.ArgumentParser) -> None:
