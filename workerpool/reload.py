@@ -33,16 +33,36 @@ class Weights:
     signature: dict[str, Any]
 
 
+class LoadedModel:
+    """The model of one generation, with the mapping it runs on."""
+
+    def __init__(self, path: str, spec: str | None, load: str = "mmap", generation: int = 0) -> None:
+        self.pack = burnpack.read(path, mmap=load == "mmap")
+        self.name = models.choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
+        self.model = models.build_model(self.pack.tensors, self.pack.metadata, self.name)
+        self.generation = generation
+
+    def describe(self) -> dict[str, Any]:
+        """What clients and the router learn about the model (``info`` and registration)."""
+        return {
+            "model": self.name,
+            "path": self.pack.path,
+            "size": self.pack.identity.size,
+            "inode": self.pack.identity.inode,
+            "generation": self.generation,
+            **models.signature(self.model),
+        }
+
+
 def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
-    """Read the file and build the model on it; return the model's name, the file's identity and
-    the model's signature. Reads no tensor data beyond what building the model reads."""
+    """Read the file and build the model on it, as a worker will; return the model's name, the
+    file's identity and the model's signature. Reads no tensor data beyond what building the
+    model reads, and keeps nothing mapped."""
     try:
-        pack = burnpack.read(path)
-        name = models.choose_model(model, pack.tensors, pack.metadata)[0]
-        built = models.build_model(pack.tensors, pack.metadata, name)
+        loaded = LoadedModel(path, model)
     except (burnpack.BurnpackError, models.ModelError) as exc:
         raise WeightsRefused(str(exc)) from exc
-    return name, pack.identity, models.signature(built)
+    return loaded.name, loaded.pack.identity, models.signature(loaded.model)
 
 
 class Watcher:

@@ -22,6 +22,7 @@ import zmq
 
 from . import burnpack, models, protocol, security
 from .logs import setup_logging
+from .reload import LoadedModel
 from .transport import NOBLOCK, send_parts, transport_heartbeats
 
 log = logging.getLogger("workerpool.worker")
@@ -29,27 +30,6 @@ log = logging.getLogger("workerpool.worker")
 EXIT_LOAD_FAILED = 3
 EXIT_FILE_CHANGED = 4
 EXIT_REFUSED = 5
-
-
-class LoadedModel:
-    """The model of one generation, with the mapping it runs on."""
-
-    def __init__(self, path: str, spec: str | None, load: str, generation: int) -> None:
-        self.pack = burnpack.read(path, mmap=load == "mmap")
-        self.name = models.choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
-        self.model = models.build_model(self.pack.tensors, self.pack.metadata, self.name)
-        self.generation = generation
-
-    def describe(self) -> dict[str, Any]:
-        """What clients and the router learn about the model (``info`` and registration)."""
-        return {
-            "model": self.name,
-            "path": self.pack.path,
-            "size": self.pack.identity.size,
-            "inode": self.pack.identity.inode,
-            "generation": self.generation,
-            **models.signature(self.model),
-        }
 
 
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
