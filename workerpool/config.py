@@ -1,0 +1,59 @@
+"""Every setting of a pool, each default written once.
+
+``serve`` and ``workers`` share :class:`PoolConfig` (the weights, the workers, their
+supervision); :class:`ServeConfig` adds the router's settings and :class:`HostConfig` the
+uplink to a remote router. The command line takes its defaults from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import security
+
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+DEFAULT_LOAD = "mmap"
+LOAD_MODES = ("mmap", "copy")
+DEFAULT_LOG_LEVEL = "info"
+HEARTBEAT_SECONDS = 1.0
+LIVENESS_BEATS = 5  # heartbeats missed before a peer counts as gone
+MAX_QUEUE = 1024
+GRACEFUL_TIMEOUT_SECONDS = 30.0
+WATCH_INTERVAL_SECONDS = 0.5
+RELOAD_TIMEOUT_SECONDS = 120.0
+
+
+@dataclass(kw_only=True)
+class PoolConfig:
+    """What ``serve`` and ``workers`` share: the weights, the workers and their supervision."""
+
+    path: str
+    workers: int
+    model: str | None = None
+    load: str = DEFAULT_LOAD
+    graceful_timeout: float = GRACEFUL_TIMEOUT_SECONDS
+    heartbeat: float = HEARTBEAT_SECONDS
+    liveness: int = LIVENESS_BEATS
+    log_level: str = DEFAULT_LOG_LEVEL
+    watch_interval: float | None = WATCH_INTERVAL_SECONDS  # None: reload only when asked
+
+
+@dataclass(kw_only=True)
+class ServeConfig(PoolConfig):
+    """``workerpool serve``: the router, its endpoints and its limits."""
+
+    bind: str = DEFAULT_BIND
+    control: str | None = None  # None: an ipc socket in the private runtime directory
+    max_queue: int = MAX_QUEUE
+    max_message_size: int | None = None  # None: sized to the model's input
+    reload_timeout: float = RELOAD_TIMEOUT_SECONDS
+    backend: str | None = None  # None: a private ipc socket
+    server_keys: security.ServerKeys | None = None
+
+
+@dataclass(kw_only=True)
+class HostConfig(PoolConfig):
+    """``workerpool workers``: local workers serving through a router on another host."""
+
+    connect: str
+    keys: security.ClientKeys | None = None

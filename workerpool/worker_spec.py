@@ -1,0 +1,81 @@
+"""The contract between a supervisor and the worker processes it starts.
+
+A worker is a fresh interpreter (``python -m workerpool.worker``), so everything it needs to
+know crosses a command line. :class:`WorkerSpec` is that command line, typed: the supervisor
+builds one and calls :meth:`WorkerSpec.to_argv`; the worker calls :meth:`WorkerSpec.from_argv`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config import DEFAULT_LOAD, DEFAULT_LOG_LEVEL, HEARTBEAT_SECONDS, LIVENESS_BEATS, LOAD_MODES
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSpec:
+    """What one worker serves and how it reaches its router."""
+
+    path: str
+    backend: str
+    model: str | None = None
+    load: str = DEFAULT_LOAD
+    generation: int = 1
+    expect: list[int] | None = None  # the file identity the supervisor validated
+    heartbeat: float = HEARTBEAT_SECONDS
+    liveness: int = LIVENESS_BEATS
+    log_level: str = DEFAULT_LOG_LEVEL
+    remote: bool = False  # the router is on another host: wait for it instead of exiting
+    ready_fd: int | None = None  # an inherited pipe, written once the model is built
+    curve_key: str | None = None  # this host's secret key file
+    curve_server_key: str | None = None  # the router's public key file
+
+    def to_argv(self) -> list[str]:
+        argv = [
+            self.path,
+            "--backend", self.backend,
+            "--load", self.load,
+            "--generation", str(self.generation),
+            "--heartbeat", str(self.heartbeat),
+            "--liveness", str(self.liveness),
+            "--log-level", self.log_level,
+        ]
+        if self.model is not None:
+            argv += ["--model", self.model]
+        if self.expect is not None:
+            argv += ["--expect", json.dumps(self.expect)]
+        if self.remote:
+            argv.append("--remote")
+        if self.ready_fd is not None:
+            argv += ["--ready-fd", str(self.ready_fd)]
+        if self.curve_key is not None:
+            argv += ["--curve-key", self.curve_key]
+        if self.curve_server_key is not None:
+            argv += ["--curve-server-key", self.curve_server_key]
+        return argv
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> WorkerSpec:
+        return cls(**vars(_parser().parse_args(argv)))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workerpool-worker",
+                                     description="One worker process; started by a supervisor.")
+    parser.add_argument("path")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--load", choices=LOAD_MODES, default=DEFAULT_LOAD)
+    parser.add_argument("--generation", type=int, default=1)
+    parser.add_argument("--expect", type=json.loads, default=None)
+    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_SECONDS)
+    parser.add_argument("--liveness", type=int, default=LIVENESS_BEATS)
+    parser.add_argument("--log-level", default=DEFAULT_LOG_LEVEL)
+    parser.add_argument("--remote", action="store_true")
+    parser.add_argument("--ready-fd", type=int, default=None)
+    parser.add_argument("--curve-key", default=None)
+    parser.add_argument("--curve-server-key", default=None)
+    return parser
