@@ -16,8 +16,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -25,6 +23,7 @@ import numpy as np
 import zmq
 
 from workerpool import burnpack, models, protocol
+from workerpool.launcher import NotReady, ServerProcess, serve_args
 
 
 def drive(endpoint: str, frames: list, in_flight: int, seconds: float) -> dict:
@@ -149,20 +148,12 @@ def run_bare(workers: int, frames: list, levels: list[int], seconds: float, tmp:
 
 
 def run_workerpool(model: str, workers: int, frames: list, levels: list[int], seconds: float, tmp: str) -> list[dict]:
-    command = [
-        sys.executable, "-m", "workerpool", "serve", model, "--workers", str(workers),
-        "--bind", "tcp://127.0.0.1:*", "--control", f"ipc://{tmp}/control", "--log-level", "warning",
-    ]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    args = serve_args(model, workers, "--control", f"ipc://{tmp}/control", "--log-level", "warning")
     try:
-        line = server.stdout.readline()
-        if not line.startswith("workerpool: serving"):
-            raise SystemExit(f"server did not start: {line!r}")
-        endpoint = line.rsplit(" on ", 1)[1].strip()
-        return [drive(endpoint, frames, k, seconds) for k in levels]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        with ServerProcess(args) as server:
+            return [drive(server.endpoint, frames, k, seconds) for k in levels]
+    except NotReady as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main() -> None:

@@ -18,92 +18,25 @@ import itertools
 import json
 import os
 import platform
-import selectors
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from statistics import mean, median
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
 import workerpool
 from workerpool import control
+from workerpool.launcher import ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
 
-READY_PREFIX = "workerpool: serving "
 TOUCHED = 0.95  # a worker has touched its weights when this much of the file is resident
 TARGET = 0.10  # mmap: a loaded worker stays within 10% of an idle one
-
-
-class Serve:
-    """``workerpool serve`` in its own process group, so that stopping it reaps its workers too."""
-
-    def __init__(self, model: str, workers: int, load: str, directory: str) -> None:
-        self.control = f"ipc://{directory}/control-{load}-{workers}"
-        self.log_path = os.path.join(directory, f"serve-{load}-{workers}.log")
-        self.command = [
-            sys.executable, "-m", "workerpool", "serve", model, "--workers", str(workers),
-            "--load", load, "--bind", "tcp://127.0.0.1:*", "--control", self.control,
-            "--log-level", "warning",
-        ]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float) -> tuple[str, float]:
-        """The client endpoint from the ready line, and the seconds from start to that line."""
-        started = time.monotonic()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True,
-            )
-        line = self._read_line(timeout)
-        elapsed = time.monotonic() - started
-        if not line.startswith(READY_PREFIX):
-            with open(self.log_path, errors="replace") as log:
-                raise RuntimeError(f"server did not become ready: {line!r}\n{log.read()}")
-        return line.rsplit(" on ", 1)[1].strip(), elapsed
-
-    def _read_line(self, timeout: float) -> str:
-        assert self.proc is not None and self.proc.stdout is not None
-        data = b""
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.proc.stdout, selectors.EVENT_READ)
-            while not data.endswith(b"\n"):
-                left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(left):
-                    break
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                data += chunk
-        return data.decode(errors="replace")
-
-    def stop(self) -> None:
-        """SIGTERM and a short wait, then SIGKILL to whatever is left of the process group."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        self.proc.stdout.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+COUNTS = re.compile(r"\s*[+-]?\d+\s*(,\s*[+-]?\d+\s*)*")  # what int() reads, comma-separated
 
 
 def touched(worker: dict[str, Any], load: str, size: int) -> bool:
@@ -114,7 +47,7 @@ def touched(worker: dict[str, Any], load: str, size: int) -> bool:
     return worker["served"] > 0 and memory.get("anon", 0) >= TOUCHED * size
 
 
-def touch_all(serve: Serve, endpoint: str, workers: int, load: str, size: int,
+def touch_all(control_endpoint: str, endpoint: str, workers: int, load: str, size: int,
               timeout: float) -> tuple[dict[str, Any], int]:
     """Send requests, N in flight (the router hands each to a free worker), until every worker
     has touched all its weights; return the status that shows it and the requests sent."""
@@ -125,7 +58,7 @@ def touch_all(serve: Serve, endpoint: str, workers: int, load: str, size: int,
         while True:
             for _ in client.infer_many(itertools.repeat(x, 2 * workers), window=workers):
                 sent += 1
-            status = control.call(serve.control, "status", timeout=30)
+            status = control.call(control_endpoint, "status", timeout=30)
             if all(touched(w, load, size) for w in status["workers"]):
                 return status, sent
             if time.monotonic() > deadline:
@@ -136,10 +69,16 @@ def touch_all(serve: Serve, endpoint: str, workers: int, load: str, size: int,
 def measure(model: str, size: int, workers: int, load: str, directory: str,
             timeout: float) -> dict[str, Any]:
     """One server: startup time, idle and loaded memory of every worker, the pool's totals."""
-    with Serve(model, workers, load, directory) as serve:
-        endpoint, startup = serve.start(timeout)
-        idle = control.call(serve.control, "status", timeout=30)
-        loaded, requests = touch_all(serve, endpoint, workers, load, size, timeout)
+    control_endpoint = f"ipc://{directory}/control-{load}-{workers}"
+    args = serve_args(model, workers, "--load", load, "--control", control_endpoint,
+                      "--log-level", "warning")
+    log_path = os.path.join(directory, f"serve-{load}-{workers}.log")
+    started = time.monotonic()
+    with ServerProcess(args, log_path=log_path, timeout=timeout) as server:
+        startup = time.monotonic() - started  # to the ready line
+        idle = control.call(control_endpoint, "status", timeout=30)
+        loaded, requests = touch_all(control_endpoint, server.endpoint, workers, load, size,
+                                     timeout)
     return {
         "workers": workers,
         "mode": load,
@@ -243,11 +182,11 @@ def plot(runs: list[dict[str, Any]], model_size: int, path: str) -> None:
 
 
 def worker_counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list: {text!r}") from None
-    if not counts or min(counts) < 1:
+    """``--workers 1,2,4,8``: the pool sizes to measure, each at least 1."""
+    if not COUNTS.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a comma-separated list: {text!r}")
+    counts = [int(part) for part in text.split(",")]
+    if min(counts) < 1:
         raise argparse.ArgumentTypeError("worker counts must be >= 1")
     return counts
 

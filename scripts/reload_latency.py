@@ -13,28 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 from workerpool import control, models
+from workerpool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.units import parse_size
-
-
-def start_server(path: str, workers: int, control_endpoint: str, watch: bool) -> subprocess.Popen:
-    command = [sys.executable, "-m", "workerpool", "serve", path, "--workers", str(workers),
-               "--bind", "tcp://127.0.0.1:*", "--control", control_endpoint, "--log-level", "warning"]
-    if not watch:
-        command.append("--no-watch")
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    line = server.stdout.readline()
-    if not line.startswith("workerpool: serving"):
-        server.kill()
-        raise SystemExit(f"server did not start: {line!r}")
-    return server
 
 
 def all_on(control_endpoint: str, generation: int, workers: int) -> bool:
@@ -48,9 +33,10 @@ def measure(versions: list[str], served: str, workers: int, tmp: str, watch: boo
     """Seconds from each rename to the whole pool on the new generation."""
     shutil.copyfile(versions[0], served)
     endpoint = f"ipc://{tmp}/control-{'watch' if watch else 'reload'}"
-    server = start_server(served, workers, endpoint, watch)
+    args = serve_args(served, workers, "--control", endpoint, "--log-level", "warning",
+                      *([] if watch else ["--no-watch"]))
     latencies = []
-    try:
+    with ServerProcess(args):
         for generation, version in enumerate(versions[1:], start=2):
             incoming = os.path.join(tmp, "incoming.bpk")
             shutil.copyfile(version, incoming)
@@ -63,9 +49,6 @@ def measure(versions: list[str], served: str, workers: int, tmp: str, watch: boo
                 answer = control.call(endpoint, "reload", timeout=120)
                 assert answer["generation"] == generation, answer
             latencies.append(time.perf_counter() - start)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
     return latencies
 
 
@@ -82,10 +65,13 @@ def main() -> None:
             models.generate_mlp(path, args.size, seed=seed)
             versions.append(path)
         served = os.path.join(tmp, "served.bpk")
-        results = {
-            "watching": measure(versions, served, args.workers, tmp, watch=True),
-            "workerpool reload": measure(versions, served, args.workers, tmp, watch=False),
-        }
+        try:
+            results = {
+                "watching": measure(versions, served, args.workers, tmp, watch=True),
+                "workerpool reload": measure(versions, served, args.workers, tmp, watch=False),
+            }
+        except NotReady as exc:
+            raise SystemExit(str(exc)) from None
     print(f"{args.workers} workers, {args.size / 2**20:.0f} MiB mlp, {args.repeat} reloads each: "
           "rename -> every worker on the new generation")
     print(f"{'noticed by':<18} {'median ms':>10} {'min ms':>8} {'max ms':>8}")

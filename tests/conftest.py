@@ -6,9 +6,15 @@ the repo root, as in CI) and is never copied in; tests that need it skip when it
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zmq
+from helpers import build_local
+
+from workerpool import models
 
 BURN_MNIST = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "burn-mnist.bpk"
 
@@ -27,3 +33,24 @@ def burn_mnist_path() -> Path:
 def burn_mnist_bytes(burn_mnist_path: Path) -> bytes:
     """The fixture's raw bytes, read once per session."""
     return burn_mnist_path.read_bytes()
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 1 MiB generated mlp, written once per session: quick to serve from several workers."""
+    path = tmp_path_factory.mktemp("model") / "small.bpk"
+    models.generate_mlp(path, 1024 * 1024)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def local_model(small_model: str) -> Callable[..., Any]:
+    """``small_model`` built in the test process: the answers a server must give."""
+    return build_local(small_model)
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)

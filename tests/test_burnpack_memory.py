@@ -9,11 +9,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from helpers import python
 
 MiB = 1024 * 1024
 
@@ -112,13 +111,7 @@ _FIXTURE = _STATUS + textwrap.dedent(
 
 
 def run(script: str, path) -> dict:
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(path)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    result = python("-c", script, path, timeout=100)
     if result.returncode != 0 and "no RssAnon" in result.stdout + result.stderr:
         pytest.skip("/proc/self/status has no RssAnon")
     assert result.returncode == 0, result.stderr

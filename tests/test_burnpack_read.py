@@ -5,13 +5,12 @@ from __future__ import annotations
 import gc
 import mmap
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 from bpk_builder import build, descriptor
+from helpers import python
 
 from workerpool import burnpack
 from workerpool.burnpack import dtypes
@@ -234,13 +233,7 @@ def test_mmap_failure_falls_back_to_a_copy(tmp_path):
     burnpack.write(
         path, {"a": np.arange(6, dtype="f4").reshape(2, 3), "b": np.arange(3, dtype="i8")}
     )
-    result = subprocess.run(
-        [sys.executable, "-c", _MMAP_FAILS, str(path)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = python("-c", _MMAP_FAILS, path, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True", "True"]
     warnings = [line for line in result.stderr.splitlines() if "workerpool.burnpack" in line]

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from helpers import cli
 
 from workerpool import burnpack
 
 
-def workerpool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "workerpool", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_inspect_table_of_the_burn_fixture(burn_mnist_path):
-    done = workerpool("inspect", str(burn_mnist_path))
+    done = cli("inspect", str(burn_mnist_path))
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "aligned layout, 18 tensors" in out
@@ -31,7 +24,7 @@ def test_inspect_table_of_the_burn_fixture(burn_mnist_path):
 
 
 def test_inspect_json(burn_mnist_path):
-    done = workerpool("inspect", str(burn_mnist_path), "--json")
+    done = cli("inspect", str(burn_mnist_path), "--json")
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     assert set(info) == {"path", "version", "layout", "metadata", "scalars", "model", "total_bytes", "tensors"}
@@ -46,7 +39,7 @@ def test_inspect_invalid_or_missing_file_is_one_line(tmp_path, content):
     path = tmp_path / "bad.bpk"
     if content is not None:
         path.write_bytes(content)
-    done = workerpool("inspect", str(path))
+    done = cli("inspect", str(path))
     assert done.returncode == 1
     assert done.stdout == ""
     lines = done.stderr.splitlines()
@@ -55,25 +48,25 @@ def test_inspect_invalid_or_missing_file_is_one_line(tmp_path, content):
 
 def test_new_model_writes_a_recognised_mlp_of_about_the_size(tmp_path):
     out = tmp_path / "m.bpk"
-    done = workerpool("new-model", str(out), "--size", "3MiB", "--seed", "4")
+    done = cli("new-model", str(out), "--size", "3MiB", "--seed", "4")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"workerpool: wrote {out}: mlp ")
     assert abs(os.path.getsize(out) - 3 * 2**20) < 0.02 * 3 * 2**20
     pack = burnpack.read(out)
     assert pack.metadata["workerpool.model"] == "mlp"
-    inspected = json.loads(workerpool("inspect", str(out), "--json").stdout)
+    inspected = json.loads(cli("inspect", str(out), "--json").stdout)
     assert inspected["model"] == "mlp"
 
 
 def test_new_model_bad_size_is_a_usage_error(tmp_path):
-    done = workerpool("new-model", str(tmp_path / "m.bpk"), "--size", "lots")
+    done = cli("new-model", str(tmp_path / "m.bpk"), "--size", "lots")
     assert done.returncode == 2
     assert "invalid size 'lots'" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "m.bpk").exists()
 
 
 def test_help_explains_every_command():
-    done = workerpool("--help")
+    done = cli("--help")
     assert done.returncode == 0
     for command in ("serve", "status", "infer", "new-model", "inspect"):
         assert command in done.stdout

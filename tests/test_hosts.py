@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
+from helpers import dealer, registered
 from server import Host, Server
 
 import workerpool
@@ -31,7 +33,7 @@ def free_backend() -> str:
 
 
 def ready_pids(status: dict) -> set[int]:
-    return {w["pid"] for w in status["workers"] if w["state"] in ("ready", "busy")}
+    return {w["pid"] for w in registered(status)}
 
 
 def worker_pids(host: Host) -> set[int]:
@@ -140,9 +142,8 @@ def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(model
         router.wait_for(lambda s: len(ready_pids(s)) == 3)
         b_pids = worker_pids(host_b)
         publish(new, copy_a)
-        status = router.wait_for(lambda s: sorted(w["generation"] for w in s["workers"]
-                                                  if w["state"] in ("ready", "busy")) == [1, 2, 2])
-        serving = [w for w in status["workers"] if w["state"] in ("ready", "busy")]
+        status = router.wait_for(lambda s: sorted(w["generation"] for w in registered(s)) == [1, 2, 2])
+        serving = registered(status)
         assert {w["pid"] for w in serving if w["generation"] == 1} == b_pids
         assert all(w["host"] for w in status["workers"])
         x = np.ones((1, WIDTH), np.float32)
@@ -163,25 +164,16 @@ def test_control_endpoint_must_be_local(model):
         server.stop()
 
 
-def test_garbage_on_the_worker_endpoint_hurts_nobody(model):
+def test_garbage_on_the_worker_endpoint_hurts_nobody(model, context: zmq.Context):
     """The TCP backend is reachable from outside: malformed worker messages are ignored."""
-    import zmq
-
     backend = free_backend()
     with Server(model, "--backend", backend, workers=1) as router:
-        context = zmq.Context()
-        impostor = context.socket(zmq.DEALER)
-        impostor.setsockopt(zmq.LINGER, 0)
-        impostor.connect(backend)
-        try:
+        with dealer(context, backend) as impostor:
             for payload in (b'{"pid": 1e400, "generation": 1, "host": "x", "model": "mlp"}',
                             b"[" * 200_000, b"not json", b'{"pid": "1"}'):
                 impostor.send_multipart([b"READY", payload])
             impostor.send_multipart([b"RELOADED", b"{}"])
             impostor.send_multipart([b"REP", b"someone", b"ok", b"{}"])
             router.wait_for(lambda s: "malformed READY" in router.log())
-        finally:
-            impostor.close()
-            context.term()
         assert answering_pids(router.endpoint, 5) == set(router.worker_pids())
         assert router.proc.poll() is None and "Traceback" not in router.log()

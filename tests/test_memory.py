@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
+from helpers import cli
 from server import Server
 
 import workerpool
@@ -73,10 +72,7 @@ def test_copy_workers_each_hold_the_weights(model):
 def test_status_json_and_explain_carry_every_memory_figure(model):
     with Server(model, workers=2) as server:
         raw, human = (
-            subprocess.run(
-                [sys.executable, "-m", "workerpool", "status", "--control", server.control, flag],
-                check=False, capture_output=True, text=True, timeout=30,
-            )
+            cli("status", "--control", server.control, flag, timeout=30)
             for flag in ("--json", "--explain")
         )
     assert raw.returncode == 0, raw.stderr

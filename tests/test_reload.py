@@ -6,13 +6,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import build_local, cli, pool_ready
 from server import Server
 
 import workerpool
@@ -33,11 +33,6 @@ def versions(tmp_path_factory) -> list[Path]:
         models.generate_mlp(path, SIZE, width=WIDTH, seed=seed)
         paths.append(path)
     return paths
-
-
-def expected_outputs(path: Path, x: np.ndarray) -> np.ndarray:
-    pack = burnpack.read(path)
-    return models.build_model(pack.tensors, pack.metadata)(x)
 
 
 class Load:
@@ -90,7 +85,7 @@ def test_five_publishes_under_load_fail_no_request(tmp_path, versions):
             server.wait_for(all_on(generation, 3))
             server.wait_for(lambda s, seen=seen: sum(len(r) for r in load.replies.values()) > seen + 5)
     assert load.failures == []
-    expected = {g: [expected_outputs(v, x) for x in load.inputs] for g, v in enumerate(versions, start=1)}
+    expected = {g: [build_local(v)(x) for x in load.inputs] for g, v in enumerate(versions, start=1)}
     for index, replies in load.replies.items():
         generations = [g for g, _ in replies]
         assert generations == sorted(generations), "a client saw generations go backwards"
@@ -188,9 +183,8 @@ def test_sighup_and_reload_command(tmp_path, versions):
     served = tmp_path / "served.bpk"
     shutil.copyfile(versions[0], served)
     with Server(served, "--no-watch", workers=2) as server:
-        def reload_command() -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "workerpool", "reload", "--control", server.control],
-                                  capture_output=True, text=True, timeout=60)
+        def reload_command() -> subprocess.CompletedProcess[str]:
+            return cli("reload", "--control", server.control, timeout=60)
 
         unchanged = reload_command()
         assert unchanged.returncode == 0
@@ -222,14 +216,12 @@ def test_publish_refuses_invalid_source_and_leaves_destination(tmp_path, version
     before = dest.read_bytes(), os.stat(dest).st_ino
     bad = tmp_path / "bad.bpk"
     bad.write_bytes(b"NRUB\x01\x00\x00\x00")
-    done = subprocess.run([sys.executable, "-m", "workerpool", "publish", str(bad), str(dest)],
-                          capture_output=True, text=True, timeout=60)
+    done = cli("publish", bad, dest, timeout=60)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("workerpool: error: ")
     assert (dest.read_bytes(), os.stat(dest).st_ino) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.bpk", "served.bpk"]
-    good = subprocess.run([sys.executable, "-m", "workerpool", "publish", str(versions[1]), str(dest)],
-                          capture_output=True, text=True, timeout=60)
+    good = cli("publish", versions[1], dest, timeout=60)
     assert good.returncode == 0, good.stderr
     assert dest.read_bytes() == versions[1].read_bytes() and os.stat(dest).st_ino != before[1]
 
@@ -240,10 +232,7 @@ def test_publish_with_control_asks_the_running_model(tmp_path, versions):
     misfit = tmp_path / "misfit.bpk"
     models.generate_mlp(misfit, SIZE, width=WIDTH * 2, seed=9)
     with Server(served, workers=1) as server:
-        done = subprocess.run(
-            [sys.executable, "-m", "workerpool", "publish", str(misfit), str(served), "--control", server.control],
-            capture_output=True, text=True, timeout=60,
-        )
+        done = cli("publish", misfit, served, "--control", server.control, timeout=60)
         assert done.returncode == 1 and "the running server refuses it" in done.stderr
         assert served.read_bytes() == versions[0].read_bytes()
 
@@ -258,5 +247,4 @@ def test_file_briefly_missing_does_not_stop_replacements(tmp_path, versions):
         os.rename(aside, served)  # the very same file comes back
         victim = server.worker_pids()[0]
         os.kill(victim, signal.SIGKILL)
-        server.wait_for(lambda s: len(s["workers"]) == 2 and victim not in [w["pid"] for w in s["workers"]]
-                        and all(w["state"] == "ready" for w in s["workers"]))
+        server.wait_for(pool_ready(2, without=(victim,)))

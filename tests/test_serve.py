@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
-import time
 
 import numpy as np
 import psutil
 import pytest
+from helpers import SLOW, Background, build_local, busy_pids, cli, pool_ready, slow_request
 from server import Server
 
 import workerpool
-from workerpool import burnpack, models
-
-
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("model") / "small.bpk"
-    models.generate_mlp(path, 1024 * 1024)
-    return str(path)
+from workerpool import burnpack
 
 
 def digits(count: int, seed: int) -> np.ndarray:
@@ -31,8 +22,7 @@ def digits(count: int, seed: int) -> np.ndarray:
 
 def test_mnist_answers_equal_the_model_run_in_process(burn_mnist_path):
     """Many concurrent clients; every answer equals the same model run locally on the input."""
-    pack = burnpack.read(burn_mnist_path)
-    local = models.build_model(pack.tensors, pack.metadata)
+    local = build_local(burn_mnist_path)
     failures: list[str] = []
     pids: set[int] = set()
 
@@ -60,41 +50,35 @@ def test_mnist_answers_equal_the_model_run_in_process(burn_mnist_path):
 
 def test_slow_request_does_not_delay_free_workers(small_model):
     """Load-awareness: while one worker sleeps on a request, the others answer meanwhile."""
-    with Server(small_model, "--model", "slow_model:factory", workers=3) as server:
-        slow_done = threading.Event()
-        slow_result: list = []
+    with Server(small_model, *SLOW, workers=3) as server:
 
-        def slow() -> None:
+        def slow() -> workerpool.Result:
             with workerpool.Client(server.endpoint, timeout=30) as c:
-                slow_result.append(c.request(np.full((1, 4), -3.0, np.float32)))
-            slow_done.set()
+                return c.request(np.full((1, 4), -3.0, np.float32))
 
-        thread = threading.Thread(target=slow)
-        thread.start()
-        server.wait_for(lambda s: any(w["state"] == "busy" for w in s["workers"]))
+        slow_call = Background(slow)
+        server.wait_for(busy_pids)
         answered = 0
         with workerpool.Client(server.endpoint, timeout=30) as c:
             for _ in range(40):
                 out = c.infer(np.ones((1, 4), np.float32))
                 assert np.array_equal(out, np.full((1, 4), 2.0, np.float32))
                 answered += 1
-                assert not slow_done.is_set() or answered > 20
-        fast_finished_first = not slow_done.is_set()
-        thread.join(30)
+                assert slow_call.running or answered > 20
+        fast_finished_first = slow_call.running
+        slow_result = slow_call.join(30)
         assert fast_finished_first, "40 fast requests should finish while one 3 s request runs"
-        assert slow_result and np.array_equal(slow_result[0].outputs, np.full((1, 4), -6.0, np.float32))
+        assert np.array_equal(slow_result.outputs, np.full((1, 4), -6.0, np.float32))
 
 
-def test_infer_many_and_info(small_model):
+def test_infer_many_and_info(small_model, local_model):
     with Server(small_model, workers=2) as server, workerpool.Client(server.endpoint) as c:
         info = c.info()
         assert info["model"] == "mlp" and info["input_shape"][1] > 0
         width = info["input_shape"][1]
         xs = [np.full((1, width), float(i), np.float32) for i in range(30)]
-        pack = burnpack.read(small_model)
-        local = models.build_model(pack.tensors, pack.metadata)
         for x, y in zip(xs, c.infer_many(xs, window=6)):
-            np.testing.assert_allclose(y, local(x), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(y, local_model(x), rtol=1e-5, atol=1e-6)
 
 
 def test_async_client(small_model):
@@ -124,18 +108,12 @@ def test_status_reports_every_worker(small_model):
             assert {"pid", "host", "generation", "served", "errors", "started"} <= set(worker)
             assert {"rss", "uss", "pss", "shared"} <= set(worker["memory"])
             assert psutil.pid_exists(worker["pid"])
-        human = subprocess.run(
-            [sys.executable, "-m", "workerpool", "status", "--control", server.control],
-            capture_output=True, text=True, timeout=30,
-        )
+        human = cli("status", "--control", server.control, timeout=30)
         assert human.returncode == 0 and str(status["workers"][0]["pid"]) in human.stdout
 
 
 def test_status_without_server_exits_1(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "workerpool", "status", "--control", f"ipc://{tmp_path}/none", "--timeout", "0.5"],
-        capture_output=True, text=True, timeout=30,
-    )
+    done = cli("status", "--control", f"ipc://{tmp_path}/none", "--timeout", "0.5", timeout=30)
     assert done.returncode == 1
     assert done.stderr.startswith("workerpool: error: no workerpool server answers")
     assert "Traceback" not in done.stderr
@@ -163,23 +141,14 @@ def test_bad_model_file_exits_2_without_starting_workers(tmp_path, small_model, 
 
 
 def test_sigterm_finishes_in_flight_requests(small_model):
-    server = Server(small_model, "--model", "slow_model:factory", workers=2).start()
+    server = Server(small_model, *SLOW, workers=2).start()
     try:
-        results: list = []
-
-        def slow() -> None:
-            with workerpool.Client(server.endpoint, timeout=30, retries=0) as c:
-                results.append(c.infer(np.full((1, 2), -1.5, np.float32)))
-
-        threads = [threading.Thread(target=slow) for _ in range(2)]
-        for t in threads:
-            t.start()
-        server.wait_for(lambda s: sum(w["state"] == "busy" for w in s["workers"]) == 2)
+        slow = [slow_request(server.endpoint, 1.5, timeout=30) for _ in range(2)]
+        server.wait_for(lambda s: len(busy_pids(s)) == 2)
         pids = server.worker_pids()
         server.signal(signal.SIGTERM)
         assert server.proc.wait(30) == 0
-        for t in threads:
-            t.join(30)
+        results = [call.join(30).outputs for call in slow]
         assert len(results) == 2 and all(np.array_equal(r, np.full((1, 2), -3.0)) for r in results)
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
     finally:
@@ -202,11 +171,7 @@ def test_kill_9_worker_is_replaced(small_model):
     with Server(small_model, workers=2) as server:
         victim = server.worker_pids()[0]
         os.kill(victim, signal.SIGKILL)
-        status = server.wait_for(
-            lambda s: len(s["workers"]) == 2
-            and victim not in [w["pid"] for w in s["workers"]]
-            and all(w["state"] == "ready" for w in s["workers"])
-        )
+        status = server.wait_for(pool_ready(2, without=(victim,)))
         assert len(status["workers"]) == 2
         assert "was killed by SIGKILL; starting a replacement" in server.log()
 
@@ -214,7 +179,7 @@ def test_kill_9_worker_is_replaced(small_model):
 def test_ttin_ttou_change_the_worker_count(small_model):
     with Server(small_model, workers=2) as server:
         server.signal(signal.SIGTTIN)
-        server.wait_for(lambda s: len(s["workers"]) == 3 and all(w["state"] == "ready" for w in s["workers"]))
+        server.wait_for(pool_ready(3))
         server.signal(signal.SIGTTOU)
         server.wait_for(lambda s: len(s["workers"]) == 2)
         with workerpool.Client(server.endpoint) as c:
@@ -225,19 +190,12 @@ def test_infer_command_round_trip(small_model, tmp_path):
     with Server(small_model, workers=1) as server:
         width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]
         np.save(tmp_path / "x.npy", np.ones((3, width), np.float32))
-        done = subprocess.run(
-            [sys.executable, "-m", "workerpool", "infer", "--endpoint", server.endpoint,
-             "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")],
-            capture_output=True, text=True, timeout=60,
-        )
+        done = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "x.npy",
+                   "--output", tmp_path / "y.npy", timeout=60)
         assert done.returncode == 0, done.stderr
         assert np.load(tmp_path / "y.npy").shape == (3, 10)
         np.save(tmp_path / "bad.npy", np.ones((3, width + 1), np.float32))
-        bad = subprocess.run(
-            [sys.executable, "-m", "workerpool", "infer", "--endpoint", server.endpoint,
-             "--input", str(tmp_path / "bad.npy")],
-            capture_output=True, text=True, timeout=60,
-        )
+        bad = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "bad.npy", timeout=60)
         assert bad.returncode == 1
         assert bad.stderr.startswith("workerpool: error: ") and "BadRequest" in bad.stderr
         assert "Traceback" not in bad.stderr

@@ -1,24 +1,25 @@
-"""The asyncio client: the blocking client's semantics on ``zmq.asyncio``, shareable by coroutines."""
+"""The asyncio client: the blocking client's semantics on ``zmq.asyncio``, shareable by coroutines.
+
+All but the waiting lives in ``client_base.py``; here one reader task polls the socket and
+each caller awaits a future that its call's outcome resolves.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import functools
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Any, Self
 
-import zmq
 import zmq.asyncio
 
 from . import protocol
-from .client import DEFAULT_ENDPOINT, Outputs, Result, _Call, _Calls, _open_socket, _poll_ms, _send
-from .errors import WorkerpoolError
+from .client_base import BaseClient, Call, Outputs, Result
 from .protocol import Inputs
-from .security import ClientKeys
 
 
-class AsyncClient:
+class AsyncClient(BaseClient[zmq.asyncio.Socket]):
     """asyncio client for a workerpool server; same constructor, timeouts and retries as ``Client``.
 
     Any number of coroutines on one event loop may await it at once: their requests are
@@ -27,24 +28,8 @@ class AsyncClient:
     Cancelling a call abandons it; its late reply is discarded.
     """
 
-    def __init__(
-        self,
-        endpoint: str = DEFAULT_ENDPOINT,
-        *,
-        timeout: float = 30.0,
-        retries: int = 2,
-        context: zmq.Context | None = None,
-        keys: ClientKeys | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self._keys = keys
-        self._context = context or zmq.Context.instance()
-        self._calls = _Calls(endpoint, timeout, retries, on_done=self._wake)
-        self._socket: zmq.asyncio.Socket | None = _open_socket(
-            self._context, endpoint, zmq.asyncio.Socket, keys
-        )
-        self._waiters: dict[_Call, asyncio.Future[None]] = {}
-        self._reader: asyncio.Task[None] | None = None
+    _socket_class = zmq.asyncio.Socket
+    _reader: asyncio.Task[None] | None = None
 
     async def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
         """Run the model on ``x``; see ``Client.request``."""
@@ -77,9 +62,7 @@ class AsyncClient:
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        self._calls.close()
-        self._socket.close(linger=0)
-        self._socket = None
+        self._shut()
 
     async def __aenter__(self) -> Self:
         return self
@@ -90,7 +73,7 @@ class AsyncClient:
     async def _pipeline(
         self, inputs: Iterable[Inputs] | AsyncIterable[Inputs], window: int, deadline: float | None
     ) -> AsyncIterator[Outputs]:
-        calls: deque[_Call] = deque()
+        calls: deque[Call] = deque()
         try:
             async for x in _aiter(inputs):
                 calls.append(self._start(x, protocol.METHOD_INFER, deadline))
@@ -102,53 +85,38 @@ class AsyncClient:
             for call in calls:
                 self._calls.forget(call)
 
-    def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> _Call:
-        self._open()
-        call = self._calls.start(payload, method, deadline, self._send)
+    def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> Call:
+        call = super()._start(payload, method, deadline)
         if self._calls.outstanding and (self._reader is None or self._reader.done()):
             self._reader = asyncio.get_running_loop().create_task(self._read())
         return call
 
-    def _send(self, frames: list) -> None:
-        _send(self._open(), frames)
-
-    async def _wait(self, call: _Call) -> _Call:
+    async def _wait(self, call: Call) -> Call:
         if not call.done:
-            waiter = self._waiters[call] = asyncio.get_running_loop().create_future()
+            waiter = asyncio.get_running_loop().create_future()
+            call.on_done = functools.partial(_wake, waiter)
             try:
                 await waiter
             finally:
-                del self._waiters[call]
                 self._calls.forget(call)
         return call
-
-    def _wake(self, call: _Call) -> None:
-        waiter = self._waiters.get(call)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     async def _read(self) -> None:
         """The single reader: runs while any call is outstanding, then exits (``_start`` restarts it)."""
         try:
             while self._calls.outstanding:
+                poll_ms = self._poll_ms()
                 socket = self._open()
-                delay = self._calls.next_expiry() - time.monotonic()
-                if delay <= 0:
-                    self._reset()
-                elif await socket.poll(_poll_ms(delay), zmq.POLLIN):
+                # POLLIN is poll's default flag (pyzmq's type stub for the async poll omits it).
+                if poll_ms is not None and await socket.poll(poll_ms):
                     self._calls.reply(await socket.recv_multipart(copy=False))
         except Exception as exc:  # noqa: BLE001 - whatever stops the reader must reach every caller
             self._calls.abandon(exc)
 
-    def _reset(self) -> None:
-        self._open().close(linger=0)
-        self._socket = _open_socket(self._context, self.endpoint, zmq.asyncio.Socket, self._keys)
-        self._calls.retry(time.monotonic(), self._send)
 
-    def _open(self) -> zmq.asyncio.Socket:
-        if self._socket is None:
-            raise WorkerpoolError("the client is closed")
-        return self._socket
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # a cancelled caller's waiter is already done
+        waiter.set_result(None)
 
 
 async def _aiter(items: Iterable[Inputs] | AsyncIterable[Inputs]) -> AsyncIterator[Inputs]:

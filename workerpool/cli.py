@@ -6,15 +6,35 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
 
 import zmq
 
-from . import burnpack, control, metrics, models, runtime, security
+from . import burnpack, control, metrics, models, pool, runtime, security
+from .config import (
+    DEFAULT_BIND,
+    DEFAULT_LOAD,
+    DEFAULT_LOG_LEVEL,
+    GRACEFUL_TIMEOUT_SECONDS,
+    LOAD_MODES,
+    MAX_QUEUE,
+    RELOAD_TIMEOUT_SECONDS,
+    WATCH_INTERVAL_SECONDS,
+    HostConfig,
+    PoolConfig,
+    ServeConfig,
+)
 from .logs import LEVELS, setup_logging
-from .supervisor import ServeConfig, StartupError, Supervisor
 from .units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from .client import Outputs
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Config = TypeVar("Config", bound=PoolConfig)
 
 
 class CommandError(Exception):
@@ -78,13 +98,16 @@ def _print_inspect_table(pack: burnpack.Burnpack, model: str | None) -> None:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         print("  " + "  ".join(cells).rstrip())
     print(f"total: {pack.total_bytes} bytes ({format_size(pack.total_bytes)}) of tensor data")
-    print("metadata:" + ("" if pack.metadata else " (none)"))
-    for key, value in pack.metadata.items():
-        print(f"  {key} = {value}")
-    print("scalars:" + ("" if pack.scalars else " (none)"))
-    for key, value in pack.scalars.items():
-        print(f"  {key} = {value!r}")
+    _print_pairs("metadata", pack.metadata, str)
+    _print_pairs("scalars", pack.scalars, repr)
     print(f"model: {model or '(not recognised as a built-in model)'}")
+
+
+def _print_pairs(title: str, pairs: Mapping[str, object], show: Callable[[object], str]) -> None:
+    """One ``key = value`` line per entry, or ``(none)``, so an empty section is visibly empty."""
+    print(f"{title}:" + ("" if pairs else " (none)"))
+    for key, value in pairs.items():
+        print(f"  {key} = {show(value)}")
 
 
 def cmd_new_model(args: argparse.Namespace) -> int:
@@ -101,46 +124,37 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    config = _pool_config(
-        args,
-        bind=args.bind,
-        control=args.control,
-        max_queue=args.max_queue,
-        max_message_size=args.max_message_size,
-        backend=args.backend,
-        server_keys=_server_keys(args),
-    )
-    return _run_pool(Supervisor(config))
+    return _run_pool(pool.serve, _pool_config(ServeConfig, args, server_keys=_server_keys(args)))
 
 
-def _pool_config(args: argparse.Namespace, **serve_only: Any) -> ServeConfig:
-    """What ``serve`` and ``workers`` share: the weights, the workers and their supervision."""
-    setup_logging(args.log_level)
-    return ServeConfig(
-        path=args.model_file,
-        workers=args.workers,
-        model=args.model,
-        load=args.load,
-        graceful_timeout=args.graceful_timeout,
-        log_level=args.log_level,
-        watch_interval=None if args.no_watch else args.watch_interval,
-        **serve_only,
-    )
+def cmd_workers(args: argparse.Namespace) -> int:
+    return _run_pool(pool.run_host, _pool_config(HostConfig, args, keys=_client_keys(args)))
 
 
-def _run_pool(supervisor: Supervisor) -> int:
+def _pool_config(kind: type[Config], args: argparse.Namespace, **derived: Any) -> Config:
+    """A config from the options named like its fields, so each setting is named once (by its
+    option), plus the settings ``derived`` from several options."""
+    options = {f.name: getattr(args, f.name) for f in fields(kind) if hasattr(args, f.name)}
+    options["watch_interval"] = None if args.no_watch else args.watch_interval
+    return kind(**options | derived)
+
+
+def _run_pool(run: Callable[[Config], int], config: Config) -> int:
+    """Run a pool until it stops; one that cannot start exits 2, like a usage error."""
+    setup_logging(config.log_level)
     try:
-        return supervisor.run()
-    except StartupError as exc:
+        return run(config)
+    except pool.StartupError as exc:
         raise CommandError(str(exc), exit_code=2) from exc
 
 
 def _server_keys(args: argparse.Namespace) -> security.ServerKeys | None:
-    if bool(args.curve_server_key) != bool(args.curve_client_keys):
-        raise CommandError("--curve-server-key and --curve-client-keys go together", exit_code=2)
-    if not args.curve_server_key:
+    if bool(args.curve_secret_key) != bool(args.curve_client_keys):
+        raise CommandError("--curve-server-key and --curve-client-keys go together",
+                           exit_code=2)
+    if not args.curve_secret_key:
         return None
-    return security.ServerKeys(args.curve_server_key, args.curve_client_keys)
+    return security.ServerKeys(args.curve_secret_key, args.curve_client_keys)
 
 
 def _client_keys(args: argparse.Namespace) -> security.ClientKeys | None:
@@ -149,12 +163,6 @@ def _client_keys(args: argparse.Namespace) -> security.ClientKeys | None:
     if not args.curve_key:
         return None
     return security.ClientKeys(args.curve_key, args.curve_server_key)
-
-
-def cmd_workers(args: argparse.Namespace) -> int:
-    from .host import WorkerHost
-
-    return _run_pool(WorkerHost(_pool_config(args), args.connect, _client_keys(args)))
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -183,6 +191,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
+    _print_status(status)
+    if args.explain:
+        _print_memory_legend()
+    return 0
+
+
+def _print_status(status: dict[str, Any]) -> None:
     model, queue = status["model"], status["queue"]
     print(f"supervisor {status['supervisor_pid']} serving on {status['endpoint']}")
     print(f"model {model['name']}: {model['path']} ({format_size(model['size'])}, inode {model['inode']}, "
@@ -199,11 +214,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     model_size = "-" if totals["model_size"] is None else format_size(totals["model_size"])
     print(f"total PSS of {totals['workers']} workers: {format_size(totals['pss'])} "
           f"(model file {model_size})")
-    if args.explain:
-        for key, column in _MEMORY_COLUMNS.items():
-            print(f"  {column:<8} {metrics.MEMORY_FIELDS[key]}")
-        print(f"  {'total':<8} {metrics.TOTAL_FIELDS['pss']}")
-    return 0
+
+
+def _print_memory_legend() -> None:
+    for key, column in _MEMORY_COLUMNS.items():
+        print(f"  {column:<8} {metrics.MEMORY_FIELDS[key]}")
+    print(f"  {'total':<8} {metrics.TOTAL_FIELDS['pss']}")
 
 
 _MEMORY_COLUMNS = {"rss": "rss", "uss": "uss", "pss": "pss", "shared": "shared", "anon": "anon",
@@ -254,23 +270,22 @@ def cmd_infer(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.endpoint}: {type(exc).__name__}: {exc}") from exc
     except (security.KeysError, zmq.ZMQError, ValueError) as exc:
         raise CommandError(f"{args.endpoint}: {exc}") from exc
-    outputs = result.outputs
     if args.output:
-        if isinstance(outputs, dict):
-            np.savez(args.output, **outputs)
-        else:
-            np.save(args.output, outputs)
+        _save(args.output, result.outputs)
         print(f"workerpool: wrote {args.output} (worker {result.worker_pid}, generation {result.generation})")
     else:
-        print(outputs)
+        print(result.outputs)
     return 0
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _save(path: str, outputs: Outputs) -> None:
+    """Named outputs to a .npz, one unnamed output (or none) to a .npy."""
+    import numpy as np
+
+    if isinstance(outputs, dict):
+        np.savez(path, allow_pickle=True, **outputs)  # allow_pickle named: **outputs holds only arrays
+    else:
+        np.save(path, np.asanyarray(outputs))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,173 +295,252 @@ def build_parser() -> argparse.ArgumentParser:
         "memory-mapped copy of its Burnpack (.bpk) weights.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_command in (_add_inspect, _add_new_model, _add_serve, _add_reload, _add_publish, _add_status,
+                        _add_infer, _add_workers, _add_keys):
+        add_command(sub)
+    return parser
 
-    inspect = sub.add_parser(
-        "inspect",
-        help="validate a Burnpack file and list its tensors",
+
+class _Help(NamedTuple):
+    """A subcommand's help texts."""
+
+    summary: str  # in the list of ``workerpool --help``
+    description: str | None = None  # atop the command's own ``--help``
+
+
+def _command(sub: Subcommands, name: str, handler: Handler | None = None) -> argparse.ArgumentParser:
+    """A subcommand's parser with its help texts, wired to the function that runs it (a command
+    that only groups others has none)."""
+    summary, description = _COMMAND_HELP[name]
+    parser = sub.add_parser(name, help=summary, description=description)
+    if handler is not None:
+        parser.set_defaults(handler=handler)
+    return parser
+
+
+_COMMAND_HELP = {
+    "inspect": _Help(
+        summary="validate a Burnpack file and list its tensors",
         description="Validate a Burnpack file and print its tensors (name, dtype, shape, bytes, "
         "absolute offset, 256-byte alignment), metadata, scalars, layout and recognised model. "
         "Exit 0 when the file is valid, 1 with a one-line reason when it is not.",
-    )
-    inspect.add_argument("file", help="the .bpk file")
-    inspect.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    inspect.set_defaults(handler=cmd_inspect)
-
-    new_model = sub.add_parser(
-        "new-model",
-        help="write a deterministic mlp model of a given size",
+    ),
+    "new-model": _Help(
+        summary="write a deterministic mlp model of a given size",
         description="Write an 'mlp' Burnpack model of about --size bytes with deterministic "
         "weights, one layer at a time and atomically (the file appears only when complete).",
-    )
-    new_model.add_argument("out", help="the .bpk file to write (replaced if it exists)")
-    new_model.add_argument("--size", type=_size, default=parse_size("256MiB"),
-                           help="approximate file size, e.g. 1MiB, 512MiB, 2GiB (default: 256MiB)")
-    new_model.add_argument("--width", type=int, default=None,
-                           help="hidden width (default: chosen from the size)")
-    new_model.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    new_model.set_defaults(handler=cmd_new_model)
-
-    serve = sub.add_parser(
-        "serve",
-        help="serve a model from N worker processes",
+    ),
+    "serve": _Help(
+        summary="serve a model from N worker processes",
         description="Serve MODEL.bpk from --workers processes that each map the file read-only, "
         "so the weights sit in memory once. Prints one 'workerpool: serving ...' line on stdout "
         "when every worker is ready; logs go to stderr. SIGTERM/SIGINT finish in-flight requests "
         "and exit 0; SIGTTIN/SIGTTOU add/remove a worker. Exit 2 when the file or model is invalid.",
-    )
-    _add_pool_options(serve, "the Burnpack weight file",
-                      "on SIGTERM, seconds to finish in-flight requests (default: %(default)s)")
-    serve.add_argument("--bind", default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
-                       help="client endpoint (default: %(default)s, loopback only)")
-    serve.add_argument("--control", default=None, metavar="ENDPOINT",
-                       help="control endpoint for status (default: an ipc socket in a private runtime "
-                       "directory)")
-    serve.add_argument("--max-queue", type=_positive_or_zero, default=1024, metavar="N",
-                       help="requests that may wait for a free worker; more are refused with "
-                       "'overloaded' (default: %(default)s)")
-    serve.add_argument("--max-message-size", type=_size, default=None, metavar="SIZE",
-                       help="largest request accepted (default: room for a batch of 4096 of the "
-                       "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)")
-    serve.add_argument("--backend", default=None, metavar="ENDPOINT",
-                       help="where workers connect (default: a private ipc socket); a TCP endpoint "
-                       "such as tcp://0.0.0.0:5556 lets 'workerpool workers' on other hosts join")
-    serve.add_argument("--curve-server-key", default=None, metavar="FILE",
-                       help="this server's secret key file (from 'workerpool keys generate'): "
-                       "authenticate and encrypt the client and TCP worker endpoints with CURVE")
-    serve.add_argument("--curve-client-keys", default=None, metavar="DIR",
-                       help="directory of the public key files of allowed clients and worker hosts")
-    serve.set_defaults(handler=cmd_serve)
-
-    reload = sub.add_parser(
-        "reload",
-        help="load new weights now and wait until every worker serves them",
+    ),
+    "reload": _Help(
+        summary="load new weights now and wait until every worker serves them",
         description="Ask a running server to check its weight file now (as SIGHUP does) and wait "
         "until every worker serves the new generation. Exit 0 when they do or when the file is "
         "unchanged; exit 1 with the reason when the new file is refused or the switch does not "
         "complete.",
-    )
-    reload.add_argument("--control", default=None, metavar="ENDPOINT",
-                        help="the server's control endpoint (default: as serve's default)")
-    reload.add_argument("--timeout", type=float, default=150.0, help="seconds to wait (default: 150)")
-    reload.set_defaults(handler=cmd_reload)
-
-    publish = sub.add_parser(
-        "publish",
-        help="deploy new weights: validate, copy beside DEST, rename over it",
+    ),
+    "publish": _Help(
+        summary="deploy new weights: validate, copy beside DEST, rename over it",
         description="Validate SRC (and, with --control, that the running server's model accepts "
         "it), copy it to a temporary file in DEST's directory, fsync it, rename it over DEST and "
         "fsync the directory. A server watching DEST then reloads. An invalid SRC leaves DEST "
         "untouched (exit 1).",
-    )
-    publish.add_argument("source", metavar="SRC.bpk")
-    publish.add_argument("destination", metavar="DEST.bpk", help="the path the server serves")
-    publish.add_argument("--control", default=None, metavar="ENDPOINT",
-                         help="also ask the server at this control endpoint to check SRC")
-    publish.add_argument("--model", default=None, metavar="NAME|module:factory",
-                         help="without --control, the model to check SRC against (default: as serve)")
-    publish.set_defaults(handler=cmd_publish)
-
-    status = sub.add_parser(
-        "status",
-        help="show a running server's workers, queue and memory",
+    ),
+    "status": _Help(
+        summary="show a running server's workers, queue and memory",
         description="Ask a running server for its state. Exit 1 when no server answers.",
-    )
-    status.add_argument("--control", default=None, metavar="ENDPOINT",
-                        help="the server's control endpoint (default: as serve's default)")
-    status.add_argument("--json", action="store_true", help="print the raw JSON")
-    status.add_argument("--explain", action="store_true",
-                        help="say under the table what each memory column means")
-    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default: 5)")
-    status.set_defaults(handler=cmd_status)
-
-    infer = sub.add_parser(
-        "infer",
-        help="send one request from a .npy file",
+    ),
+    "infer": _Help(
+        summary="send one request from a .npy file",
         description="Send the array in a .npy file to a server and print or save the output.",
-    )
-    infer.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="default: %(default)s")
-    infer.add_argument("--input", required=True, metavar="X.npy", help="input array (.npy)")
-    infer.add_argument("--output", default=None, metavar="Y.npy",
-                       help="write the output here (.npy; .npz for named outputs) instead of printing it")
-    infer.add_argument("--timeout", type=float, default=30.0, help="seconds per attempt (default: 30)")
-    infer.add_argument("--retries", type=int, default=2, help="retries after a timeout (default: 2)")
-    _add_client_key_options(infer)
-    infer.set_defaults(handler=cmd_infer)
-
-    workers = sub.add_parser(
-        "workers",
-        help="run N workers on this host for a router on another host",
+    ),
+    "workers": _Help(
+        summary="run N workers on this host for a router on another host",
         description="Start N worker processes on this host that map MODEL.bpk (this host's own "
         "copy) and serve through the router of 'workerpool serve --backend tcp://...' on another "
         "host. Workers are replaced when they die, reconnect when the router restarts, and roll "
         "to new weights one at a time when MODEL.bpk is replaced by rename.",
-    )
-    _add_pool_options(workers, "this host's copy of the weights",
-                      "on SIGTERM, seconds for workers to leave the router (default: %(default)s)")
-    workers.add_argument("--connect", required=True, metavar="ENDPOINT",
-                         help="the router's backend endpoint, e.g. tcp://router-host:5556")
-    _add_client_key_options(workers)
-    workers.set_defaults(handler=cmd_workers)
-
-    keys = sub.add_parser(
-        "keys",
-        help="generate CURVE key pairs",
+    ),
+    "keys": _Help(
+        summary="generate CURVE key pairs",
         description="'workerpool keys generate DIR [--name NAME]' writes DIR/NAME.key (public) and "
         "DIR/NAME.key_secret (secret, mode 0600).",
-    )
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    generate = keys_sub.add_parser("generate", help="write a new key pair")
+    ),
+    "generate": _Help(summary="write a new key pair"),
+}
+"""The subcommands' help texts by name, together so that they read as one manual."""
+
+
+def _add_inspect(sub: Subcommands) -> None:
+    parser = _command(sub, "inspect", cmd_inspect)
+    parser.add_argument("file", help="the .bpk file")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+_NEW_MODEL_SIZE = "256MiB"
+
+
+def _add_new_model(sub: Subcommands) -> None:
+    parser = _command(sub, "new-model", cmd_new_model)
+    parser.add_argument("out", help="the .bpk file to write (replaced if it exists)")
+    parser.add_argument("--size", type=_size, default=parse_size(_NEW_MODEL_SIZE),
+                        help=f"approximate file size, e.g. 1MiB, 512MiB, 2GiB (default: {_NEW_MODEL_SIZE})")
+    parser.add_argument("--width", type=int, help="hidden width (default: chosen from the size)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+
+
+def _add_serve(sub: Subcommands) -> None:
+    parser = _command(sub, "serve", cmd_serve)
+    _add_pool_options(parser, "the Burnpack weight file",
+                      "on SIGTERM, seconds to finish in-flight requests")
+    parser.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
+                        help="client endpoint (default: %(default)s, loopback only)")
+    _add_control(parser, "control endpoint for status (default: an ipc socket in a private runtime "
+                 "directory)")
+    parser.add_argument("--max-queue", type=_positive_or_zero, default=MAX_QUEUE, metavar="N",
+                        help="requests that may wait for a free worker; more are refused with "
+                        "'overloaded' (default: %(default)s)")
+    parser.add_argument("--max-message-size", type=_size, metavar="SIZE",
+                        help="largest request accepted (default: room for a batch of 4096 of the "
+                        "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)")
+    parser.add_argument("--backend", metavar="ENDPOINT",
+                        help="where workers connect (default: a private ipc socket); a TCP endpoint "
+                        "such as tcp://0.0.0.0:5556 lets 'workerpool workers' on other hosts join")
+    _add_server_key_options(parser)
+
+
+_RELOAD_WAIT_SECONDS = RELOAD_TIMEOUT_SECONDS + 30.0
+"""``reload`` outwaits the server's own reload deadline, so a failure arrives with its reason."""
+
+
+def _add_reload(sub: Subcommands) -> None:
+    parser = _command(sub, "reload", cmd_reload)
+    _add_control(parser)
+    _add_timeout(parser, _RELOAD_WAIT_SECONDS)
+
+
+def _add_publish(sub: Subcommands) -> None:
+    parser = _command(sub, "publish", cmd_publish)
+    parser.add_argument("source", metavar="SRC.bpk")
+    parser.add_argument("destination", metavar="DEST.bpk", help="the path the server serves")
+    _add_control(parser, "also ask the server at this control endpoint to check SRC")
+    _add_model(parser, "without --control, the model to check SRC against (default: as serve)")
+
+
+def _add_status(sub: Subcommands) -> None:
+    parser = _command(sub, "status", cmd_status)
+    _add_control(parser)
+    parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    parser.add_argument("--explain", action="store_true",
+                        help="say under the table what each memory column means")
+    _add_timeout(parser, 5.0)
+
+
+def _add_infer(sub: Subcommands) -> None:
+    parser = _command(sub, "infer", cmd_infer)
+    parser.add_argument("--endpoint", default=DEFAULT_BIND, help="default: %(default)s")
+    parser.add_argument("--input", required=True, metavar="X.npy", help="input array (.npy)")
+    parser.add_argument("--output", metavar="Y.npy",
+                        help="write the output here (.npy; .npz for named outputs) instead of printing it")
+    _add_timeout(parser, 30.0, "seconds per attempt")
+    parser.add_argument("--retries", type=int, default=2,
+                        help="retries after a timeout (default: %(default)s)")
+    _add_client_key_options(parser)
+
+
+def _add_workers(sub: Subcommands) -> None:
+    parser = _command(sub, "workers", cmd_workers)
+    _add_pool_options(parser, "this host's copy of the weights",
+                      "on SIGTERM, seconds for workers to leave the router")
+    parser.add_argument("--connect", required=True, metavar="ENDPOINT",
+                        help="the router's backend endpoint, e.g. tcp://router-host:5556")
+    _add_client_key_options(parser)
+
+
+def _add_keys(sub: Subcommands) -> None:
+    keys = _command(sub, "keys")
+    actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    generate = _command(actions, "generate", cmd_keys)
     generate.add_argument("directory", metavar="DIR")
     generate.add_argument("--name", default="workerpool", help="file name stem (default: %(default)s)")
-    generate.set_defaults(handler=cmd_keys)
-    return parser
 
 
 def _add_pool_options(parser: argparse.ArgumentParser, file_help: str, graceful_help: str) -> None:
-    """The options of ``serve`` and ``workers`` alike: the weights, the workers, watching, logs."""
-    parser.add_argument("model_file", metavar="MODEL.bpk", help=file_help)
+    """The options of ``serve`` and ``workers`` alike: the weights, the workers, watching, logs.
+
+    Their destinations are the :class:`~workerpool.config.PoolConfig` field names, which is how
+    :func:`_pool_config` finds them.
+    """
+    parser.add_argument("path", metavar="MODEL.bpk", help=file_help)
     parser.add_argument("--workers", type=_positive_or_zero, default=os.cpu_count() or 1,
                         help="worker processes (default: the number of CPUs, %(default)s here)")
-    parser.add_argument("--model", default=None, metavar="NAME|module:factory",
-                        help="model to build (default: metadata workerpool.model, else recognised "
-                        f"from the tensors; built-ins: {', '.join(models.BUILTIN_MODELS)})")
-    parser.add_argument("--load", choices=("mmap", "copy"), default="mmap",
-                        help="mmap: share one mapped copy of the weights (default); copy: a private "
-                        "copy per worker, the naive baseline")
-    parser.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S", help=graceful_help)
-    parser.add_argument("--watch-interval", type=float, default=0.5, metavar="S",
+    _add_model(parser, "model to build (default: metadata workerpool.model, else recognised "
+               f"from the tensors; built-ins: {', '.join(models.BUILTIN_MODELS)})")
+    parser.add_argument("--load", choices=LOAD_MODES, default=DEFAULT_LOAD, help=_load_help())
+    parser.add_argument("--graceful-timeout", type=float, default=GRACEFUL_TIMEOUT_SECONDS, metavar="S",
+                        help=f"{graceful_help} (default: %(default)s)")
+    parser.add_argument("--watch-interval", type=float, default=WATCH_INTERVAL_SECONDS, metavar="S",
                         help="seconds between checks of MODEL.bpk for new weights published by rename "
                         "(default: %(default)s)")
     parser.add_argument("--no-watch", action="store_true",
                         help="do not watch MODEL.bpk; reload only on SIGHUP (or 'workerpool reload')")
-    parser.add_argument("--log-level", choices=LEVELS, default="info", help="default: %(default)s")
+    parser.add_argument("--log-level", choices=LEVELS, default=DEFAULT_LOG_LEVEL,
+                        help="default: %(default)s")
+
+
+_LOAD_MODE_HELP = {
+    "mmap": "share one mapped copy of the weights",
+    "copy": "a private copy per worker, the naive baseline",
+}
+
+
+def _load_help() -> str:
+    """``--load``'s help, marking whichever mode config.py makes the default."""
+    return "; ".join(f"{mode}: {_LOAD_MODE_HELP[mode]}" + (" (default)" if mode == DEFAULT_LOAD else "")
+                     for mode in LOAD_MODES)
+
+
+_CONTROL_HELP = "the server's control endpoint (default: as serve's default)"
+
+
+def _add_control(parser: argparse.ArgumentParser, text: str = _CONTROL_HELP) -> None:
+    parser.add_argument("--control", metavar="ENDPOINT", help=text)
+
+
+def _add_model(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--model", metavar="NAME|module:factory", help=text)
+
+
+def _add_timeout(parser: argparse.ArgumentParser, seconds: float, what: str = "seconds to wait") -> None:
+    parser.add_argument("--timeout", type=float, default=seconds, help=f"{what} (default: {seconds:g})")
+
+
+def _add_server_key_options(parser: argparse.ArgumentParser) -> None:
+    """``serve``'s CURVE keys. Its own key is a secret one, hence ``--curve-secret-key``;
+    ``--curve-server-key``, which means the server's public key elsewhere, still works here."""
+    parser.add_argument("--curve-secret-key", "--curve-server-key", dest="curve_secret_key", metavar="FILE",
+                        help="this server's secret key file (from 'workerpool keys generate'): "
+                        "authenticate and encrypt the client and TCP worker endpoints with CURVE")
+    parser.add_argument("--curve-client-keys", metavar="DIR",
+                        help="directory of the public key files of allowed clients and worker hosts")
 
 
 def _add_client_key_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--curve-key", default=None, metavar="FILE",
+    parser.add_argument("--curve-key", metavar="FILE",
                         help="this side's secret key file, for a server using CURVE")
-    parser.add_argument("--curve-server-key", default=None, metavar="FILE",
-                        help="the server's public key file (NAME.key)")
+    parser.add_argument("--curve-server-key", metavar="FILE", help="the server's public key file (NAME.key)")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_or_zero(text: str) -> int:
@@ -461,7 +555,7 @@ def _positive_or_zero(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
+    handler: Handler = args.handler
     try:
         return handler(args)
     except CommandError as exc:

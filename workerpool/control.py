@@ -14,13 +14,14 @@ class ControlError(Exception):
 
 def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any) -> dict[str, Any]:
     """Send one command and return the supervisor's JSON answer."""
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(endpoint)
         sock.send_multipart([b"", json.dumps({"command": command, **arguments}).encode()])
-        if not sock.poll(timeout * 1000):
+        # poll takes whole milliseconds; pyzmq truncated a float and waited forever when negative.
+        if not sock.poll(None if timeout < 0 else int(timeout * 1000)):
             raise ControlError(f"no workerpool server answers at {endpoint} (waited {timeout:g}s)")
         frames = sock.recv_multipart()
     finally:

@@ -1,8 +1,9 @@
-"""A worker host (``workerpool workers``): local workers that serve through a remote router.
+"""The ``workers`` role: local workers that serve through a remote router.
 
-The same supervision as ``serve`` (fresh processes, replacement, back-off, signals, watching the
-weight file), without a router: the workers connect to the router host's backend endpoint over
-TCP and register there. Each worker tells this supervisor through a pipe when its model is
+Composed with a :class:`~workerpool.supervisor.Supervisor`, it gives ``workerpool workers``
+the same supervision as ``serve`` (fresh processes, replacement, back-off, signals, watching
+the weight file) without a router: the workers connect to the router host's backend endpoint
+over TCP and register there. Each worker tells this host through a pipe when its model is
 built. New weights roll through the host one worker at a time: a new worker starts on the new
 file, and once it is ready an old one says goodbye to the router and leaves, so the host never
 serves with fewer than N workers.
@@ -12,99 +13,98 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import replace
 
 import zmq
 
 from . import runtime, security
-from .supervisor import Child, ServeConfig, StartupError, Supervisor
+from .config import HostConfig
+from .process import Child
+from .supervisor import StartupError, Supervisor
 from .units import format_size
+from .worker_spec import WorkerSpec
 
 log = logging.getLogger("workerpool.host")
 
+READY_MESSAGE_MAX = 16
 
-class WorkerHost(Supervisor):
-    def __init__(self, config: ServeConfig, connect: str, keys: security.ClientKeys | None) -> None:
-        super().__init__(config)
-        self.connect = connect
-        self.keys = keys
 
-    def _open(self) -> None:
-        self.backend_endpoint = self.connect
-        if self.keys is not None:
-            try:
-                probe = self.context.socket(zmq.DEALER)  # only to check the key files
-                self.keys.apply(probe)
-                probe.close(linger=0)
-            except security.KeysError as exc:
-                raise StartupError(str(exc)) from exc
-        elif not runtime.is_local(self.connect):
+class HostRole:
+    """The uplink to a remote router, for ``workerpool workers``."""
+
+    requests = None  # requests wait in the remote router, not here
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.leave_timeout = config.graceful_timeout  # workers finish their request, then leave
+
+    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+        self.pool = pool
+        keys = self.config.keys
+        if keys is not None:
+            _check_keys(keys)
+        elif not runtime.is_local(self.config.connect):
             log.warning("connecting to %s without CURVE keys: the traffic is neither authenticated nor "
-                        "encrypted (see --curve-key)", self.connect)
+                        "encrypted (see --curve-key)", self.config.connect)
 
-    def _close(self) -> None:
-        pass
-
-    def _spawn(self, extra: Sequence[str] = (), pass_fds: Sequence[int] = ()) -> Child:
-        ready_r, ready_w = os.pipe()
-        args = ["--remote", "--ready-fd", str(ready_w)]
-        if self.keys is not None:
-            args += ["--curve-key", self.keys.secret_file, "--curve-server-key", self.keys.server_public_file]
-        try:
-            child = super()._spawn([*args, *extra], pass_fds=(*pass_fds, ready_w))
-        finally:
-            os.close(ready_w)
-        self._read(ready_r, lambda: self._on_ready_pipe(ready_r, child))
+    def start_worker(self, spec: WorkerSpec) -> Child:
+        keys = self.config.keys
+        spec = replace(spec, backend=self.config.connect, remote=True,
+                       curve_key=keys.secret_file if keys else None,
+                       curve_server_key=keys.server_public_file if keys else None)
+        child = Child.spawn(spec, ready_pipe=True)
+        assert child.ready_pipe is not None
+        self.pool.loop.read(child.ready_pipe, lambda: self._on_loaded(child))
         return child
 
-    def _on_ready_pipe(self, fd: int, child: Child) -> None:
-        loaded = os.read(fd, 16)
-        self._forget(fd)
-        os.close(fd)
-        if loaded and child.pid in self.children:
-            self._child_ready(child)
-            self._roll()
+    def _on_loaded(self, child: Child) -> None:
+        assert child.ready_pipe is not None
+        try:
+            loaded = os.read(child.ready_pipe, READY_MESSAGE_MAX)  # b"": it died before loading
+        except BlockingIOError:
+            return
+        self.pool.loop.forget(child.ready_pipe)
+        os.close(child.ready_pipe)
+        child.ready_pipe = None
+        if loaded and child.pid in self.pool.children:
+            self.pool.child_ready(child)
+            self.roll_out()
 
-    def _worker_exited(self, child: Child, why: str) -> None:
-        self._roll()
+    def child_exited(self, child: Child, why: str) -> None:
+        self.roll_out()
 
-    def _switch(self) -> None:
-        self._roll()
-
-    def _roll(self) -> None:
+    def roll_out(self) -> None:
         """Replace one worker of an older generation: start a new one, then stop an old one."""
-        generation = self.watcher.current.generation
-        active = [c for c in self.children.values() if not c.stopping]
+        pool = self.pool
+        generation = pool.watcher.current.generation
+        active = [c for c in pool.children.values() if not c.stopping]
         old = [c for c in active if c.generation < generation]
-        if self.stopping or not old or self.watcher.problem is not None:
+        if pool.stopping or not old or pool.watcher.problem is not None:
             return
         if any(not c.ready for c in active):
             return  # a new worker is still loading
-        if len(active) > self.target:
-            self._stop_child(min(old, key=lambda c: c.started))
+        if len(active) > pool.target:
+            pool.stop_child(min(old, key=lambda c: c.started))
         else:
             log.info("starting a worker on generation %d to replace one on generation %d",
                      generation, old[0].generation)
-            self._spawn()
+            pool.spawn()
 
-    def _busy(self) -> bool:
-        return self.stopping
-
-    def _tick(self) -> None:
-        pass
-
-    def _stop_accepting(self) -> None:
-        pass
-
-    def _unfinished(self) -> int:
-        return 0
-
-    def _leave_timeout(self) -> float:
-        """Stopped workers finish their request and leave the router: --graceful-timeout."""
-        return self.config.graceful_timeout
-
-    def _ready_line(self) -> str:
-        current = self.watcher.current
-        workers = f"{self.target} worker" + ("s" if self.target != 1 else "")
+    def ready_line(self) -> str:
+        current = self.pool.watcher.current
+        target = self.pool.target
+        workers = f"{target} worker" + ("s" if target != 1 else "")
         return (f"workerpool: {workers} for {self.config.path} ({format_size(current.identity.size)}, "
-                f"model {current.model}) serving through {self.connect}")
+                f"model {current.model}) serving through {self.config.connect}")
+
+
+def _check_keys(keys: security.ClientKeys) -> None:
+    """Read the key files now, so that a bad one stops the host before any worker starts."""
+    probe: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        keys.apply(probe)
+    except security.KeysError as exc:
+        raise StartupError(str(exc)) from exc
+    finally:
+        probe.close(linger=0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from .config import HostConfig, ServeConfig
+from .host import HostRole
+from .serving import ServingRole
 from .supervisor import StartupError, Supervisor
 
 __all__ = ["StartupError", "run_host", "serve"]
@@ -10,11 +12,9 @@ __all__ = ["StartupError", "run_host", "serve"]
 
 def serve(config: ServeConfig) -> int:
     """Run ``workerpool serve`` until it is stopped; raises StartupError when it cannot start."""
-    return Supervisor(config).run()  # type: ignore[arg-type]
+    return Supervisor(config, ServingRole(config)).run()
 
 
 def run_host(config: HostConfig) -> int:
     """Run ``workerpool workers`` until it is stopped; raises StartupError when it cannot start."""
-    from .host import WorkerHost
-
-    return WorkerHost(config, config.connect, config.keys).run()  # type: ignore[arg-type]
+    return Supervisor(config, HostRole(config)).run()

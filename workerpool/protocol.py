@@ -11,7 +11,7 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -69,13 +69,14 @@ class Message:
     def id(self) -> Any:
         return self.header.get("id")
 
-    def payload(self) -> Inputs | None:
+    def payload(self) -> np.ndarray | dict[str, np.ndarray] | None:
         """One unnamed array as itself, named arrays as a dict, nothing as None."""
         if not self.arrays:
             return None
         if len(self.arrays) == 1 and self.names[0] is None:
             return self.arrays[0]
-        return dict(zip(self.names, self.arrays))
+        # Past the lone unnamed array every name is a str: ``unpack_arrays`` refuses other mixes.
+        return dict(zip(cast(list[str], self.names), self.arrays))
 
 
 def encode_header(header: Mapping[str, Any]) -> bytes:

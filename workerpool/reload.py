@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import burnpack, models
+from .models.loaded import LoadedModel
 
 log = logging.getLogger("workerpool.reload")
 
@@ -31,27 +32,6 @@ class Weights:
     identity: burnpack.FileIdentity
     model: str
     signature: dict[str, Any]
-
-
-class LoadedModel:
-    """The model of one generation, with the mapping it runs on."""
-
-    def __init__(self, path: str, spec: str | None, load: str = "mmap", generation: int = 0) -> None:
-        self.pack = burnpack.read(path, mmap=load == "mmap")
-        self.name = models.choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
-        self.model = models.build_model(self.pack.tensors, self.pack.metadata, self.name)
-        self.generation = generation
-
-    def describe(self) -> dict[str, Any]:
-        """What clients and the router learn about the model (``info`` and registration)."""
-        return {
-            "model": self.name,
-            "path": self.pack.path,
-            "size": self.pack.identity.size,
-            "inode": self.pack.identity.inode,
-            "generation": self.generation,
-            **models.signature(self.model),
-        }
 
 
 def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
@@ -72,7 +52,7 @@ class Watcher:
         self.path = path
         name, identity, signature = validate(path, model)
         self.current = Weights(1, identity, name, signature)
-        self.seen = identity
+        self.seen: burnpack.FileIdentity | None = identity
         self.problem: str | None = None
         self.last_reload: dict[str, Any] | None = None
 

@@ -8,356 +8,229 @@ that dies is retried once on another worker (inference is idempotent).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
 from . import models, protocol
-from .transport import NOBLOCK, readable, send_parts, transport_heartbeats
+from .config import HEARTBEAT_SECONDS, LIVENESS_BEATS
+from .intake import Intake, Pending
+from .registry import WorkerRecord
+from .rollout import Rollout
+from .transport import NOBLOCK, receive_batch, send_parts, transport_heartbeats
 
 log = logging.getLogger("workerpool.router")
 
 MAX_ATTEMPTS = 2
-BATCH = 64  # messages taken from one socket per poll: amortises the loop, keeps it fair
+MESSAGE_OVERHEAD = 1 << 20  # room on the backend for a reply's header beside its arrays
 
 
-@dataclass
-class Pending:
-    """A request the router holds: queued, or in flight on one worker."""
+class RouterEvents(Protocol):
+    """What the router's owner hears about workers."""
 
-    client: bytes
-    frames: list[Any]
-    received: float
-    expires: float | None = None
-    attempts: int = 0
+    def worker_ready(self, worker: WorkerRecord) -> None: ...
 
+    def worker_lost(self, worker: WorkerRecord, why: str) -> None: ...
 
-@dataclass
-class WorkerState:
-    identity: bytes
-    pid: int
-    host: str
-    generation: int
-    model: str
-    started: float
-    last_seen: float
-    state: str = "ready"
-    served: int = 0
-    errors: int = 0
-    inflight: Pending | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def public(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "host": self.host,
-            "state": self.state,
-            "generation": self.generation,
-            "served": self.served,
-            "errors": self.errors,
-            "started": self.started,
-        }
+    def reload_failed(self, worker: WorkerRecord, why: str) -> None:
+        """``worker`` could not switch to the newest generation: the file fails there too."""
 
 
 class Router:
-    """Routes client requests to free workers; knows nothing of processes."""
+    """Routes client requests to free workers; knows nothing of processes.
+
+    It tells its owner about workers through ``events``; others read it through
+    ``queue_depth``, ``in_flight``, ``unfinished``, ``workers`` and ``reload_complete()``.
+    """
 
     def __init__(
         self,
         context: zmq.Context,
+        events: RouterEvents,
         *,
         frontend: str,
         backend: str,
         max_queue: int,
         max_message_size: int,
-        heartbeat: float = 1.0,
-        liveness: int = 5,
-        on_ready: Callable[[WorkerState], None] = lambda worker: None,
-        on_lost: Callable[[WorkerState, str], None] = lambda worker, why: None,
-        on_reload_failed: Callable[[WorkerState, str], None] = lambda worker, why: None,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        liveness: int = LIVENESS_BEATS,
         signature: dict[str, Any] | None = None,
         secure: Callable[[zmq.Socket], None] | None = None,
     ) -> None:
-        self.max_queue = max_queue
-        self.max_message_size = max_message_size
         self.signature = signature or {}
         self.heartbeat = heartbeat
         self.liveness = liveness
-        self.on_ready = on_ready
-        self.on_lost = on_lost
-        self.on_reload_failed = on_reload_failed
-        self.target_generation = 0
-        self.reload_order = b""
-        self.reloading: bytes | None = None
-        self.reload_paused = False
-        self.switching = False  # between begin_reload and every worker on the new generation
-        self.generation_floor: dict[bytes, int] = {}  # client -> newest generation that answered it
-        self.accepting = True
-        self.workers: dict[bytes, WorkerState] = {}
-        self.free: deque[bytes] = deque()
-        self.queue: deque[Pending] = deque()
-        self.frontend = context.socket(zmq.ROUTER)
-        self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.events = events
+        self.rollout = Rollout()
+        self._workers: dict[bytes, WorkerRecord] = {}
+        self._free: deque[bytes] = deque()
+        self.frontend = _router_socket(context, secure)
         self.frontend.setsockopt(zmq.MAXMSGSIZE, max_message_size)
-        self.frontend.setsockopt(zmq.LINGER, 0)
-        if secure is not None:
-            secure(self.frontend)
         self.frontend.bind(frontend)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.backend = context.socket(zmq.ROUTER)
-        self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.backend.setsockopt(zmq.LINGER, 0)
+        self.intake = Intake(self.frontend, max_queue=max_queue, max_message_size=max_message_size,
+                             dispatch=self._dispatch)
+        self.queue = self.intake.queue
+        # Worker hosts connect from outside unless the backend is a private ipc socket.
+        outside = not backend.startswith("ipc://")
+        self.backend = _router_socket(context, secure if outside else None)
         transport_heartbeats(self.backend, heartbeat, liveness)
-        if not backend.startswith("ipc://"):  # worker hosts connect from outside
-            self.backend.setsockopt(zmq.MAXMSGSIZE, max_message_size + (1 << 20))
-            if secure is not None:
-                secure(self.backend)
+        if outside:
+            self.backend.setsockopt(zmq.MAXMSGSIZE, max_message_size + MESSAGE_OVERHEAD)
         self.backend.bind(backend)
         self.backend_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
         self._next_beat = time.monotonic() + heartbeat
-        self._next_expiry_scan = 0.0
-
-    @property
-    def busy_count(self) -> int:
-        return sum(1 for worker in self.workers.values() if worker.inflight is not None)
-
-    # Client side.
 
     def on_frontend(self) -> None:
-        """Take the requests waiting on the client socket (a bounded batch per poll)."""
-        for _ in range(BATCH):
-            self._accept(self.frontend.recv_multipart(copy=False))
-            if not readable(self.frontend):
-                return
+        self.intake.on_readable()
 
-    def _accept(self, frames: list[zmq.Frame]) -> None:
-        client = frames[0].bytes
-        if len(frames) < 3 or frames[1].bytes != b"":
-            request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
-            self.reply_error(client, request_id, "bad_request",
-                             "a request is an empty delimiter frame, a JSON header frame, then array frames")
-            return
-        if not self.accepting:
-            self._refuse(client, frames[2], "shutting_down", "the server is shutting down")
-            return
-        size = sum(len(frame) for frame in frames)
-        if size > self.max_message_size:  # libzmq's own limit is per frame
-            self._refuse(client, frames[2], "bad_request",
-                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
-            return
-        pending = Pending(client, frames[2:], time.monotonic())
-        if self._dispatch(pending):
-            return
-        if len(self.queue) >= self.max_queue:
-            self._refuse(client, frames[2], "overloaded",
-                         f"{len(self.queue)} requests already queued (--max-queue {self.max_queue})")
-            return
-        self._enqueue(pending)
+    # The read-only view.
 
-    def _enqueue(self, pending: Pending, *, first: bool = False) -> None:
-        """Queue a request, with its deadline: read from the header only now, off the fast path."""
-        if pending.expires is None:
-            try:
-                budget = protocol.deadline_of(protocol.decode_header(pending.frames[0]))
-            except protocol.ProtocolError:
-                budget = None  # the worker answers the malformed header in full
-            if budget is not None:
-                pending.expires = pending.received + budget
-        if pending.expires is not None and time.monotonic() >= pending.expires:
-            self._expire(pending)
-        elif first:
-            self.queue.appendleft(pending)
-        else:
-            self.queue.append(pending)
+    @property
+    def workers(self) -> list[WorkerRecord]:
+        return list(self._workers.values())
 
-    def _refuse(self, client: bytes, header: Any, code: str, message: str) -> None:
-        self.reply_error(client, protocol.request_id_of(header), code, message)
+    @property
+    def queue_depth(self) -> int:
+        return len(self.queue)
 
-    def reply_error(self, client: bytes, request_id: Any, code: str, message: str) -> None:
-        self._to_client(client, protocol.encode_error(request_id, code, message))
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for worker in self._workers.values() if worker.inflight is not None)
 
-    def _to_client(self, client: bytes, frames: list[Any]) -> None:
-        try:
-            send_parts(self.frontend, [client, b"", *frames], NOBLOCK)
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
-            log.debug("reply to a vanished or stalled client dropped: %s", exc)
+    @property
+    def unfinished(self) -> int:
+        return self.in_flight + len(self.queue)
+
+    def reload_complete(self) -> bool:
+        return self.rollout.complete(self._workers.values())
+
+    def stop_accepting(self) -> None:
+        """From now on new requests are answered ``shutting_down``; held ones still run."""
+        self.intake.accepting = False
 
     # Worker side.
 
     def on_backend(self) -> None:
-        """Take the messages waiting from workers (a bounded batch per poll)."""
-        for _ in range(BATCH):
-            self._from_worker(self.backend.recv_multipart(copy=False))
-            if not readable(self.backend):
-                return
+        receive_batch(self.backend, self._from_worker)
 
     def _from_worker(self, frames: list[zmq.Frame]) -> None:
-        identity, command = frames[0].bytes, frames[1].bytes
-        worker = self.workers.get(identity)
+        address, command = frames[0].bytes, frames[1].bytes
+        worker = self._workers.get(address)
         if worker is not None:
             worker.last_seen = time.monotonic()
         if command == protocol.REPLY and worker is not None and len(frames) >= 4:
-            pending, client = worker.inflight, frames[2].bytes
-            if pending is None or pending.client != client:  # already answered, e.g. shutting down
-                log.debug("late reply from worker %d dropped", worker.pid)
-                return
-            ok = frames[3].bytes == b"ok"
-            worker.served += 1
-            worker.errors += not ok
-            worker.inflight = None
-            if self.switching:
-                self.generation_floor[client] = max(worker.generation, self.generation_floor.get(client, 0))
-            self._to_client(client, frames[4:])
-            self._worker_free(worker)
+            self._reply(worker, frames[2].bytes, frames[3].bytes == b"ok", frames[4:])
         elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
             self._reloaded(worker, frames[2])
         elif command == protocol.READY:
-            self._register(identity, frames[2:])
+            self._register(address, frames[2:])
         elif worker is None:  # a worker registered with a router before this one restarted
-            self._send_raw(identity, [protocol.WHO])
+            self._send_raw(address, [protocol.WHO])
         elif command == protocol.BYE:
-            self.stop_worker(identity)
-        elif command == protocol.HEARTBEAT:
-            pass
-        else:
-            log.warning("unexpected %r message from worker %r ignored", command[:16], identity)
+            self.stop_worker(address)
+        elif command != protocol.HEARTBEAT:
+            log.warning("unexpected %r message from worker %r ignored", command[:16], address)
 
-    def _register(self, identity: bytes, frames: list[zmq.Frame]) -> None:
-        try:  # a worker host on TCP is outside: read its READY as warily as a request
+    def _reply(self, worker: WorkerRecord, client: bytes, ok: bool, frames: list[zmq.Frame]) -> None:
+        pending = worker.inflight
+        if pending is None or pending.client != client:  # already answered, e.g. shutting down
+            log.debug("late reply from worker %d dropped", worker.pid)
+            return
+        worker.served += 1
+        worker.errors += not ok
+        worker.inflight = None
+        self.rollout.answered(client, worker.generation)
+        self.intake.send(client, frames)
+        self._worker_free(worker)
+
+    def _register(self, address: bytes, frames: list[zmq.Frame]) -> None:
+        try:
             info = protocol.decode_header(frames[0])
-            pid, generation = info["pid"], info["generation"]
-            if type(pid) is not int or type(generation) is not int:
-                raise TypeError("pid and generation must be integers")
-            worker = WorkerState(
-                identity=identity,
-                pid=pid,
-                host=str(info["host"]),
-                generation=generation,
-                model=str(info["model"]),
-                started=time.time(),
-                last_seen=time.monotonic(),
-                info=info,
-            )
+            worker = WorkerRecord.from_ready(address, info)
         except (IndexError, KeyError, TypeError, protocol.ProtocolError) as exc:
-            log.warning("malformed READY from %r ignored: %s", identity[:64], exc)
+            log.warning("malformed READY from %r ignored: %s", address[:64], exc)
             return
         reason = models.signature_mismatch(self.signature, info)
         if reason:
             log.warning("refused worker %d on %s: its model does not fit: %s", worker.pid, worker.host, reason)
-            self._send_raw(identity, [protocol.REFUSE, reason.encode()])
+            self._send_raw(address, [protocol.REFUSE, reason.encode()])
             return
-        if identity in self.workers:
-            self.lose(identity, "re-registered")
-        self.workers[identity] = worker
+        if address in self._workers:
+            self.lose(address, "re-registered")
+        self._workers[address] = worker
         log.info("worker %d on %s ready (model %s, generation %d)",
                  worker.pid, worker.host, worker.model, worker.generation)
-        self.on_ready(worker)
+        self.events.worker_ready(worker)
         self._worker_free(worker)
 
-    def _worker_free(self, worker: WorkerState) -> None:
+    def _worker_free(self, worker: WorkerRecord) -> None:
         if worker.state == "stopping":
             self._send(worker, [protocol.STOP])
             return
-        if self._may_reload(worker):
+        if self.rollout.wants(worker):
             self._send_reload(worker)
             return
         worker.state = "ready"
-        self.free.append(worker.identity)
-        if self.switching and self.reload_complete():
-            self.switching = False
-            self.generation_floor.clear()
+        self._free.append(worker.address)
+        self.rollout.settle(self._workers.values())
         self._drain()
 
     # Hot reload: one worker at a time switches generation, between two requests.
 
-    def begin_reload(self, generation: int, identity: list[int]) -> None:
-        """Move every worker to ``generation``: the file with this identity, already validated."""
-        self.target_generation = generation
-        self.reload_order = json.dumps({"generation": generation, "identity": identity}).encode()
-        self.reload_paused = False
-        self.switching = True
-        self._advance_reload()
+    def begin_rollout(self, generation: int, file_identity: list[int]) -> None:
+        """Move every local worker to ``generation``: the file with this identity, validated."""
+        self.rollout.begin(generation, file_identity)
+        self._advance_rollout()
 
-    def _may_reload(self, worker: WorkerState) -> bool:
-        return (
-            worker.generation < self.target_generation
-            and worker.info.get("local", True)  # worker hosts watch their own copy of the file
-            and self.reloading is None
-            and not self.reload_paused
-        )
-
-    def _advance_reload(self) -> None:
-        for identity in list(self.free):
-            worker = self.workers.get(identity)
-            if worker is not None and worker.state == "ready" and self._may_reload(worker):
-                self.free.remove(identity)
+    def _advance_rollout(self) -> None:
+        for address in list(self._free):
+            worker = self._workers.get(address)
+            if worker is not None and worker.state == "ready" and self.rollout.wants(worker):
+                self._free.remove(address)
                 self._send_reload(worker)
                 return
 
-    def _send_reload(self, worker: WorkerState) -> None:
-        if self._send(worker, [protocol.RELOAD, self.reload_order]):
+    def _send_reload(self, worker: WorkerRecord) -> None:
+        if self._send(worker, [protocol.RELOAD, self.rollout.order]):
             worker.state = "reloading"
-            self.reloading = worker.identity
+            self.rollout.started(worker)
 
-    def _reloaded(self, worker: WorkerState, answer: Any) -> None:
-        if worker.identity != self.reloading:
+    def _reloaded(self, worker: WorkerRecord, answer: Any) -> None:
+        if worker.address != self.rollout.switching:
             log.warning("unexpected RELOADED from worker %d ignored", worker.pid)
             return
-        self.reloading = None
-        try:
-            outcome = protocol.decode_header(answer)
-            ok, ordered, generation = outcome["ok"], outcome["ordered"], outcome["generation"]
-            if type(ordered) is not int or type(generation) is not int:
-                raise TypeError("generations must be integers")
-        except (KeyError, TypeError, protocol.ProtocolError):
-            ok, ordered, generation = False, self.target_generation, worker.generation
-            outcome = {"error": "malformed RELOADED"}
-        if ok is True:
-            worker.generation = generation
-            worker.info["generation"] = generation
-        else:
-            log.warning("worker %d could not switch to generation %d: %s", worker.pid, ordered,
-                        outcome.get("error"))
-            if ordered == self.target_generation:
-                # Retrying the same file would fail the same way: wait for the next begin_reload.
-                self.reload_paused = True
-                self.on_reload_failed(worker, str(outcome.get("error")))
+        failure = self.rollout.finished(worker, answer)
+        if failure is not None:
+            self.events.reload_failed(worker, failure)
         worker.state = "ready" if worker.state == "reloading" else worker.state
         self._worker_free(worker)
-        self._advance_reload()
+        self._advance_rollout()
 
-    def reload_complete(self) -> bool:
-        return all(w.generation >= self.target_generation
-                   for w in self.workers.values() if w.info.get("local", True))
+    # Dispatch.
 
     def _drain(self) -> None:
-        while self.free and self.queue:
-            pending = self.queue.popleft()
-            if pending.expires is not None and time.monotonic() >= pending.expires:
-                self._expire(pending)
+        while self._free and self.queue:
+            pending = self.queue.take()
+            if pending.expired(time.monotonic()):
+                self.intake.expire(pending)
             elif not self._dispatch(pending):
-                self.queue.appendleft(pending)
+                self.queue.put(pending, first=True)
                 break
 
     def _dispatch(self, pending: Pending) -> bool:
-        """Hand a request to the least recently used free worker, if there is one.
-
-        While workers switch generation, a client that was answered by the new one is served
-        only by workers at least that new: its replies never go back a generation.
-        """
-        floor = self.generation_floor.get(pending.client, 0) if self.switching else 0
-        for _ in range(len(self.free)):
-            worker = self.workers.get(self.free.popleft())
+        """Hand a request to the least recently used free worker that may answer its client."""
+        floor = self.rollout.floor(pending.client)
+        for _ in range(len(self._free)):
+            worker = self._workers.get(self._free.popleft())
             if worker is None or worker.state != "ready":
                 continue
             if worker.generation < floor:
-                self.free.append(worker.identity)
+                self._free.append(worker.address)
                 continue
             if self._send(worker, [protocol.REQUEST, pending.client, *pending.frames]):
                 worker.state = "busy"
@@ -366,98 +239,93 @@ class Router:
                 return True
         return False
 
-    def _send_raw(self, identity: bytes, frames: list[bytes]) -> None:
+    def _send_raw(self, address: bytes, frames: list[bytes]) -> None:
         try:
-            send_parts(self.backend, [identity, *frames], NOBLOCK)
+            send_parts(self.backend, [address, *frames], NOBLOCK)
         except zmq.ZMQError as exc:
-            log.debug("message to unregistered worker %r dropped: %s", identity, exc)
+            log.debug("message to unregistered worker %r dropped: %s", address, exc)
 
-    def _send(self, worker: WorkerState, frames: list[Any]) -> bool:
+    def _send(self, worker: WorkerRecord, frames: list[Any]) -> bool:
         try:
-            send_parts(self.backend, [worker.identity, *frames], NOBLOCK)
+            send_parts(self.backend, [worker.address, *frames], NOBLOCK)
             return True
         except zmq.ZMQError as exc:
-            self.lose(worker.identity, f"unreachable ({exc})")
+            self.lose(worker.address, f"unreachable ({exc})")
             return False
 
-    def _expire(self, pending: Pending) -> None:
-        waited = time.monotonic() - pending.received
-        self._refuse(pending.client, pending.frames[0], "deadline_exceeded",
-                     f"the deadline passed after {waited * 1000:.0f} ms in the queue")
+    # Losing and stopping workers.
 
-    def lose(self, identity: bytes, why: str) -> None:
+    def lose(self, address: bytes, why: str) -> None:
         """Forget a worker; retry its request once elsewhere, else answer ``worker_failed``."""
-        worker = self.workers.pop(identity, None)
+        worker = self._workers.pop(address, None)
         if worker is None:
             return
-        try:
-            self.free.remove(identity)
-        except ValueError:
-            pass
-        if self.reloading == identity:
-            self.reloading = None
+        if address in self._free:
+            self._free.remove(address)
+        self.rollout.forget(address)
         pending, worker.inflight = worker.inflight, None
-        if pending is not None:
-            if pending.attempts < MAX_ATTEMPTS:
-                log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
-                self._enqueue(pending, first=True)
-            else:
-                log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
-                self._refuse(pending.client, pending.frames[0], "worker_failed",
-                             f"worker {worker.pid} failed while running the request, twice")
-        else:
+        if pending is None:
             log.info("worker %d lost (%s)", worker.pid, why)
-        self.on_lost(worker, why)
-        self._advance_reload()
+        elif pending.attempts < MAX_ATTEMPTS:
+            log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
+            self.intake.enqueue(pending, first=True)
+        else:
+            log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
+            self.intake.fail(pending, "worker_failed",
+                             f"worker {worker.pid} failed while running the request, twice")
+        self.events.worker_lost(worker, why)
+        self._advance_rollout()
 
     def worker_exited(self, pid: int, why: str) -> None:
-        for identity, worker in list(self.workers.items()):
-            if worker.pid == pid and worker.info.get("local", True):
-                self.lose(identity, why)
+        """A local worker process exited (its supervisor reaped it)."""
+        for address, worker in list(self._workers.items()):
+            if worker.pid == pid and worker.local:
+                self.lose(address, why)
         self._drain()
 
-    def stop_worker(self, identity: bytes) -> None:
+    def stop_worker(self, address: bytes) -> None:
         """Ask a worker to exit once its current request is done."""
-        worker = self.workers[identity]
+        worker = self._workers[address]
         worker.state = "stopping"
-        if identity in self.free:
-            self.free.remove(identity)
-        if worker.inflight is None and self.reloading != identity:
+        if address in self._free:
+            self._free.remove(address)
+        if worker.inflight is None and self.rollout.switching != address:
             self._worker_free(worker)
 
     # Time-driven duties.
 
     def tick(self) -> None:
+        self.intake.expire_due()
         now = time.monotonic()
-        if self.queue and now >= self._next_expiry_scan:
-            self._next_expiry_scan = now + 0.01
-            if any(p.expires is not None and now >= p.expires for p in self.queue):
-                keep: deque[Pending] = deque()
-                for pending in self.queue:
-                    if pending.expires is not None and now >= pending.expires:
-                        self._expire(pending)
-                    else:
-                        keep.append(pending)
-                self.queue = keep
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat
-            deadline = self.heartbeat * self.liveness
-            for identity, worker in list(self.workers.items()):
-                # A busy worker runs the model instead of beating; libzmq's transport heartbeats
-                # still close its connection if it dies or freezes, and then this send fails.
-                if worker.inflight is None and worker.state != "reloading" \
-                        and now - worker.last_seen > deadline:
-                    self.lose(identity, f"no heartbeat for {now - worker.last_seen:.1f}s")
-                else:
-                    self._send(worker, [protocol.HEARTBEAT])
+            self._beat(now)
             self._drain()
+
+    def _beat(self, now: float) -> None:
+        deadline = self.heartbeat * self.liveness
+        for address, worker in list(self._workers.items()):
+            # A busy worker runs the model instead of beating; libzmq's transport heartbeats
+            # still close its connection if it dies or freezes, and then this send fails.
+            if worker.inflight is None and worker.state != "reloading" \
+                    and now - worker.last_seen > deadline:
+                self.lose(address, f"no heartbeat for {now - worker.last_seen:.1f}s")
+            else:
+                self._send(worker, [protocol.HEARTBEAT])
 
     def fail_all(self, code: str, message: str) -> None:
         """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
-        while self.queue:
-            pending = self.queue.popleft()
-            self._refuse(pending.client, pending.frames[0], code, message)
-        for worker in self.workers.values():
+        self.intake.fail_queued(code, message)
+        for worker in self._workers.values():
             if worker.inflight is not None:
-                self._refuse(worker.inflight.client, worker.inflight.frames[0], code, message)
+                self.intake.fail(worker.inflight, code, message)
                 worker.inflight = None
+
+
+def _router_socket(context: zmq.Context, secure: Callable[[zmq.Socket], None] | None) -> zmq.Socket:
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    if secure is not None:
+        secure(sock)
+    return sock

@@ -7,7 +7,6 @@ heartbeats, so a busy worker is never mistaken for a dead one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -22,15 +21,14 @@ import zmq
 
 from . import burnpack, models, protocol, security
 from .logs import setup_logging
-from .reload import LoadedModel
+from .models.loaded import LoadedModel
 from .transport import NOBLOCK, send_parts, transport_heartbeats
+from .worker_spec import EXIT_FILE_CHANGED, EXIT_LOAD_FAILED, EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("workerpool.worker")
 
-EXIT_LOAD_FAILED = 3
-EXIT_FILE_CHANGED = 4
-EXIT_REFUSED = 5
-
+MS_PER_SECOND = 1000
+POLLS_PER_HEARTBEAT = 4
 
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
     """Run one request; every failure becomes an error reply, never an exception."""
@@ -62,8 +60,10 @@ def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, li
 
 
 class Worker:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    """One worker's life: load, connect, register, serve requests and reloads, leave."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
         self.parent = os.getppid()
         self.identity = f"{socket.gethostname()}/{os.getpid()}".encode()
         self.stopping = False
@@ -71,24 +71,24 @@ class Worker:
         self.router_missing = False
 
     def run(self) -> int:
-        args = self.args
-        self.loaded = LoadedModel(args.path, args.model, args.load, args.generation)
-        if args.expect and self.loaded.pack.identity.as_list() != args.expect:
+        spec = self.spec
+        self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation)
+        if spec.expect and self.loaded.pack.identity.as_list() != spec.expect:
             log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
-                        os.getpid(), args.path)
+                        os.getpid(), spec.path)
             return EXIT_FILE_CHANGED
-        log.debug("mapped %s and built model %s", args.path, self.loaded.name)
-        if args.ready_fd is not None:  # tell a worker host's supervisor: loaded, now connecting
-            os.write(args.ready_fd, b"ready")
-            os.close(args.ready_fd)
+        log.debug("mapped %s and built model %s", spec.path, self.loaded.name)
+        if spec.ready_fd is not None:  # tell a worker host's supervisor: loaded, now connecting
+            os.write(spec.ready_fd, b"ready")
+            os.close(spec.ready_fd)
         context = zmq.Context()
         router = context.socket(zmq.DEALER)
         router.setsockopt(zmq.IDENTITY, self.identity)
         router.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues up for a router that is not there
-        transport_heartbeats(router, args.heartbeat, args.liveness)
-        if args.curve_key:
-            security.ClientKeys(args.curve_key, args.curve_server_key).apply(router)
-        router.connect(args.backend)
+        transport_heartbeats(router, spec.heartbeat, spec.liveness)
+        if spec.curve_key and spec.curve_server_key:
+            security.ClientKeys(spec.curve_key, spec.curve_server_key).apply(router)
+        router.connect(spec.backend)
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
@@ -101,21 +101,21 @@ class Worker:
 
     def _register(self, router: zmq.Socket) -> bool:
         """Say READY (with what this worker serves); False while no router is connected."""
-        ready = {"pid": os.getpid(), "host": socket.gethostname(), "local": not self.args.remote,
+        ready = {"pid": os.getpid(), "host": socket.gethostname(), "local": not self.spec.remote,
                  **self.loaded.describe()}
         return _send_now(router, [protocol.READY, json.dumps(ready).encode()])
 
     def _loop(self, router: zmq.Socket, wakeup: int) -> int:
-        interval = self.args.heartbeat
+        interval = self.spec.heartbeat
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(wakeup, zmq.POLLIN)
-        patience = interval * self.args.liveness
+        patience = interval * self.spec.liveness
         router_seen = last_beat = time.monotonic()
         leave_by: float | None = None
         registered = self._register(router)
         while True:
-            events = dict(poller.poll(interval * 1000 / 4))
+            events = dict(poller.poll(int(interval * MS_PER_SECOND / POLLS_PER_HEARTBEAT)))
             now = time.monotonic()
             if events.get(router):
                 router_seen = now
@@ -144,16 +144,16 @@ class Worker:
                 log.warning("worker %d: supervisor is gone, exiting", os.getpid())
                 return 1
             if now - router_seen > patience:
-                if not self.args.remote:
+                if not self.spec.remote:
                     log.warning("worker %d: no heartbeat from the router for %.1fs, exiting",
                                 os.getpid(), now - router_seen)
                     return 1
                 if not self.router_missing:
                     log.warning("worker %d: no heartbeat from the router at %s for %.1fs; waiting for it",
-                                os.getpid(), self.args.backend, now - router_seen)
+                                os.getpid(), self.spec.backend, now - router_seen)
                 self.router_missing = True
             elif self.router_missing:
-                log.info("worker %d: the router at %s is back", os.getpid(), self.args.backend)
+                log.info("worker %d: the router at %s is back", os.getpid(), self.spec.backend)
                 self.router_missing = False
 
     def _on_router(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
@@ -187,11 +187,11 @@ class Worker:
         generation, expected = int(wanted["generation"]), list(wanted["identity"])
         refusal = {"ok": False, "ordered": generation, "generation": self.loaded.generation}
         try:
-            loaded = LoadedModel(self.args.path, self.args.model, self.args.load, generation)
+            loaded = LoadedModel(self.spec.path, self.spec.model, self.spec.load, generation)
         except (burnpack.BurnpackError, models.ModelError) as exc:
             return {**refusal, "error": str(exc)}
         if loaded.pack.identity.as_list() != expected:
-            return {**refusal, "error": f"{self.args.path} changed again before this worker mapped it"}
+            return {**refusal, "error": f"{self.spec.path} changed again before this worker mapped it"}
         self.loaded = loaded
         log.info("worker %d: serving generation %d", os.getpid(), generation)
         return {"ok": True, "ordered": generation, "generation": generation}
@@ -211,33 +211,12 @@ def _send_now(sock: zmq.Socket, frames: list[Any]) -> bool:
         return False
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="workerpool-worker")
-    parser.add_argument("path")
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--load", choices=("mmap", "copy"), default="mmap")
-    parser.add_argument("--generation", type=int, default=1)
-    parser.add_argument("--expect", type=json.loads, default=None,
-                        help="the file identity the supervisor validated, as a JSON list")
-    parser.add_argument("--heartbeat", type=float, default=1.0)
-    parser.add_argument("--liveness", type=int, default=5)
-    parser.add_argument("--log-level", default="info")
-    parser.add_argument("--remote", action="store_true",
-                        help="the router is on another host: wait for it instead of exiting")
-    parser.add_argument("--ready-fd", type=int, default=None,
-                        help="write to this inherited pipe once the model is built")
-    parser.add_argument("--curve-key", default=None, help="this host's secret key file")
-    parser.add_argument("--curve-server-key", default=None, help="the router's public key file")
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides how to stop
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    setup_logging(args.log_level)
+    spec = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    setup_logging(spec.log_level)
     try:
-        return Worker(args).run()
+        return Worker(spec).run()
     except (burnpack.BurnpackError, models.ModelError, security.KeysError) as exc:
         log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
         return EXIT_LOAD_FAILED

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 
 from .config import DEFAULT_LOAD, DEFAULT_LOG_LEVEL, HEARTBEAT_SECONDS, LIVENESS_BEATS, LOAD_MODES
 
+# Exit codes by which a worker tells its supervisor why it stopped.
+EXIT_LOAD_FAILED = 3  # the file or the model is unusable
+EXIT_FILE_CHANGED = 4  # the file was replaced while the worker started: validate the new one
+EXIT_REFUSED = 5  # the router refused the worker: its model does not fit
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerSpec:

@@ -142,7 +142,8 @@ def _payload(path: str, entry: _Planned) -> memoryview:
             f"declared {entry.nbytes} bytes of shape {list(entry.shape)}"
         )
     # Flatten first: memoryview.cast refuses shapes with a zero dimension such as (3, 0).
-    return memoryview(array.reshape(-1).view(np.uint8))
+    # ``.data`` is memoryview(array), typed as one: numpy declares the buffer protocol for 3.12+.
+    return array.reshape(-1).view(np.uint8).data
 
 
 def _encode_metadata(
@@ -202,7 +203,7 @@ def _encode_float(encoder: cbor2.CBOREncoder, value: float) -> None:
     # included: -NaN (what x86 arithmetic produces) is f9 fe 00. cbor2's canonical mode writes
     # every NaN as f9 7e 00, so compare bits here instead.
     bits = struct.pack(">d", value)
-    widths = ((b"\xf9", ">e"), (b"\xfa", ">f"))
+    widths: tuple[tuple[bytes, str], ...] = ((b"\xf9", ">e"), (b"\xfa", ">f"))
     if math.isnan(value):
         # struct drops a NaN's payload in f16; the `half` crate keeps its sign and top 10 bits.
         raw = int.from_bytes(bits, "big")

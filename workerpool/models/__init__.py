@@ -27,7 +27,10 @@ from .mnist import BurnMnist
 
 Factory = Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Callable[..., Any]]
 
-BUILTIN_MODELS: Mapping[str, Factory] = MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist})
+# Typed as making a Model, not any callable, so recognition can read its declared tensor names.
+BUILTIN_MODELS: Mapping[str, Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Model]] = (
+    MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist})
+)
 
 __all__ = [
     "BUILTIN_MODELS",

@@ -1,0 +1,99 @@
+"""The supervisor's control socket: a local ROUTER that answers ``status``, ``reload``, ``check``.
+
+The endpoint is claimed first (a socket file left by a dead server is removed; a live one is never
+taken over), bound for this user only (0600), and unlinked at exit. Each command has its own
+handler; a handler answers at once, or returns None and answers later through :meth:`reply`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from typing import Any
+
+import zmq
+
+from . import control, runtime
+from .loop import Loop
+from .supervisor import StartupError
+
+log = logging.getLogger("workerpool.control")
+
+Handler = Callable[[bytes, dict[str, Any]], dict[str, Any] | None]
+CLAIM_TIMEOUT = 2.0
+OWNER_ONLY_UMASK = 0o177  # sockets created while it is set are rw for this user only
+
+
+class ControlServer:
+    """Binds the control endpoint and dispatches each command to its handler."""
+
+    def __init__(self, context: zmq.Context, endpoint: str, handlers: Mapping[str, Handler]) -> None:
+        if not runtime.is_local(endpoint):
+            raise StartupError(f"the control endpoint {endpoint} must be ipc:// or loopback: it is "
+                               "not authenticated")
+        self.endpoint = endpoint
+        self.handlers = dict(handlers)
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+
+    def claim(self) -> None:
+        """Remove a socket file left by a server that died; refuse one a live server answers on."""
+        path = runtime.ipc_path(self.endpoint)
+        if path is None or not os.path.exists(path):
+            return
+        try:
+            control.call(self.endpoint, "status", timeout=CLAIM_TIMEOUT, memory=False)
+        except control.ControlError:
+            os.unlink(path)
+            return
+        raise StartupError(f"another workerpool server answers on control endpoint {self.endpoint}; "
+                           "stop it or pass --control")
+
+    def bind(self, loop: Loop, cleanup: ExitStack) -> None:
+        """Bind the endpoint (claimed first) and read it from ``loop``; unlink it at exit."""
+        old_umask = os.umask(OWNER_ONLY_UMASK)
+        try:
+            self.socket.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            raise StartupError(f"cannot bind control endpoint {self.endpoint}: {exc}") from exc
+        finally:
+            os.umask(old_umask)
+        path = runtime.ipc_path(self.endpoint)
+        if path is not None:
+            cleanup.callback(_unlink_if_present, path)
+        loop.read(self.socket, self._on_readable)
+
+    def reply(self, client: bytes, answer: dict[str, Any]) -> None:
+        try:
+            self.socket.send_multipart([client, b"", json.dumps(answer).encode()])
+        except zmq.ZMQError as exc:
+            log.debug("control reply dropped: %s", exc)
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            answer = self._answer(frames)
+            if answer is not None:
+                self.reply(frames[0], answer)
+
+    def _answer(self, frames: list[bytes]) -> dict[str, Any] | None:
+        try:
+            request = json.loads(frames[-1])
+            command = request["command"]
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+            return {"error": "malformed control request"}
+        handler = self.handlers.get(command) if isinstance(command, str) else None
+        if handler is None:
+            return {"error": f"unknown control command {command!r}"}
+        return handler(frames[0], request)
+
+
+def _unlink_if_present(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)

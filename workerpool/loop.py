@@ -1,0 +1,60 @@
+"""The supervisor's event loop: one poll over sockets and file descriptors, plus duties.
+
+Everything a pool reacts to (a request, a worker's message, a dead child's pidfd, a signal
+through the wakeup pipe, a control command) is a readable source with a handler, so events are
+handled one at a time, in order, without locks. Time-driven work (deadlines, heartbeats,
+watching the weight file) runs as duties between polls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+DUTY_INTERVAL = 0.01  # seconds between runs of the duties while anything is urgent
+MS_PER_SECOND = 1000
+
+
+class Loop:
+    """Dispatches readable sources to their handlers and runs duties at most every
+    ``DUTY_INTERVAL``; sleeps up to ``idle_timeout`` seconds when nothing is urgent."""
+
+    def __init__(self, idle_timeout: float) -> None:
+        self.idle_timeout = idle_timeout
+        self._poller = zmq.Poller()
+        self._readers: dict[Any, Callable[[], None]] = {}
+        self._duties: list[Callable[[], None]] = []
+        self._urgent: list[Callable[[], bool]] = []
+        self._next_duties = 0.0
+
+    def read(self, source: Any, handler: Callable[[], None]) -> None:
+        """Call ``handler`` whenever ``source`` (a socket or a file descriptor) is readable."""
+        self._readers[source] = handler
+        self._poller.register(source, zmq.POLLIN)
+
+    def forget(self, source: Any) -> None:
+        if self._readers.pop(source, None) is not None:
+            self._poller.unregister(source)
+
+    def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None) -> None:
+        """Run ``duty`` between polls; while ``urgent()`` is true, poll at the duty interval."""
+        self._duties.append(duty)
+        if urgent is not None:
+            self._urgent.append(urgent)
+
+    def turn(self) -> None:
+        """Wait for events, handle them, then run the duties if they are due."""
+        urgent = any(check() for check in self._urgent)
+        timeout = 2 * DUTY_INTERVAL if urgent else self.idle_timeout
+        for source, _ in self._poller.poll(int(timeout * MS_PER_SECOND)):
+            handler = self._readers.get(source)
+            if handler is not None:
+                handler()
+        now = time.monotonic()
+        if now >= self._next_duties:
+            self._next_duties = now + DUTY_INTERVAL
+            for duty in self._duties:
+                duty()

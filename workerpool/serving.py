@@ -1,0 +1,253 @@
+"""The ``serve`` role: the router, its control socket and what they report.
+
+Composed with a :class:`~workerpool.supervisor.Supervisor`, it binds the client and worker
+endpoints, starts workers that connect to the router's backend, moves them to new weights
+through the router's rolling reload, and answers ``status``, ``reload`` and ``check``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import zmq
+
+from . import metrics, models, reload, runtime, security
+from .config import ServeConfig
+from .control_server import ControlServer
+from .launcher import SERVE_READY_PREFIX
+from .process import Child
+from .registry import WorkerRecord
+from .router import Router
+from .status import Status, worker_rows
+from .supervisor import StartupError, Supervisor
+from .units import format_size
+from .worker_spec import WorkerSpec
+
+log = logging.getLogger("workerpool.supervisor")
+
+MiB = 1 << 20
+BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
+UNDECLARED_MESSAGE_SIZE = 64 * MiB
+
+
+class ServingRole:
+    """The local router with its control socket, for ``workerpool serve``."""
+
+    leave_timeout = 5.0  # workers of a local router leave at once: nothing else holds them
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.requests: Router | None = None
+        self.switch_failure: str | None = None  # why a worker could not switch to the newest weights
+        self.reload_waiters: list[tuple[bytes, int, float]] = []
+        self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
+        self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
+
+    @property
+    def router(self) -> Router:
+        assert self.requests is not None, "the router is bound in open()"
+        return self.requests
+
+    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+        self.pool = pool
+        config = self.config
+        context = zmq.Context()
+        cleanup.callback(context.destroy, linger=0)
+        cleanup.callback(self._memory_reader.shutdown, wait=True, cancel_futures=True)
+        try:
+            private_dir = tempfile.mkdtemp(prefix="pool-", dir=runtime.runtime_dir())
+            cleanup.callback(shutil.rmtree, private_dir, ignore_errors=True)
+            control_endpoint = config.control or runtime.default_control_endpoint()
+        except OSError as exc:
+            raise StartupError(f"cannot create the runtime directory: {exc}") from exc
+        self.control_server = ControlServer(context, control_endpoint, {
+            "status": self._status_command, "reload": self._reload_command, "check": self._check_command,
+        })
+        self.control_server.claim()
+        secure = self._secure(context, cleanup)
+        backend = config.backend or f"ipc://{os.path.join(private_dir, 'backend.sock')}"
+        current = pool.watcher.current
+        try:
+            self.requests = Router(
+                context, self, frontend=config.bind, backend=backend, max_queue=config.max_queue,
+                max_message_size=config.max_message_size or default_max_message_size(current.signature),
+                heartbeat=config.heartbeat, liveness=config.liveness,
+                signature=current.signature, secure=secure,
+            )
+        except zmq.ZMQError as exc:
+            raise StartupError(f"cannot bind {config.bind} and {backend}: {exc}") from exc
+        self.control_server.bind(pool.loop, cleanup)
+        pool.loop.read(self.router.frontend, self.router.on_frontend)
+        pool.loop.read(self.router.backend, self.router.on_backend)
+        pool.loop.every_tick(self._duties, urgent=lambda: bool(self.router.queue or self.status_waiters))
+
+    def _secure(self, context: zmq.Context, cleanup: ExitStack) -> Any:
+        """Start CURVE when keys are given; warn about endpoints open to the network without."""
+        keys = self.config.server_keys
+        if keys is not None:
+            try:
+                authenticator = keys.start(context)
+            except security.KeysError as exc:
+                raise StartupError(str(exc)) from exc
+            cleanup.callback(authenticator.stop)
+            return keys.apply
+        for endpoint in (self.config.bind, self.config.backend):
+            if endpoint and not runtime.is_local(endpoint):
+                log.warning("%s is open to the network without CURVE keys: anyone who can reach it "
+                            "can use it (see --curve-server-key)", endpoint)
+        return None
+
+    def _duties(self) -> None:
+        self.router.tick()
+        self._answer_reload_waiters()
+        self._answer_status_waiters()
+
+    # The supervisor's side.
+
+    def start_worker(self, spec: WorkerSpec) -> Child:
+        return Child.spawn(replace(spec, backend=self.router.backend_endpoint))
+
+    def child_exited(self, child: Child, why: str) -> None:
+        self.router.worker_exited(child.pid, why)
+
+    def roll_out(self) -> None:
+        self.switch_failure = None
+        current = self.pool.watcher.current
+        self.router.begin_rollout(current.generation, current.identity.as_list())
+
+    def ready_line(self) -> str:
+        current = self.pool.watcher.current
+        return (f"{SERVE_READY_PREFIX}{self.config.path} ({format_size(current.identity.size)}, "
+                f"model {current.model}) with {self.pool.target} workers on {self.router.endpoint}")
+
+    # The router's side.
+
+    def _local_child(self, worker: WorkerRecord) -> Child | None:
+        """The process behind a registered worker, if it is ours (a worker host's pids may collide)."""
+        return self.pool.children.get(worker.pid) if worker.local else None
+
+    def worker_ready(self, worker: WorkerRecord) -> None:
+        child = self._local_child(worker)
+        if child is not None:
+            self.pool.child_ready(child)
+
+    def worker_lost(self, worker: WorkerRecord, why: str) -> None:
+        child = self._local_child(worker)
+        if child is not None and child.popen.poll() is None:
+            log.warning("killing worker %d: %s", worker.pid, why)
+            child.kill()
+
+    def reload_failed(self, worker: WorkerRecord, why: str) -> None:
+        self.switch_failure = (f"worker {worker.pid} could not switch to generation "
+                               f"{self.pool.watcher.current.generation}: {why}")
+
+    # Control commands.
+
+    def _status_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
+        if not request.get("memory", True):
+            return dict(self.status())
+        # Reading every worker's smaps takes tens of milliseconds: do it beside the loop,
+        # which keeps routing meanwhile, and answer when it is done.
+        memory = self._memory_reader.submit(metrics.pool_memory, list(self.pool.children), self.config.path)
+        self.status_waiters.append((client, memory))
+        return None
+
+    def _reload_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
+        if self.pool.stopping:
+            return {"error": "the server is shutting down"}
+        outcome = self.pool.check_weights("reload")
+        watcher = self.pool.watcher
+        if outcome == "unchanged" and self.router.reload_complete():
+            return {"result": "unchanged", "generation": watcher.current.generation}
+        if outcome == "refused":
+            return {"error": watcher.problem}
+        self.reload_waiters.append((client, watcher.current.generation,
+                                    time.monotonic() + self.config.reload_timeout))
+        return None
+
+    def _check_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any]:
+        current = self.pool.watcher.current
+        try:
+            name, _, signature = reload.validate(str(request.get("path")), current.model)
+        except reload.WeightsRefused as exc:
+            return {"error": str(exc)}
+        mismatch = models.signature_mismatch(current.signature, signature)
+        if mismatch:
+            return {"error": f"model {name} does not fit the served one: {mismatch}"}
+        return {"result": "ok", "model": name}
+
+    def _answer_reload_waiters(self) -> None:
+        """Answer ``workerpool reload`` once every worker serves its generation, or time is up."""
+        if not self.reload_waiters:
+            return
+        now = time.monotonic()
+        starting = any(not child.ready for child in self.pool.children.values())
+        done = not starting and self.router.reload_complete() and bool(self.router.workers)
+        current = self.pool.watcher.current.generation
+        waiting = []
+        for client, generation, deadline in self.reload_waiters:
+            if done and current >= generation:
+                self.control_server.reply(client, {"result": "reloaded", "generation": current})
+            elif self.switch_failure is not None and current == generation:
+                self.control_server.reply(client, {"error": self.switch_failure})
+            elif now >= deadline:
+                behind = [w.pid for w in self.router.workers if w.generation < generation]
+                self.control_server.reply(client, {
+                    "error": f"not every worker reached generation {generation} within "
+                    f"{self.config.reload_timeout:g}s (still behind: {behind or 'workers starting'})"
+                })
+            else:
+                waiting.append((client, generation, deadline))
+        self.reload_waiters = waiting
+
+    def _answer_status_waiters(self) -> None:
+        waiting = []
+        for client, memory in self.status_waiters:
+            if memory.done():
+                self.control_server.reply(client, dict(self.status(memory.result())))
+            else:
+                waiting.append((client, memory))
+        self.status_waiters = waiting
+
+    def status(self, memory: metrics.PoolMemory | None = None) -> Status:
+        """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
+        current, router = self.pool.watcher.current, self.router
+        return {
+            "supervisor_pid": os.getpid(),
+            "endpoint": router.endpoint,
+            "model": {
+                "name": current.model,
+                "path": self.config.path,
+                "size": current.identity.size,
+                "inode": current.identity.inode,
+                "generation": current.generation,
+                "load": self.config.load,
+                "watch_interval": self.config.watch_interval,
+                "last_reload": self.pool.watcher.last_reload,
+            },
+            "queue": {"depth": router.queue_depth, "max": self.config.max_queue,
+                      "in_flight": router.in_flight},
+            "workers": worker_rows(self.pool.children.values(), router.workers, current.generation,
+                                   memory.workers if memory else None),
+            "totals": memory.totals if memory else None,
+        }
+
+
+def default_max_message_size(signature: dict[str, Any]) -> int:
+    """Room for a batch of 4096 inputs of the model's declared shape (at least 1 MiB); 64 MiB
+    when the model declares none."""
+    shape, dtype = signature.get("input_shape"), signature.get("input_dtype")
+    if not shape or dtype is None or any(d is None for d in shape[1:]):
+        return UNDECLARED_MESSAGE_SIZE
+    sample = math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    return max(MiB, BATCH_ROOM * sample + 64 * 1024)

@@ -1,0 +1,88 @@
+"""The status document: what ``workerpool status --json`` prints and tests and scripts read."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any, TypedDict
+
+from .process import Child
+from .registry import WorkerRecord
+
+
+class MemoryFigures(TypedDict, total=False):
+    """Bytes; see ``workerpool.metrics.MEMORY_FIELDS``."""
+
+    rss: int
+    uss: int
+    pss: int
+    shared: int
+    anon: int
+    pte: int
+    swap: int
+    weights_resident: int
+
+
+class WorkerStatus(TypedDict):
+    pid: int
+    host: str
+    state: str  # starting, ready, busy, reloading or stopping
+    generation: int
+    served: int
+    errors: int
+    started: float  # Unix time
+    memory: MemoryFigures | None  # None: not read (remote, or status without memory)
+
+
+class ModelStatus(TypedDict):
+    name: str
+    path: str
+    size: int
+    inode: int
+    generation: int
+    load: str
+    watch_interval: float | None
+    last_reload: dict[str, Any] | None
+
+
+class QueueStatus(TypedDict):
+    depth: int
+    max: int
+    in_flight: int
+
+
+class Status(TypedDict):
+    supervisor_pid: int
+    endpoint: str
+    model: ModelStatus
+    queue: QueueStatus
+    workers: list[WorkerStatus]
+    totals: dict[str, int | None] | None  # pss, model_size, workers; see metrics.TOTAL_FIELDS
+
+
+def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord], generation: int,
+                memory: dict[int, Any] | None) -> list[WorkerStatus]:
+    """One row per local child (registered or still starting), then the remote workers."""
+    local = {w.pid: w for w in registered if w.local}
+    remote = [w for w in registered if not w.local]
+    rows: list[WorkerStatus] = []
+    for child in children:
+        worker = local.pop(child.pid, None)
+        if worker is not None:
+            row = _row(worker, memory.get(child.pid) if memory else None)
+            if child.stopping:
+                row["state"] = "stopping"
+        else:
+            row = {"pid": child.pid, "host": os.uname().nodename, "generation": generation,
+                   "served": 0, "errors": 0, "started": child.started,
+                   "state": "stopping" if child.stopping else "starting",
+                   "memory": memory.get(child.pid) if memory else None}
+        rows.append(row)
+    rows.extend(_row(worker, None) for worker in [*local.values(), *remote])
+    return sorted(rows, key=lambda row: row["pid"])
+
+
+def _row(worker: WorkerRecord, memory: MemoryFigures | None) -> WorkerStatus:
+    return {"pid": worker.pid, "host": worker.host, "state": worker.state,
+            "generation": worker.generation, "served": worker.served, "errors": worker.errors,
+            "started": worker.started, "memory": memory}
