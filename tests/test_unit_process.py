@@ -1,4 +1,4 @@
-"""Supervision pieces in-process: back-off, the worker contract, exit descriptions."""
+"""Supervision pieces in-process: back-off, the worker contract, exit descriptions, ready lines."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from workerpool.process import Backoff, describe_exit
+from workerpool.ready_line import Ready, parse_ready_line, serve_line, workers_line
 from workerpool.worker_spec import WorkerSpec
 
 
@@ -38,3 +39,17 @@ def test_exits_are_described_for_logs():
     assert describe_exit(3) == "exited with code 3"
     assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
     assert describe_exit(-200) == "was killed by signal 200"
+
+
+def test_worker_spec_refuses_half_a_key_pair():
+    with pytest.raises(SystemExit):
+        WorkerSpec.from_argv(["/m.bpk", "--backend", "tcp://h:1", "--curve-key", "/k/me.key_secret"])
+
+
+@pytest.mark.parametrize("workers", [1, 8])
+def test_ready_lines_read_back_as_written(workers):
+    serve = parse_ready_line(serve_line("/w/m v2.bpk", "1.0 MiB", "mlp", workers, "tcp://127.0.0.1:5555"))
+    assert serve == Ready("/w/m v2.bpk", "1.0 MiB", "mlp", workers, "tcp://127.0.0.1:5555")
+    host = parse_ready_line(workers_line("m.bpk", "2.0 GiB", "bert", workers, "tcp://router:5556"))
+    assert host == Ready("m.bpk", "2.0 GiB", "bert", workers, "tcp://router:5556")
+    assert parse_ready_line("workerpool: error: no such file") is None

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar, cast
 
 import zmq
 
@@ -283,7 +283,7 @@ def _save(path: str, outputs: Outputs) -> None:
     import numpy as np
 
     if isinstance(outputs, dict):
-        np.savez(path, allow_pickle=True, **outputs)  # allow_pickle named: **outputs holds only arrays
+        np.savez(path, **cast(dict[str, Any], outputs))  # Any: numpy's stub types **kwds as allow_pickle
     else:
         np.save(path, np.asanyarray(outputs))
 

@@ -33,6 +33,7 @@ from .errors import (
 )
 from .protocol import Inputs, Message, ProtocolError
 from .security import ClientKeys
+from .units import MS_PER_SECOND
 
 DEFAULT_ENDPOINT = DEFAULT_BIND
 
@@ -194,7 +195,7 @@ class Calls:
                     DeadlineExceeded("the deadline passed before the request could be retried"),
                 )
                 return
-            deadline_ms = (call.deadline_at - now) * 1000
+            deadline_ms = (call.deadline_at - now) * MS_PER_SECOND
         call.id = next(self._ids)
         try:
             frames = protocol.encode_request(
@@ -283,7 +284,7 @@ class BaseClient(Generic[SocketT]):
         if delay <= 0:
             self._reset()
             return None
-        return max(1, math.ceil(delay * 1000))
+        return max(1, math.ceil(delay * MS_PER_SECOND))
 
     def _reset(self) -> None:
         self._open().close(linger=0)

@@ -8,8 +8,10 @@ uplink to a remote router. The command line takes its defaults from here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from . import security
+if TYPE_CHECKING:  # only for annotations: loading a model must not import ZeroMQ
+    from . import security
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DEFAULT_LOAD = "mmap"
@@ -17,6 +19,8 @@ LOAD_MODES = ("mmap", "copy")
 DEFAULT_LOG_LEVEL = "info"
 HEARTBEAT_SECONDS = 1.0
 LIVENESS_BEATS = 5  # heartbeats missed before a peer counts as gone
+POLLS_PER_HEARTBEAT = 4  # an idle loop wakes this often per heartbeat interval
+STOP_TIMEOUT_SECONDS = 5.0  # a local worker told to stop gets this long before it is killed
 MAX_QUEUE = 1024
 GRACEFUL_TIMEOUT_SECONDS = 30.0
 WATCH_INTERVAL_SECONDS = 0.5

@@ -7,6 +7,8 @@ from typing import Any
 
 import zmq
 
+from .units import MS_PER_SECOND
+
 
 class ControlError(Exception):
     """No supervisor answered, or it answered with an error."""
@@ -21,7 +23,7 @@ def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any)
         sock.connect(endpoint)
         sock.send_multipart([b"", json.dumps({"command": command, **arguments}).encode()])
         # poll takes whole milliseconds; pyzmq truncated a float and waited forever when negative.
-        if not sock.poll(None if timeout < 0 else int(timeout * 1000)):
+        if not sock.poll(None if timeout < 0 else int(timeout * MS_PER_SECOND)):
             raise ControlError(f"no workerpool server answers at {endpoint} (waited {timeout:g}s)")
         frames = sock.recv_multipart()
     finally:

@@ -53,7 +53,7 @@ class ControlServer:
                            "stop it or pass --control")
 
     def bind(self, loop: Loop, cleanup: ExitStack) -> None:
-        """Bind the endpoint (claimed first) and read it from ``loop``; unlink it at exit."""
+        """Bind the endpoint (after ``claim``) and read it from ``loop``; unlink it at exit."""
         old_umask = os.umask(OWNER_ONLY_UMASK)
         try:
             self.socket.bind(self.endpoint)

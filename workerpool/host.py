@@ -21,8 +21,8 @@ import zmq
 from . import runtime, security
 from .config import HostConfig
 from .process import Child
+from .ready_line import workers_line
 from .supervisor import StartupError, Supervisor
-from .units import format_size
 from .worker_spec import WorkerSpec
 
 log = logging.getLogger("workerpool.host")
@@ -48,9 +48,13 @@ class HostRole:
             log.warning("connecting to %s without CURVE keys: the traffic is neither authenticated nor "
                         "encrypted (see --curve-key)", self.config.connect)
 
+    @property
+    def backend(self) -> str:
+        return self.config.connect
+
     def start_worker(self, spec: WorkerSpec) -> Child:
         keys = self.config.keys
-        spec = replace(spec, backend=self.config.connect, remote=True,
+        spec = replace(spec, remote=True,
                        curve_key=keys.secret_file if keys else None,
                        curve_server_key=keys.server_public_file if keys else None)
         child = Child.spawn(spec, ready_pipe=True)
@@ -65,9 +69,9 @@ class HostRole:
         except BlockingIOError:
             return
         self.pool.loop.forget(child.ready_pipe)
-        os.close(child.ready_pipe)
-        child.ready_pipe = None
-        if loaded and child.pid in self.pool.children:
+        child.close_ready_pipe()
+        # A worker that wrote and died within one poll is reaped, not counted as ready.
+        if loaded and child.pid in self.pool.children and child.popen.poll() is None:
             self.pool.child_ready(child)
             self.roll_out()
 
@@ -91,20 +95,16 @@ class HostRole:
                      generation, old[0].generation)
             pool.spawn()
 
-    def ready_line(self) -> str:
-        current = self.pool.watcher.current
-        target = self.pool.target
-        workers = f"{target} worker" + ("s" if target != 1 else "")
-        return (f"workerpool: {workers} for {self.config.path} ({format_size(current.identity.size)}, "
-                f"model {current.model}) serving through {self.config.connect}")
+    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
+        return workers_line(path, size, model, workers, self.config.connect)
 
 
 def _check_keys(keys: security.ClientKeys) -> None:
     """Read the key files now, so that a bad one stops the host before any worker starts."""
-    probe: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        keys.apply(probe)
+        keys.apply(context.socket(zmq.DEALER))
     except security.KeysError as exc:
         raise StartupError(str(exc)) from exc
     finally:
-        probe.close(linger=0)
+        context.destroy(linger=0)

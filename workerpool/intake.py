@@ -18,6 +18,7 @@ import zmq
 
 from . import protocol
 from .transport import NOBLOCK, receive_batch, send_parts
+from .units import MS_PER_SECOND
 
 log = logging.getLogger("workerpool.router")
 
@@ -60,10 +61,6 @@ class RequestQueue:
 
     def __len__(self) -> int:
         return len(self._items)
-
-    @property
-    def full(self) -> bool:
-        return len(self._items) >= self.limit
 
     def put(self, pending: Pending, *, first: bool = False) -> None:
         if first:
@@ -123,7 +120,7 @@ class Intake:
         pending = Pending(client, frames[2:], time.monotonic())
         if self.dispatch(pending):
             return
-        if self.queue.full:
+        if len(self.queue) >= self.queue.limit:
             self.refuse(client, frames[2], "overloaded",
                         f"{len(self.queue)} requests already queued (--max-queue {self.queue.limit})")
             return
@@ -154,7 +151,7 @@ class Intake:
     def expire(self, pending: Pending) -> None:
         waited = time.monotonic() - pending.received
         self.fail(pending, "deadline_exceeded",
-                  f"the deadline passed after {waited * 1000:.0f} ms in the queue")
+                  f"the deadline passed after {waited * MS_PER_SECOND:.0f} ms in the queue")
 
     def expire_due(self) -> None:
         for pending in self.queue.take_expired(time.monotonic()):

@@ -1,60 +1,24 @@
 """Run ``workerpool serve`` or ``workerpool workers`` as a child process, for tests and benchmarks.
 
-The line a pool prints on stdout once every worker is ready is its only readiness signal, so
-its formats are written down here, beside the one reader that waits for it: no sleeps, no
-polling of ports. Stdlib only, so that it works whatever state the pool's own modules are in.
+The line a pool prints on stdout once every worker is ready (``ready_line.py``) is its only
+readiness signal: no sleeps, no polling of ports.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import selectors
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Self
 
-SERVE_READY_PREFIX = "workerpool: serving "
+from .ready_line import Ready, parse_ready_line
+
 LOOPBACK = "tcp://127.0.0.1:*"  # an ephemeral port: parallel runs never collide
-
-# workerpool: serving {path} ({size}, model {name}) with {n} workers on {endpoint}
-_SERVE_READY = re.compile(
-    re.escape(SERVE_READY_PREFIX)
-    + r"(?P<path>.+) \((?P<size>[^,()]+), model (?P<model>.+)\)"
-    r" with (?P<workers>\d+) workers? on (?P<endpoint>\S+)"
-)
-# workerpool: {n} worker[s] for {path} ({size}, model {name}) serving through {connect}
-_WORKERS_READY = re.compile(
-    r"workerpool: (?P<workers>\d+) workers? for (?P<path>.+) \((?P<size>[^,()]+),"
-    r" model (?P<model>.+)\) serving through (?P<endpoint>\S+)"
-)
-
-
-@dataclass(frozen=True)
-class Ready:
-    """What a ready line says. ``endpoint``: where clients connect (``serve``), or the router
-    backend the workers connect to (``workers``)."""
-
-    path: str
-    size: str
-    model: str
-    workers: int
-    endpoint: str
-
-
-def parse_ready_line(line: str) -> Ready | None:
-    """The fields of a ``serve`` or ``workers`` ready line; None for any other line."""
-    for pattern in (_SERVE_READY, _WORKERS_READY):
-        match = pattern.fullmatch(line.rstrip("\r\n"))
-        if match is not None:
-            workers = int(match["workers"])
-            return Ready(match["path"], match["size"], match["model"], workers, match["endpoint"])
-    return None
 
 
 def serve_args(

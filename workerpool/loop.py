@@ -14,8 +14,9 @@ from typing import Any
 
 import zmq
 
+from .units import MS_PER_SECOND
+
 DUTY_INTERVAL = 0.01  # seconds between runs of the duties while anything is urgent
-MS_PER_SECOND = 1000
 
 
 class Loop:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from .units import KiB
+
 MEMORY_FIELDS: dict[str, str] = {
     "rss": "resident memory, every page counted in full even when other processes share it",
     "uss": "pages no other process maps; a lone worker's touched weights count here",
@@ -124,7 +126,7 @@ def _status_figures(pid: int) -> dict[str, int]:
         for line in f:
             key = _STATUS_FIELDS.get(line.split(None, 1)[0])
             if key:
-                figures[key] = int(line.split()[1]) * 1024
+                figures[key] = int(line.split()[1]) * KiB
     return figures
 
 
@@ -142,5 +144,5 @@ def _resident(pid: int, weights: _MappedFile) -> int:
                 else:
                     matching = False
             elif matching and fields[0] == b"Rss:":
-                total += int(fields[1]) * 1024
+                total += int(fields[1]) * KiB
     return total

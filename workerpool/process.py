@@ -67,6 +67,11 @@ class Child:
         if self.popen.poll() is None:
             self.popen.kill()
 
+    def close_ready_pipe(self) -> None:
+        if self.ready_pipe is not None:
+            os.close(self.ready_pipe)
+            self.ready_pipe = None
+
     def reap(self) -> int:
         """Collect the exit status and close the pidfd; returns the exit code. The ready pipe
         stays open until its reader sees the end of it."""

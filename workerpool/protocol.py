@@ -15,8 +15,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from .units import MS_PER_SECOND, KiB
+
 VERSION = 1
-MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 64 * KiB
 MAX_RANK = 32
 MAX_ARRAYS = 64
 MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
@@ -231,7 +233,7 @@ def deadline_of(header: Mapping[str, Any]) -> float | None:
         return None
     if type(value) not in (int, float) or not 0 <= value <= sys.float_info.max:
         raise ProtocolError("deadline_ms must be a non-negative number of milliseconds")
-    return value / 1000.0
+    return value / MS_PER_SECOND
 
 
 def encode_reply(

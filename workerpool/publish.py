@@ -11,8 +11,9 @@ import shutil
 
 from . import burnpack, control, models
 from .atomic import replace_atomically
+from .units import MiB
 
-COPY_CHUNK = 16 * 1024 * 1024
+COPY_CHUNK = 16 * MiB
 
 
 class PublishError(Exception):

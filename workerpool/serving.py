@@ -15,27 +15,25 @@ import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import zmq
 
 from . import metrics, models, reload, runtime, security
-from .config import ServeConfig
+from .config import STOP_TIMEOUT_SECONDS, ServeConfig
 from .control_server import ControlServer
-from .launcher import SERVE_READY_PREFIX
 from .process import Child
+from .ready_line import serve_line
 from .registry import WorkerRecord
 from .router import Router
 from .status import Status, worker_rows
 from .supervisor import StartupError, Supervisor
-from .units import format_size
+from .units import KiB, MiB
 from .worker_spec import WorkerSpec
 
 log = logging.getLogger("workerpool.supervisor")
 
-MiB = 1 << 20
 BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
 UNDECLARED_MESSAGE_SIZE = 64 * MiB
 
@@ -43,11 +41,11 @@ UNDECLARED_MESSAGE_SIZE = 64 * MiB
 class ServingRole:
     """The local router with its control socket, for ``workerpool serve``."""
 
-    leave_timeout = 5.0  # workers of a local router leave at once: nothing else holds them
+    leave_timeout = STOP_TIMEOUT_SECONDS  # local workers leave at once: the router holds nothing
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.requests: Router | None = None
+        self._router: Router | None = None
         self.switch_failure: str | None = None  # why a worker could not switch to the newest weights
         self.reload_waiters: list[tuple[bytes, int, float]] = []
         self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
@@ -55,8 +53,17 @@ class ServingRole:
 
     @property
     def router(self) -> Router:
-        assert self.requests is not None, "the router is bound in open()"
-        return self.requests
+        assert self._router is not None, "the router is bound in open()"
+        return self._router
+
+    @property
+    def requests(self) -> Router | None:
+        """The router holds the requests: shutdown drains it."""
+        return self._router
+
+    @property
+    def backend(self) -> str:
+        return self.router.backend_endpoint
 
     def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
         self.pool = pool
@@ -78,7 +85,7 @@ class ServingRole:
         backend = config.backend or f"ipc://{os.path.join(private_dir, 'backend.sock')}"
         current = pool.watcher.current
         try:
-            self.requests = Router(
+            self._router = Router(
                 context, self, frontend=config.bind, backend=backend, max_queue=config.max_queue,
                 max_message_size=config.max_message_size or default_max_message_size(current.signature),
                 heartbeat=config.heartbeat, liveness=config.liveness,
@@ -115,7 +122,7 @@ class ServingRole:
     # The supervisor's side.
 
     def start_worker(self, spec: WorkerSpec) -> Child:
-        return Child.spawn(replace(spec, backend=self.router.backend_endpoint))
+        return Child.spawn(spec)
 
     def child_exited(self, child: Child, why: str) -> None:
         self.router.worker_exited(child.pid, why)
@@ -125,10 +132,8 @@ class ServingRole:
         current = self.pool.watcher.current
         self.router.begin_rollout(current.generation, current.identity.as_list())
 
-    def ready_line(self) -> str:
-        current = self.pool.watcher.current
-        return (f"{SERVE_READY_PREFIX}{self.config.path} ({format_size(current.identity.size)}, "
-                f"model {current.model}) with {self.pool.target} workers on {self.router.endpoint}")
+    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
+        return serve_line(path, size, model, workers, self.router.endpoint)
 
     # The router's side.
 
@@ -250,4 +255,4 @@ def default_max_message_size(signature: dict[str, Any]) -> int:
     if not shape or dtype is None or any(d is None for d in shape[1:]):
         return UNDECLARED_MESSAGE_SIZE
     sample = math.prod(shape[1:]) * np.dtype(dtype).itemsize
-    return max(MiB, BATCH_ROOM * sample + 64 * 1024)
+    return max(MiB, BATCH_ROOM * sample + 64 * KiB)

@@ -17,16 +17,14 @@ from contextlib import ExitStack
 from typing import Protocol
 
 from . import reload
-from .config import PoolConfig
+from .config import POLLS_PER_HEARTBEAT, PoolConfig
 from .loop import Loop
 from .process import Backoff, Child, describe_exit
+from .units import format_size
 from .worker_spec import EXIT_FILE_CHANGED, EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("workerpool.supervisor")
 
-STOP_TIMEOUT = 5.0  # seconds a stopped worker gets before it is killed
-IDLE_POLLS_PER_HEARTBEAT = 4
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 
 
 class StartupError(Exception):
@@ -55,6 +53,10 @@ class Role(Protocol):
     def leave_timeout(self) -> float:
         """Seconds stopped workers get to leave before they are killed."""
 
+    @property
+    def backend(self) -> str:
+        """Where this role's workers connect to their router."""
+
     def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
         """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""
 
@@ -66,8 +68,8 @@ class Role(Protocol):
     def roll_out(self) -> None:
         """The watcher accepted a new generation: move the workers to it."""
 
-    def ready_line(self) -> str:
-        """The one line printed on stdout once every worker is ready."""
+    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
+        """The one line printed on stdout once every worker is ready (see ``ready_line.py``)."""
 
 
 class Supervisor:
@@ -86,7 +88,7 @@ class Supervisor:
         self.stopping = False
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
-        self.loop = Loop(idle_timeout=config.heartbeat / IDLE_POLLS_PER_HEARTBEAT)
+        self.loop = Loop(idle_timeout=config.heartbeat / POLLS_PER_HEARTBEAT)
         self.watcher: reload.Watcher
         self._next_watch = 0.0
 
@@ -95,11 +97,11 @@ class Supervisor:
             self.watcher = reload.Watcher(self.config.path, self.config.model)
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
+        self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
             self.role.open(self, cleanup)
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self._signals())
-            self.loop.every_tick(self._duties, urgent=lambda: self.stopping)
             log.info("starting %d workers for %s (model %s, %s)", self.target, self.config.path,
                      self.watcher.current.model, self.config.load)
             for _ in range(self.target):
@@ -123,6 +125,7 @@ class Supervisor:
         for child in list(self.children.values()):
             child.kill()
             child.reap()
+            child.close_ready_pipe()
         self.children.clear()
 
     # Workers.
@@ -131,7 +134,7 @@ class Supervisor:
         current = self.watcher.current
         spec = WorkerSpec(
             path=self.config.path,
-            backend="",  # the role says where its workers connect
+            backend=self.role.backend,
             model=self.config.model or current.model,
             load=self.config.load,
             generation=current.generation,
@@ -205,7 +208,10 @@ class Supervisor:
         ready = sum(1 for child in self.children.values() if child.ready)
         if not self.announced and ready >= self.target:
             self.announced = True
-            print(self.role.ready_line(), flush=True)
+            current = self.watcher.current
+            line = self.role.ready_line(self.config.path, format_size(current.identity.size),
+                                        current.model, self.target)
+            print(line, flush=True)
 
     def stop_child(self, child: Child) -> None:
         child.terminate()
@@ -234,21 +240,27 @@ class Supervisor:
         os.set_blocking(wakeup_r, False)
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
-        for signum in HANDLED_SIGNALS:
+        handlers: dict[int, Callable[[], None]] = {
+            signal.SIGTERM: self.handle_term,
+            signal.SIGINT: self.handle_int,
+            signal.SIGHUP: self.handle_hup,
+            signal.SIGTTIN: self.handle_ttin,
+            signal.SIGTTOU: self.handle_ttou,
+        }
+        for signum in handlers:
             signal.signal(signum, lambda *_: None)
-        self.loop.read(wakeup_r, lambda: self._dispatch_signals(os.read(wakeup_r, 256)))
+        self.loop.read(wakeup_r, lambda: self._dispatch_signals(handlers, os.read(wakeup_r, 256)))
         restore = ExitStack()
         restore.callback(os.close, wakeup_w)
         restore.callback(os.close, wakeup_r)
-        for signum in HANDLED_SIGNALS:
+        for signum in handlers:
             restore.callback(signal.signal, signum, signal.SIG_DFL)
         restore.callback(signal.set_wakeup_fd, -1)
         return restore
 
-    def _dispatch_signals(self, signums: bytes) -> None:
+    def _dispatch_signals(self, handlers: dict[int, Callable[[], None]], signums: bytes) -> None:
         for signum in signums:
-            name = signal.Signals(signum).name
-            handler: Callable[[], None] | None = getattr(self, f"handle_{name[3:].lower()}", None)
+            handler = handlers.get(signum)
             if handler is not None:
                 handler()
 

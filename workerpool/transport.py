@@ -7,9 +7,11 @@ from typing import Any, cast
 
 import zmq
 
+from .units import MS_PER_SECOND, KiB
+
 # Below this, copying a part into a new message is cheaper than handing libzmq a buffer it must
 # give back later (pyzmq's own copy threshold); above it, arrays go out without a copy.
-ZERO_COPY_MIN = 64 * 1024
+ZERO_COPY_MIN = 64 * KiB
 # Plain ints: pyzmq's constants are enum flags, and enum arithmetic costs microseconds per message.
 BATCH = 64  # messages taken from one socket per poll: amortises the loop, keeps it fair
 SNDMORE = int(zmq.SNDMORE)
@@ -43,6 +45,6 @@ def receive_batch(sock: zmq.Socket, handler: Callable[[list[zmq.Frame]], None]) 
 def transport_heartbeats(sock: zmq.Socket, interval: float, liveness: int) -> None:
     """ZMTP pings, answered by libzmq's own thread: a peer that stops (killed, frozen, cut off)
     loses its connection even while the process at the other end is busy running the model."""
-    sock.setsockopt(zmq.HEARTBEAT_IVL, int(interval * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(interval * liveness * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, int(interval * liveness * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(interval * MS_PER_SECOND))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(interval * liveness * MS_PER_SECOND))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, int(interval * liveness * MS_PER_SECOND))

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import re
 
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+MS_PER_SECOND = 1000
+
 _UNITS = {
     "": 1,
     "b": 1,

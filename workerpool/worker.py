@@ -20,15 +20,15 @@ from typing import Any
 import zmq
 
 from . import burnpack, models, protocol, security
+from .config import POLLS_PER_HEARTBEAT
 from .logs import setup_logging
 from .models.loaded import LoadedModel
 from .transport import NOBLOCK, send_parts, transport_heartbeats
+from .units import MS_PER_SECOND
 from .worker_spec import EXIT_FILE_CHANGED, EXIT_LOAD_FAILED, EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("workerpool.worker")
 
-MS_PER_SECOND = 1000
-POLLS_PER_HEARTBEAT = 4
 
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
     """Run one request; every failure becomes an error reply, never an exception."""

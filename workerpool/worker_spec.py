@@ -64,7 +64,11 @@ class WorkerSpec:
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> WorkerSpec:
-        return cls(**vars(_parser().parse_args(argv)))
+        parser = _parser()
+        args = parser.parse_args(argv)
+        if bool(args.curve_key) != bool(args.curve_server_key):
+            parser.error("--curve-key and --curve-server-key go together")
+        return cls(**vars(args))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,12 +79,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None)
     parser.add_argument("--load", choices=LOAD_MODES, default=DEFAULT_LOAD)
     parser.add_argument("--generation", type=int, default=1)
-    parser.add_argument("--expect", type=json.loads, default=None)
+    parser.add_argument("--expect", type=json.loads, default=None,
+                        help="the file identity the supervisor validated, as a JSON list")
     parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_SECONDS)
     parser.add_argument("--liveness", type=int, default=LIVENESS_BEATS)
     parser.add_argument("--log-level", default=DEFAULT_LOG_LEVEL)
-    parser.add_argument("--remote", action="store_true")
-    parser.add_argument("--ready-fd", type=int, default=None)
-    parser.add_argument("--curve-key", default=None)
-    parser.add_argument("--curve-server-key", default=None)
+    parser.add_argument("--remote", action="store_true",
+                        help="the router is on another host: wait for it instead of exiting")
+    parser.add_argument("--ready-fd", type=int, default=None,
+                        help="write to this inherited pipe once the model is built")
+    parser.add_argument("--curve-key", default=None, help="this host's secret key file")
+    parser.add_argument("--curve-server-key", default=None, help="the router's public key file")
     return parser

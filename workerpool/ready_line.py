@@ -1,0 +1,53 @@
+"""The line a pool prints on stdout once every worker is ready: its readiness signal.
+
+``serve`` and ``workers`` write it here and the launcher (tests, benchmarks, users' scripts)
+reads it here, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SERVE_READY_PREFIX = "workerpool: serving "
+
+_SERVE_READY = re.compile(
+    re.escape(SERVE_READY_PREFIX)
+    + r"(?P<path>.+) \((?P<size>[^,()]+), model (?P<model>.+)\)"
+    r" with (?P<workers>\d+) workers? on (?P<endpoint>\S+)"
+)
+_WORKERS_READY = re.compile(
+    r"workerpool: (?P<workers>\d+) workers? for (?P<path>.+) \((?P<size>[^,()]+),"
+    r" model (?P<model>.+)\) serving through (?P<endpoint>\S+)"
+)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What a ready line says. ``endpoint``: where clients connect (``serve``), or the router
+    backend the workers connect to (``workers``)."""
+
+    path: str
+    size: str
+    model: str
+    workers: int
+    endpoint: str
+
+
+def serve_line(path: str, size: str, model: str, workers: int, endpoint: str) -> str:
+    return f"{SERVE_READY_PREFIX}{path} ({size}, model {model}) with {workers} workers on {endpoint}"
+
+
+def workers_line(path: str, size: str, model: str, workers: int, connect: str) -> str:
+    plural = "s" if workers != 1 else ""
+    return f"workerpool: {workers} worker{plural} for {path} ({size}, model {model}) serving through {connect}"
+
+
+def parse_ready_line(line: str) -> Ready | None:
+    """The fields of a ``serve`` or ``workers`` ready line; None for any other line."""
+    for pattern in (_SERVE_READY, _WORKERS_READY):
+        match = pattern.fullmatch(line.rstrip("\r\n"))
+        if match is not None:
+            workers = int(match["workers"])
+            return Ready(match["path"], match["size"], match["model"], workers, match["endpoint"])
+    return None
