@@ -9,8 +9,9 @@ from workerpool.rollout import Rollout
 
 
 def record(address: bytes, generation: int = 1, *, local: bool = True) -> WorkerRecord:
-    return WorkerRecord(address=address, pid=1, host="h", generation=generation, model="m",
-                        local=local, started=0.0, last_seen=0.0)
+    return WorkerRecord(address=address, link=None, pid=1, host="h",  # type: ignore[arg-type]
+                        generation=generation, model="m", local=local, token=None,
+                        started=0.0, last_seen=0.0)
 
 
 def answer(ok: bool, ordered: int, generation: int, error: str | None = None) -> bytes:
@@ -83,5 +84,5 @@ def test_forgetting_the_switching_worker_lets_another_switch():
     a, b = record(b"a"), record(b"b")
     rollout.begin(2, [0])
     rollout.started(a)
-    rollout.forget(b"a")
+    rollout.forget(a.key)
     assert rollout.wants(b)

@@ -39,12 +39,13 @@ class Pool:
         self.events: list[tuple[str, int]] = []
         self.router = Router(
             context, self, frontend=f"inproc://front-{n}", backend=f"inproc://back-{n}",
-            max_queue=options.pop("max_queue", 8), max_message_size=1 << 20,
-            signature=SIGNATURE, **options,
+            remote_backend=f"inproc://remote-{n}", max_queue=options.pop("max_queue", 8),
+            max_message_size=1 << 20, signature=SIGNATURE, **options,
         )
+        self.remote_endpoint = f"inproc://remote-{n}"
         self.poller = zmq.Poller()
-        self.poller.register(self.router.frontend, zmq.POLLIN)
-        self.poller.register(self.router.backend, zmq.POLLIN)
+        for sock in (self.router.frontend, self.router.backend, self.router.remote):
+            self.poller.register(sock, zmq.POLLIN)
 
     def worker_ready(self, worker: WorkerRecord) -> None:
         self.events.append(("ready", worker.pid))
@@ -61,9 +62,11 @@ class Pool:
             assert time.monotonic() < deadline, "condition not met"
             events = dict(self.poller.poll(10))
             if self.router.frontend in events:
-                self.router.on_frontend()
+                self.router.intake.on_readable()
             if self.router.backend in events:
                 self.router.on_backend()
+            if self.router.remote in events:
+                self.router.on_remote_backend(self.router.remote)
             self.router.tick()
 
     def client(self) -> zmq.Socket:
@@ -71,10 +74,10 @@ class Pool:
         sock.connect(self.router.endpoint)
         return sock
 
-    def worker(self, pid: int, **ready) -> zmq.Socket:
+    def worker(self, pid: int, *, remote: bool = False, **ready) -> zmq.Socket:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"w{pid}".encode())
-        sock.connect(self.router.backend_endpoint)
+        sock.connect(self.remote_endpoint if remote else self.router.backend_endpoint)
         info = {"pid": pid, "host": "h", "generation": 1, "model": "m", **SIGNATURE, **ready}
         sock.send_multipart([protocol.READY, json.dumps(info).encode()])
         return sock
@@ -150,11 +153,11 @@ def test_a_lost_worker_request_is_retried_once_then_fails(context):
     request(client, 9)
     pool.pump(lambda: pool.router.in_flight == 1)
     busy = next(w for w in pool.router.workers if w.inflight is not None)
-    pool.router.lose(busy.address, "test")
+    pool.router.lose(busy.key, "test")
     pool.pump(lambda: pool.router.in_flight == 1)
     retried = next(w for w in pool.router.workers if w.inflight is not None)
     assert retried.pid != busy.pid
-    pool.router.lose(retried.address, "test")
+    pool.router.lose(retried.key, "test")
     pool.pump(received(client))
     assert answer(client)["error"]["code"] == "worker_failed"
     assert ("lost", 1) in pool.events and ("lost", 2) in pool.events
@@ -183,14 +186,15 @@ def test_a_malformed_ready_is_ignored(context, ready):
     assert pool.registered() == set()
 
 
-def test_registration_reads_local_as_a_field(context):
+def test_the_socket_not_the_message_says_whether_a_worker_is_local(context):
     pool = Pool(context)
-    pool.worker(3, local=False)
-    pool.pump(lambda: pool.registered() == {3})
-    record: WorkerRecord = pool.router.workers[0]
-    assert record.local is False
-    pool.router.worker_exited(3, "exited")  # a remote pid is never taken for a local process
-    assert pool.registered() == {3}
+    pool.worker(3, token="t3")
+    pool.worker(3, remote=True, local=True, token="t3")  # same routing id, pid and token
+    pool.pump(lambda: len(pool.router.workers) == 2)
+    by_locality = {w.local: w for w in pool.router.workers}
+    assert by_locality[True].token == "t3" and by_locality[False].token is None
+    pool.router.worker_exited("t3", "exited")  # the supervisor reaped the child it gave t3
+    assert [w.local for w in pool.router.workers] == [False]
 
 
 def test_after_stop_accepting_new_requests_are_answered_shutting_down(context):

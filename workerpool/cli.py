@@ -19,12 +19,15 @@ from .config import (
     DEFAULT_LOG_LEVEL,
     GRACEFUL_TIMEOUT_SECONDS,
     LOAD_MODES,
+    MAX_CONNECTIONS,
     MAX_QUEUE,
     RELOAD_TIMEOUT_SECONDS,
+    REQUEST_TIMEOUT_SECONDS,
     WATCH_INTERVAL_SECONDS,
     HostConfig,
     PoolConfig,
     ServeConfig,
+    default_max_queue_bytes,
 )
 from .logs import LEVELS, setup_logging
 from .units import format_size, parse_size
@@ -152,9 +155,12 @@ def _server_keys(args: argparse.Namespace) -> security.ServerKeys | None:
     if bool(args.curve_secret_key) != bool(args.curve_client_keys):
         raise CommandError("--curve-server-key and --curve-client-keys go together",
                            exit_code=2)
+    if args.curve_worker_keys and not args.curve_secret_key:
+        raise CommandError("--curve-worker-keys needs --curve-secret-key and --curve-client-keys",
+                           exit_code=2)
     if not args.curve_secret_key:
         return None
-    return security.ServerKeys(args.curve_secret_key, args.curve_client_keys)
+    return security.ServerKeys(args.curve_secret_key, args.curve_client_keys, args.curve_worker_keys)
 
 
 def _client_keys(args: argparse.Namespace) -> security.ClientKeys | None:
@@ -408,9 +414,21 @@ def _add_serve(sub: Subcommands) -> None:
     parser.add_argument("--max-message-size", type=_size, metavar="SIZE",
                         help="largest request accepted (default: room for a batch of 4096 of the "
                         "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)")
+    queue_bytes = default_max_queue_bytes()
+    parser.add_argument("--max-queue-bytes", type=_size, default=queue_bytes, metavar="SIZE",
+                        help="bytes that waiting requests may hold together; past it new ones are "
+                        f"refused with 'overloaded' (default: 1GiB or 1/8 of memory, here "
+                        f"{format_size(queue_bytes)})")
+    parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_SECONDS, metavar="S",
+                        help="seconds a request may run on a worker; past it the client gets "
+                        "'request_timeout' and the worker is replaced. Keep it below your clients' "
+                        "timeout (default: %(default)s)")
+    parser.add_argument("--max-connections", type=_positive_or_zero, default=MAX_CONNECTIONS, metavar="N",
+                        help="client connections served at once; more are closed at once "
+                        "(default: %(default)s)")
     parser.add_argument("--backend", metavar="ENDPOINT",
-                        help="where workers connect (default: a private ipc socket); a TCP endpoint "
-                        "such as tcp://0.0.0.0:5556 lets 'workerpool workers' on other hosts join")
+                        help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on "
+                        "other hosts join (default: none; local workers always use a private ipc socket)")
     _add_server_key_options(parser)
 
 
@@ -487,6 +505,9 @@ def _add_pool_options(parser: argparse.ArgumentParser, file_help: str, graceful_
     parser.add_argument("--watch-interval", type=float, default=WATCH_INTERVAL_SECONDS, metavar="S",
                         help="seconds between checks of MODEL.bpk for new weights published by rename "
                         "(default: %(default)s)")
+    parser.add_argument("--max-worker-memory", type=_size, metavar="SIZE",
+                        help="recycle a worker whose private memory passes SIZE, after it answers; "
+                        "an allocation past it fails that request with 'internal' (default: no limit)")
     parser.add_argument("--no-watch", action="store_true",
                         help="do not watch MODEL.bpk; reload only on SIGHUP (or 'workerpool reload')")
     parser.add_argument("--log-level", choices=LEVELS, default=DEFAULT_LOG_LEVEL,
@@ -527,7 +548,10 @@ def _add_server_key_options(parser: argparse.ArgumentParser) -> None:
                         help="this server's secret key file (from 'workerpool keys generate'): "
                         "authenticate and encrypt the client and TCP worker endpoints with CURVE")
     parser.add_argument("--curve-client-keys", metavar="DIR",
-                        help="directory of the public key files of allowed clients and worker hosts")
+                        help="directory of the public key files of allowed clients")
+    parser.add_argument("--curve-worker-keys", metavar="DIR",
+                        help="directory of the public key files of allowed worker hosts (needed for a "
+                        "--backend on TCP; a client key never admits a worker host)")
 
 
 def _add_client_key_options(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,8 @@ uplink to a remote router. The command line takes its defaults from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for annotations: loading a model must not import ZeroMQ
@@ -25,6 +26,17 @@ MAX_QUEUE = 1024
 GRACEFUL_TIMEOUT_SECONDS = 30.0
 WATCH_INTERVAL_SECONDS = 0.5
 RELOAD_TIMEOUT_SECONDS = 120.0
+# Below the clients' default 30 s timeout, so a stuck request is answered before a client
+# resends it to a second worker.
+REQUEST_TIMEOUT_SECONDS = 20.0
+MAX_CONNECTIONS = 1024
+QUEUE_BYTES_CAP = 1 << 30  # queued requests may hold at most this, or 1/8 of the memory
+
+
+def default_max_queue_bytes() -> int:
+    """1 GiB, or an eighth of this machine's memory if that is less."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(QUEUE_BYTES_CAP, memory // 8)
 
 
 @dataclass(kw_only=True)
@@ -40,6 +52,7 @@ class PoolConfig:
     liveness: int = LIVENESS_BEATS
     log_level: str = DEFAULT_LOG_LEVEL
     watch_interval: float | None = WATCH_INTERVAL_SECONDS  # None: reload only when asked
+    max_worker_memory: int | None = None  # bytes of private memory before a worker is recycled
 
 
 @dataclass(kw_only=True)
@@ -49,6 +62,9 @@ class ServeConfig(PoolConfig):
     bind: str = DEFAULT_BIND
     control: str | None = None  # None: an ipc socket in the private runtime directory
     max_queue: int = MAX_QUEUE
+    max_queue_bytes: int = field(default_factory=default_max_queue_bytes)
+    max_connections: int = MAX_CONNECTIONS
+    request_timeout: float = REQUEST_TIMEOUT_SECONDS
     max_message_size: int | None = None  # None: sized to the model's input
     reload_timeout: float = RELOAD_TIMEOUT_SECONDS
     backend: str | None = None  # None: a private ipc socket

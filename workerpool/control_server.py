@@ -1,6 +1,7 @@
 """The supervisor's control socket: a local ROUTER that answers ``status``, ``reload``, ``check``.
 
-The endpoint is claimed first (a socket file left by a dead server is removed; a live one is never
+Control is not authenticated, so it is only ever an ipc socket (mode 0600) in a directory
+only this user can enter (0700). The endpoint is claimed first (a socket file left by a dead server is removed; a live one is never
 taken over), bound for this user only (0600), and unlinked at exit. Each command has its own
 handler; a handler answers at once, or returns None and answers later through :meth:`reply`.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import Any
@@ -31,9 +33,11 @@ class ControlServer:
     """Binds the control endpoint and dispatches each command to its handler."""
 
     def __init__(self, context: zmq.Context, endpoint: str, handlers: Mapping[str, Handler]) -> None:
-        if not runtime.is_local(endpoint):
-            raise StartupError(f"the control endpoint {endpoint} must be ipc:// or loopback: it is "
-                               "not authenticated")
+        path = runtime.ipc_path(endpoint)
+        if path is None:
+            raise StartupError(f"the control endpoint {endpoint} must be ipc://PATH: control is not "
+                               "authenticated, so only a socket file that only this user can open will do")
+        _check_private(os.path.dirname(os.path.abspath(path)))
         self.endpoint = endpoint
         self.handlers = dict(handlers)
         self.socket = context.socket(zmq.ROUTER)
@@ -92,6 +96,18 @@ class ControlServer:
         if handler is None:
             return {"error": f"unknown control command {command!r}"}
         return handler(frames[0], request)
+
+
+def _check_private(directory: str) -> None:
+    """The control socket's directory must be ours and closed to others (mode 0700)."""
+    try:
+        st = os.stat(directory)
+    except OSError as exc:
+        raise StartupError(f"cannot use {directory} for the control socket: {exc.strerror}") from exc
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise StartupError(f"the control socket's directory {directory} must be owned by this user "
+                           f"with mode 0700 (it is {stat.filemode(st.st_mode)}): anyone who can open "
+                           "the socket can control the server")
 
 
 def _unlink_if_present(path: str) -> None:

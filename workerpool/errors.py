@@ -42,6 +42,12 @@ class WorkerFailed(RemoteError):
     code = "worker_failed"
 
 
+class RequestTimeout(RemoteError):
+    """The request ran past the server's --request-timeout; its worker was replaced."""
+
+    code = "request_timeout"
+
+
 class ShuttingDown(RemoteError):
     """The server is stopping and takes no new requests."""
 
@@ -60,5 +66,6 @@ class Timeout(WorkerpoolError):
 
 ERRORS_BY_CODE: dict[str, type[RemoteError]] = {
     cls.code: cls
-    for cls in (BadRequest, Overloaded, DeadlineExceeded, WorkerFailed, ShuttingDown, InternalError)
+    for cls in (BadRequest, Overloaded, DeadlineExceeded, WorkerFailed, RequestTimeout, ShuttingDown,
+                InternalError)
 }

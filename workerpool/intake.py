@@ -1,8 +1,26 @@
 """The client side of the router: the client socket, and requests waiting for a free worker.
 
 Requests are checked only as far as routing needs (framing, total size, the server still
-accepting); the worker validates the rest. Waiting requests sit in a bounded queue and carry
-their deadlines.
+accepting); the worker validates the rest. Waiting requests carry their deadlines.
+
+The queue is bounded twice, by count (``--max-queue``) and by the bytes its requests hold
+(``--max-queue-bytes``): the count alone let a client with large requests fill the
+supervisor's memory. It is also fair between clients (ZeroMQ routing ids), so one client that
+pipelines thousands of requests cannot starve the others:
+
+- Each client waits in its own first-in-first-out line, and free workers serve the lines in
+  turn, so a newcomer's request is served before the flooder's next one. Requests retried
+  after their worker died go before every line: they have waited longest.
+- While there is room anyone may queue, so a client alone can use the whole queue. When a
+  limit is reached, a client that would still hold no more than its fair share of it (the
+  limit divided among the clients holding requests, itself included) makes room: the newest
+  requests of the client holding the most are answered ``overloaded``; otherwise its own
+  request is. The newest go because the oldest have waited longest and are served next.
+  Finding the biggest holder scans the clients, but only when a limit is reached.
+
+Replies are sent without blocking: libzmq holds up to the socket's SNDHWM replies (1000 by
+default) for a client that does not read, then the router drops the rest, so a stalled client
+never delays anyone else; what it costs is those buffered replies.
 """
 
 from __future__ import annotations
@@ -18,11 +36,18 @@ import zmq
 
 from . import protocol
 from .transport import NOBLOCK, receive_batch, send_parts
-from .units import MS_PER_SECOND
+from .units import MS_PER_SECOND, KiB
 
 log = logging.getLogger("workerpool.router")
 
 EXPIRY_SCAN_INTERVAL = 0.01  # seconds between scans of the queue for passed deadlines
+# libzmq's ZMQ_IN_BATCH_SIZE: a received frame up to this size may point into a shared receive
+# buffer of about 18 KiB, which it keeps alive for as long as it lives.
+SHARED_FRAME_MAX = 8 * KiB
+EVICTED = ("the queue is full and this client held the most of it: its newest request gave "
+           "way to a client holding less than its share")
+COUNT = "count"  # the limits a full queue can be at
+BYTES = "bytes"
 
 
 @dataclass(eq=False)
@@ -34,6 +59,7 @@ class Pending:
     received: float
     expires: float | None = None
     attempts: int = 0
+    size: int = 0  # bytes of the message, counted against the queue's byte limit
 
     def read_deadline(self) -> None:
         """Set ``expires`` from the header: done only when the request has to wait, off the
@@ -51,40 +77,159 @@ class Pending:
         return self.expires is not None and now >= self.expires
 
 
-class RequestQueue:
-    """First in, first out; a retried request goes back to the front."""
+class QueueFull(Exception):
+    """A request may not queue: ``limit`` (``COUNT`` or ``BYTES``) is reached and its client
+    holds its fair share."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: str) -> None:
+        super().__init__(limit)
         self.limit = limit
-        self._items: deque[Pending] = deque()
+
+
+class Line:
+    """One client's queued requests, oldest first, and the bytes they hold."""
+
+    __slots__ = ("nbytes", "requests")
+
+    def __init__(self) -> None:
+        self.requests: deque[Pending] = deque()
+        self.nbytes = 0
+
+    def held(self, limit: str) -> int:
+        return len(self.requests) if limit == COUNT else self.nbytes
+
+
+class RequestQueue:
+    """Per-client lines served in turn, retried requests first; bounded in count and bytes
+    (``max_bytes`` None: unbounded in bytes)."""
+
+    def __init__(self, limit: int, max_bytes: int | None = None) -> None:
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._count = 0
+        self._retried: deque[Pending] = deque()
+        self._lines: dict[bytes, Line] = {}
+        self._turns: deque[bytes] = deque()  # clients with a line, the next one to serve first
         self._next_scan = 0.0
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._count
 
     def put(self, pending: Pending, *, first: bool = False) -> None:
+        """Queue ``pending`` at the end of its client's line, or with ``first`` (a retry, or a
+        request taken but not dispatched) before everything else. No limit is checked here."""
         if first:
-            self._items.appendleft(pending)
+            self._retried.appendleft(pending)
         else:
-            self._items.append(pending)
+            line = self._lines.get(pending.client)
+            if line is None:
+                line = self._lines[pending.client] = Line()
+                self._turns.append(pending.client)
+            line.requests.append(pending)
+            line.nbytes += pending.size
+        self._count += 1
+        self.nbytes += pending.size
 
     def take(self) -> Pending:
-        return self._items.popleft()
+        """The next request: a retried one, else the oldest of the client whose turn it is."""
+        if self._retried:
+            pending = self._retried.popleft()
+        else:
+            client = self._turns[0]
+            line = self._lines[client]
+            pending = line.requests.popleft()
+            line.nbytes -= pending.size
+            if line.requests:
+                self._turns.rotate(-1)
+            else:
+                self._turns.popleft()
+                del self._lines[client]
+        self._count -= 1
+        self.nbytes -= pending.size
+        return pending
+
+    @property
+    def holders(self) -> int:
+        """How many clients have requests in their lines."""
+        return len(self._lines)
+
+    def holds(self, client: bytes) -> bool:
+        return client in self._lines
+
+    def _passed(self, size: int) -> list[str]:
+        passed = [COUNT] if self._count >= self.limit else []
+        if self.max_bytes is not None and self.nbytes + size > self.max_bytes:
+            passed.append(BYTES)
+        return passed
+
+    def check_room(self, pending: Pending) -> None:
+        """Raise ``QueueFull`` when ``pending`` may not queue: a limit is reached and its client
+        would hold more than its fair share of it."""
+        for limit in self._passed(pending.size):
+            if not self._within_share(pending, limit):
+                raise QueueFull(limit)
+
+    def make_room(self, pending: Pending) -> list[Pending]:
+        """Remove and return the requests that give way for ``pending``, which ``check_room``
+        let in: the newest of whichever client holds the most of a passed limit."""
+        passed = self._passed(pending.size)
+        evicted = []
+        while passed:
+            biggest = max(self._lines.values(), key=lambda line: line.held(passed[0]))
+            evicted.append(self._evict_newest(biggest))
+            passed = self._passed(pending.size)
+        return evicted
+
+    def _within_share(self, pending: Pending, limit: str) -> bool:
+        """Whether ``pending``'s client, holding it too, keeps within an equal share of what
+        ``limit`` leaves beside the retried requests. Then some other client holds more than
+        its share, and evicting from the biggest holder always ends in room."""
+        if limit == COUNT:
+            capacity, size = self.limit - len(self._retried), 1
+        else:
+            retried = sum(p.size for p in self._retried)
+            capacity, size = (self.max_bytes or 0) - retried, pending.size
+        line = self._lines.get(pending.client)
+        held = 0 if line is None else line.held(limit)
+        holders = len(self._lines) + (line is None)
+        return (held + size) * holders <= capacity
+
+    def _evict_newest(self, line: Line) -> Pending:
+        pending = line.requests.pop()
+        line.nbytes -= pending.size
+        if not line.requests:
+            del self._lines[pending.client]
+            self._turns.remove(pending.client)  # O(clients), as finding the biggest holder was
+        self._count -= 1
+        self.nbytes -= pending.size
+        return pending
 
     def take_expired(self, now: float) -> list[Pending]:
         """Remove and return the requests whose deadline passed (scanned at most every 10 ms)."""
-        if not self._items or now < self._next_scan:
+        if not self._count or now < self._next_scan:
             return []
         self._next_scan = now + EXPIRY_SCAN_INTERVAL
-        if not any(p.expired(now) for p in self._items):
-            return []
-        expired = [p for p in self._items if p.expired(now)]
-        self._items = deque(p for p in self._items if not p.expired(now))
+        expired = [p for p in self._everything() if p.expired(now)]
+        if expired:
+            self._retried = deque(p for p in self._retried if not p.expired(now))
+            for line in self._lines.values():
+                line.requests = deque(p for p in line.requests if not p.expired(now))
+                line.nbytes = sum(p.size for p in line.requests)
+            self._lines = {client: line for client, line in self._lines.items() if line.requests}
+            self._turns = deque(client for client in self._turns if client in self._lines)
+            self._count -= len(expired)
+            self.nbytes -= sum(p.size for p in expired)
         return expired
 
     def take_all(self) -> Iterator[Pending]:
-        while self._items:
-            yield self._items.popleft()
+        while self._count:
+            yield self.take()
+
+    def _everything(self) -> Iterator[Pending]:
+        yield from self._retried
+        for line in self._lines.values():
+            yield from line.requests
 
 
 class Intake:
@@ -92,11 +237,11 @@ class Intake:
     and sends replies and errors back without ever blocking on a client."""
 
     def __init__(self, sock: zmq.Socket, *, max_queue: int, max_message_size: int,
-                 dispatch: Callable[[Pending], bool]) -> None:
+                 max_queue_bytes: int | None, dispatch: Callable[[Pending], bool]) -> None:
         self.socket = sock
         self.max_message_size = max_message_size
         self.dispatch = dispatch
-        self.queue = RequestQueue(max_queue)
+        self.queue = RequestQueue(max_queue, max_queue_bytes)
         self.accepting = True
 
     def on_readable(self) -> None:
@@ -117,16 +262,39 @@ class Intake:
             self.refuse(client, frames[2], "bad_request",
                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
             return
-        pending = Pending(client, frames[2:], time.monotonic())
-        if self.dispatch(pending):
+        pending = Pending(client, frames[2:], time.monotonic(), size=size)
+        if not self.dispatch(pending):
+            self._wait(pending)
+
+    def _wait(self, pending: Pending) -> None:
+        """Queue a request no worker could take, if its client may have room (module docstring)."""
+        try:
+            self.queue.check_room(pending)
+        except QueueFull as full:
+            self.fail(pending, "overloaded", self._refusal(pending, full.limit))
             return
-        if len(self.queue) >= self.queue.limit:
-            self.refuse(client, frames[2], "overloaded",
-                        f"{len(self.queue)} requests already queued (--max-queue {self.queue.limit})")
+        pending.read_deadline()  # before evicting: a request past its deadline takes no room
+        if pending.expired(time.monotonic()):
+            self.expire(pending)
             return
-        self.enqueue(pending)
+        for victim in self.queue.make_room(pending):
+            self.fail(victim, "overloaded", EVICTED)
+        pending.frames = [bytes(f) if len(f) <= SHARED_FRAME_MAX else f for f in pending.frames]
+        self.queue.put(pending)
+
+    def _refusal(self, pending: Pending, limit: str) -> str:
+        queue = self.queue
+        if limit == COUNT:
+            why = f"{len(queue)} requests already queued (--max-queue {queue.limit})"
+        else:
+            why = (f"queued requests hold {queue.nbytes} bytes; this one's {pending.size} more "
+                   f"would pass --max-queue-bytes {queue.max_bytes}")
+        if queue.holders > int(queue.holds(pending.client)):  # others hold requests too
+            why += "; this client already holds its fair share"
+        return why
 
     def enqueue(self, pending: Pending, *, first: bool = False) -> None:
+        """Queue ``pending`` without a limit (a retry), or answer it if its deadline passed."""
         pending.read_deadline()
         if pending.expired(time.monotonic()):
             self.expire(pending)

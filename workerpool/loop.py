@@ -8,6 +8,7 @@ watching the weight file) runs as duties between polls.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import zmq
 
 from .units import MS_PER_SECOND
+
+log = logging.getLogger("workerpool.supervisor")
 
 DUTY_INTERVAL = 0.01  # seconds between runs of the duties while anything is urgent
 
@@ -53,9 +56,18 @@ class Loop:
         for source, _ in self._poller.poll(int(timeout * MS_PER_SECOND)):
             handler = self._readers.get(source)
             if handler is not None:
-                handler()
+                _survive(handler)
         now = time.monotonic()
         if now >= self._next_duties:
             self._next_duties = now + DUTY_INTERVAL
             for duty in self._duties:
-                duty()
+                _survive(duty)
+
+
+def _survive(call: Callable[[], None]) -> None:
+    """Run one handler; a system call that fails (out of descriptors or memory for sockets, a
+    peer gone mid-call) is logged and the loop goes on: the next event may go better."""
+    try:
+        call()
+    except (OSError, zmq.ZMQError) as exc:
+        log.error("%s failed: %s; carrying on", getattr(call, "__qualname__", call), exc)

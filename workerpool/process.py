@@ -8,13 +8,16 @@ non-blocking read end of a "model loaded" pipe.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from .worker_spec import WorkerSpec
+from .worker_spec import TOKEN_ENV, WorkerSpec
+
+TOKEN_BYTES = 16
 
 
 @dataclass(eq=False)
@@ -25,6 +28,7 @@ class Child:
     popen: subprocess.Popen[bytes]
     pidfd: int
     generation: int
+    token: str  # secret, given to the worker in its environment; it proves itself with it
     ready_pipe: int | None = None  # read end: the worker writes once its model is built
     started: float = field(default_factory=time.time)
     ready: bool = False
@@ -38,7 +42,9 @@ class Child:
             ready_r, ready_w = os.pipe()
             os.set_blocking(ready_r, False)
             spec = replace(spec, ready_fd=ready_w)
+        token = secrets.token_hex(TOKEN_BYTES)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env[TOKEN_ENV] = token  # not in argv, which every user on the machine can read
         try:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "workerpool.worker", *spec.to_argv()],
@@ -52,7 +58,15 @@ class Child:
         finally:
             if ready_w is not None:
                 os.close(ready_w)
-        return cls(popen, os.pidfd_open(popen.pid), spec.generation, ready_r)
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except OSError:
+            popen.kill()
+            popen.wait()
+            if ready_r is not None:
+                os.close(ready_r)
+            raise
+        return cls(popen, pidfd, spec.generation, token, ready_r)
 
     @property
     def pid(self) -> int:

@@ -21,6 +21,10 @@ VERSION = 1
 MAX_HEADER_BYTES = 64 * KiB
 MAX_RANK = 32
 MAX_ARRAYS = 64
+# The most bytes an array's shape may span, each zero-size axis counted as one: beyond any
+# address space (x86-64 user space is 2**47), and far below numpy's own 2**63 bound, so no
+# product of sizes overflows anywhere, not even for an empty array with huge other axes.
+MAX_EXTENT = 2**48
 MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
 
 METHOD_INFER = "infer"
@@ -138,6 +142,11 @@ def pack_arrays(payload: Inputs | None) -> tuple[list[dict[str, Any]], list[Any]
             raise ProtocolError(f"dtype {array.dtype} cannot be sent; use a numeric or bool dtype")
         # np.asarray, not np.ascontiguousarray: the latter turns shape () into shape (1,).
         array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+        if array.ndim > MAX_RANK or extent(array.shape, array.itemsize) > MAX_EXTENT:
+            raise ProtocolError(
+                f"shape {list(array.shape)} cannot be sent: at most {MAX_RANK} axes spanning at most "
+                f"{MAX_EXTENT} bytes"
+            )
         descriptor: dict[str, Any] = {"dtype": array.dtype.str, "shape": list(array.shape)}
         if name is not None:
             descriptor["name"] = str(name)
@@ -183,14 +192,32 @@ def _check_descriptor(index: int, descriptor: Any) -> tuple[np.dtype, list[int],
     if (
         not isinstance(shape, list)
         or len(shape) > MAX_RANK
-        or not all(type(d) is int and 0 <= d < 2**63 for d in shape)
-        or math.prod(shape) * dtype.itemsize >= 2**63
+        or not all(type(d) is int and d >= 0 for d in shape)
     ):
         raise ProtocolError(f"array {index}: shape must be a list of at most {MAX_RANK} sizes >= 0")
+    if extent(shape, dtype.itemsize) > MAX_EXTENT:
+        raise ProtocolError(
+            f"array {index}: its shape spans more than {MAX_EXTENT} bytes "
+            "(a zero-size axis counted as one)"
+        )
     name = descriptor.get("name")
     if name is not None and not isinstance(name, str):
         raise ProtocolError(f"array {index}: name must be a string")
     return dtype, shape, name
+
+
+def extent(shape: Sequence[int], itemsize: int) -> int:
+    """Bytes that ``shape`` (sizes >= 0) spans with each zero-size axis counted as one: numpy
+    refuses an empty array whose other axes multiply past its index range.
+
+    Stops multiplying once past :data:`MAX_EXTENT`, so a hostile shape costs no big-integer work.
+    """
+    span = itemsize
+    for size in shape:
+        span *= size or 1
+        if span > MAX_EXTENT:
+            break
+    return span
 
 
 def encode_request(

@@ -14,6 +14,7 @@ from .atomic import replace_atomically
 from .units import MiB
 
 COPY_CHUNK = 16 * MiB
+CHECK_TIMEOUT = 60.0  # seconds for the server to build its model on the copy
 
 
 class PublishError(Exception):
@@ -30,7 +31,8 @@ def publish(
     """Validate ``source``, then atomically make ``destination`` a copy of it.
 
     The model check is the running server's when ``control_endpoint`` is given (it builds its
-    own model on the file); otherwise ``model`` (or the file's own choice) is built here.
+    own model on the copy beside ``destination``, the only place it looks, before the rename);
+    otherwise ``model`` (or the file's own choice) is built here.
     """
     source, destination = os.fspath(source), os.fspath(destination)
     try:
@@ -40,14 +42,19 @@ def publish(
     except (burnpack.BurnpackError, models.ModelError) as exc:
         raise PublishError(str(exc)) from exc
     del pack
-    if control_endpoint is not None:
-        try:
-            control.call(control_endpoint, "check", path=os.path.abspath(source), timeout=60)
-        except control.ControlError as exc:
-            raise PublishError(f"{source}: the running server refuses it: {exc}") from exc
     try:
         with open(source, "rb") as src, replace_atomically(destination) as dst:
             shutil.copyfileobj(src, dst, COPY_CHUNK)
+            if control_endpoint is not None:
+                dst.flush()
+                _server_check(control_endpoint, source, dst.name)
     except OSError as exc:
         raise PublishError(f"cannot publish {source} to {destination}: {exc.strerror or exc}") from exc
     return burnpack.FileIdentity.of(os.stat(destination))
+
+
+def _server_check(control_endpoint: str, source: str, copy: str) -> None:
+    try:
+        control.call(control_endpoint, "check", path=os.path.abspath(copy), timeout=CHECK_TIMEOUT)
+    except control.ControlError as exc:
+        raise PublishError(f"{source}: the running server refuses it: {exc}") from exc

@@ -2,46 +2,94 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+
+from . import models, protocol
 from .intake import Pending
+from .transport import NOBLOCK, send_parts
+
+log = logging.getLogger("workerpool.router")
+
+WorkerKey = tuple[bool, bytes]  # (local, routing id): a remote peer can never pose as a local worker
 
 
 @dataclass(eq=False)
 class WorkerRecord:
-    """One registered worker. ``address`` is its ZeroMQ routing id on the backend socket."""
+    """One registered worker. ``address`` is its ZeroMQ routing id on ``link``, the backend
+    socket it registered on; ``local`` is true only on the private ipc backend, whatever the
+    worker says. ``pid`` and ``host`` are what it says: shown, never acted on."""
 
     address: bytes
+    link: zmq.Socket
     pid: int
     host: str
     generation: int
     model: str
-    local: bool  # started by this host's supervisor (worker hosts' workers are not)
+    local: bool
+    token: str | None  # a local worker's proof that this supervisor started it
     started: float
     last_seen: float
     state: str = "ready"  # ready, busy, reloading or stopping
     served: int = 0
     errors: int = 0
     inflight: Pending | None = None
+    busy_since: float = 0.0
+
+    @property
+    def key(self) -> WorkerKey:
+        return (self.local, self.address)
 
     @classmethod
-    def from_ready(cls, address: bytes, info: dict[str, Any]) -> WorkerRecord:
+    def from_ready(cls, address: bytes, link: zmq.Socket, info: dict[str, Any], *, local: bool) -> WorkerRecord:
         """Read a decoded READY as warily as a request: a worker host on TCP is outside.
 
         Raises ``KeyError`` or ``TypeError`` when it is malformed.
         """
-        pid, generation = info["pid"], info["generation"]
+        pid, generation, token = info["pid"], info["generation"], info.get("token")
         if type(pid) is not int or type(generation) is not int:
             raise TypeError("pid and generation must be integers")
+        if token is not None and not isinstance(token, str):
+            raise TypeError("token must be a string")
         return cls(
             address=address,
+            link=link,
             pid=pid,
             host=str(info["host"]),
             generation=generation,
             model=str(info["model"]),
-            local=bool(info.get("local", True)),
+            local=local,
+            token=token if local else None,
             started=time.time(),
             last_seen=time.monotonic(),
         )
+
+
+def admit(link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame],
+          signature: dict[str, Any]) -> WorkerRecord | None:
+    """The record of a worker whose READY is well formed and whose model fits ``signature``;
+    None otherwise (a misfit is told REFUSE, so that it exits instead of retrying)."""
+    try:
+        info = protocol.decode_header(frames[0])
+        worker = WorkerRecord.from_ready(address, link, info, local=local)
+    except (IndexError, KeyError, TypeError, protocol.ProtocolError) as exc:
+        log.warning("malformed READY from %r ignored: %s", address[:64], exc)
+        return None
+    reason = models.signature_mismatch(signature, info)
+    if reason:
+        log.warning("refused worker %d on %s: its model does not fit: %s", worker.pid, worker.host, reason)
+        send_to_peer(link, address, [protocol.REFUSE, reason.encode()])
+        return None
+    return worker
+
+
+def send_to_peer(link: zmq.Socket, address: bytes, frames: list[bytes]) -> None:
+    """To a peer that is not (or no longer) registered: dropped if it is gone."""
+    try:
+        send_parts(link, [address, *frames], NOBLOCK)
+    except zmq.ZMQError as exc:
+        log.debug("message to unregistered worker %r dropped: %s", address, exc)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import protocol
-from .registry import WorkerRecord
+from .registry import WorkerKey, WorkerRecord
 
 log = logging.getLogger("workerpool.router")
 
@@ -25,7 +25,7 @@ class Rollout:
     def __init__(self) -> None:
         self.target = 0
         self.order = b""  # the RELOAD message body: generation and expected file identity
-        self.switching: bytes | None = None  # address of the worker switching now
+        self.switching: WorkerKey | None = None  # the worker switching now
         self.paused = False  # the newest file failed on a worker: wait for the next one
         self.active = False  # from begin() until every local worker is on the target
         self._floor: dict[bytes, int] = {}  # client -> newest generation that answered it
@@ -45,10 +45,10 @@ class Rollout:
                 and not self.paused)
 
     def started(self, worker: WorkerRecord) -> None:
-        self.switching = worker.address
+        self.switching = worker.key
 
-    def forget(self, address: bytes) -> None:
-        if self.switching == address:
+    def forget(self, key: WorkerKey) -> None:
+        if self.switching == key:
             self.switching = None
 
     def finished(self, worker: WorkerRecord, answer: Any) -> str | None:

@@ -3,7 +3,11 @@
 A request goes only to a worker that has said it is free (the ZeroMQ guide's load-balancing
 broker), so a slow request never holds up others that a free worker could take. Requests wait
 in a bounded queue; past ``max_queue`` they are refused at once. A request in flight on a worker
-that dies is retried once on another worker (inference is idempotent).
+that dies is retried once on another worker (inference is idempotent); one that runs past
+``request_timeout`` is answered ``request_timeout`` and its worker given up (see quarantine.py).
+
+Local workers connect to a private ipc backend; worker hosts on other machines to an optional
+TCP one. Which socket a worker registered on, never what it says, decides whether it is local.
 """
 
 from __future__ import annotations
@@ -16,17 +20,23 @@ from typing import Any, Protocol
 
 import zmq
 
-from . import models, protocol
+from . import protocol
 from .config import HEARTBEAT_SECONDS, LIVENESS_BEATS
 from .intake import Intake, Pending
-from .registry import WorkerRecord
+from .quarantine import Quarantine
+from .registry import WorkerKey, WorkerRecord, admit, send_to_peer
 from .rollout import Rollout
+from .security import CLIENTS, WORKER_HOSTS
 from .transport import NOBLOCK, receive_batch, send_parts, transport_heartbeats
+from .units import MiB
 
 log = logging.getLogger("workerpool.router")
 
 MAX_ATTEMPTS = 2
-MESSAGE_OVERHEAD = 1 << 20  # room on the backend for a reply's header beside its arrays
+MESSAGE_OVERHEAD = MiB  # room on the backend for a reply's header beside its arrays
+CLIENT_READ_AHEAD = 128  # requests libzmq reads from one client ahead of the router
+REPLY_BUFFER_BYTES = 64 * MiB
+MIN_REPLY_BUFFER = 128
 
 
 class RouterEvents(Protocol):
@@ -54,39 +64,37 @@ class Router:
         *,
         frontend: str,
         backend: str,
+        remote_backend: str | None = None,
         max_queue: int,
         max_message_size: int,
+        max_queue_bytes: int | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
         liveness: int = LIVENESS_BEATS,
         signature: dict[str, Any] | None = None,
-        secure: Callable[[zmq.Socket], None] | None = None,
+        secure: Callable[[zmq.Socket, str], None] | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         self.signature = signature or {}
+        self.request_timeout = request_timeout
+        self.quarantine = Quarantine()
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.events = events
         self.rollout = Rollout()
-        self._workers: dict[bytes, WorkerRecord] = {}
-        self._free: deque[bytes] = deque()
-        self.frontend = _router_socket(context, secure)
-        self.frontend.setsockopt(zmq.MAXMSGSIZE, max_message_size)
-        self.frontend.bind(frontend)
+        self._workers: dict[WorkerKey, WorkerRecord] = {}
+        self._free: deque[WorkerKey] = deque()
+        self.frontend = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
+                              hwm=(CLIENT_READ_AHEAD, _reply_buffer(max_message_size)))
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         self.intake = Intake(self.frontend, max_queue=max_queue, max_message_size=max_message_size,
-                             dispatch=self._dispatch)
+                             max_queue_bytes=max_queue_bytes, dispatch=self._dispatch)
         self.queue = self.intake.queue
-        # Worker hosts connect from outside unless the backend is a private ipc socket.
-        outside = not backend.startswith("ipc://")
-        self.backend = _router_socket(context, secure if outside else None)
-        transport_heartbeats(self.backend, heartbeat, liveness)
-        if outside:
-            self.backend.setsockopt(zmq.MAXMSGSIZE, max_message_size + MESSAGE_OVERHEAD)
-        self.backend.bind(backend)
+        self.backend = _bind(context, backend, beats=(heartbeat, liveness))
         self.backend_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.remote = None if remote_backend is None else _bind(  # worker hosts connect from outside
+            context, remote_backend, max_message_size + MESSAGE_OVERHEAD,
+            _in_domain(secure, WORKER_HOSTS), beats=(heartbeat, liveness))
         self._next_beat = time.monotonic() + heartbeat
-
-    def on_frontend(self) -> None:
-        self.intake.on_readable()
 
     # The read-only view.
 
@@ -116,11 +124,14 @@ class Router:
     # Worker side.
 
     def on_backend(self) -> None:
-        receive_batch(self.backend, self._from_worker)
+        receive_batch(self.backend, lambda frames: self._from_worker(self.backend, True, frames))
 
-    def _from_worker(self, frames: list[zmq.Frame]) -> None:
+    def on_remote_backend(self, remote: zmq.Socket) -> None:
+        receive_batch(remote, lambda frames: self._from_worker(remote, False, frames))
+
+    def _from_worker(self, link: zmq.Socket, local: bool, frames: list[zmq.Frame]) -> None:
         address, command = frames[0].bytes, frames[1].bytes
-        worker = self._workers.get(address)
+        worker = self._workers.get((local, address))
         if worker is not None:
             worker.last_seen = time.monotonic()
         if command == protocol.REPLY and worker is not None and len(frames) >= 4:
@@ -128,11 +139,11 @@ class Router:
         elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
             self._reloaded(worker, frames[2])
         elif command == protocol.READY:
-            self._register(address, frames[2:])
+            self._register(link, local, address, frames[2:])
         elif worker is None:  # a worker registered with a router before this one restarted
-            self._send_raw(address, [protocol.WHO])
+            send_to_peer(link, address, [protocol.WHO])
         elif command == protocol.BYE:
-            self.stop_worker(address)
+            self.stop_worker(worker.key)
         elif command != protocol.HEARTBEAT:
             log.warning("unexpected %r message from worker %r ignored", command[:16], address)
 
@@ -148,21 +159,13 @@ class Router:
         self.intake.send(client, frames)
         self._worker_free(worker)
 
-    def _register(self, address: bytes, frames: list[zmq.Frame]) -> None:
-        try:
-            info = protocol.decode_header(frames[0])
-            worker = WorkerRecord.from_ready(address, info)
-        except (IndexError, KeyError, TypeError, protocol.ProtocolError) as exc:
-            log.warning("malformed READY from %r ignored: %s", address[:64], exc)
+    def _register(self, link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame]) -> None:
+        worker = admit(link, local, address, frames, self.signature)
+        if worker is None:
             return
-        reason = models.signature_mismatch(self.signature, info)
-        if reason:
-            log.warning("refused worker %d on %s: its model does not fit: %s", worker.pid, worker.host, reason)
-            self._send_raw(address, [protocol.REFUSE, reason.encode()])
-            return
-        if address in self._workers:
-            self.lose(address, "re-registered")
-        self._workers[address] = worker
+        if worker.key in self._workers:
+            self.lose(worker.key, "re-registered")
+        self._workers[worker.key] = worker
         log.info("worker %d on %s ready (model %s, generation %d)",
                  worker.pid, worker.host, worker.model, worker.generation)
         self.events.worker_ready(worker)
@@ -176,7 +179,7 @@ class Router:
             self._send_reload(worker)
             return
         worker.state = "ready"
-        self._free.append(worker.address)
+        self._free.append(worker.key)
         self.rollout.settle(self._workers.values())
         self._drain()
 
@@ -185,13 +188,14 @@ class Router:
     def begin_rollout(self, generation: int, file_identity: list[int]) -> None:
         """Move every local worker to ``generation``: the file with this identity, validated."""
         self.rollout.begin(generation, file_identity)
+        self.quarantine.clear()
         self._advance_rollout()
 
     def _advance_rollout(self) -> None:
-        for address in list(self._free):
-            worker = self._workers.get(address)
+        for key in list(self._free):
+            worker = self._workers.get(key)
             if worker is not None and worker.state == "ready" and self.rollout.wants(worker):
-                self._free.remove(address)
+                self._free.remove(key)
                 self._send_reload(worker)
                 return
 
@@ -201,7 +205,7 @@ class Router:
             self.rollout.started(worker)
 
     def _reloaded(self, worker: WorkerRecord, answer: Any) -> None:
-        if worker.address != self.rollout.switching:
+        if worker.key != self.rollout.switching:
             log.warning("unexpected RELOADED from worker %d ignored", worker.pid)
             return
         failure = self.rollout.finished(worker, answer)
@@ -223,73 +227,76 @@ class Router:
                 break
 
     def _dispatch(self, pending: Pending) -> bool:
-        """Hand a request to the least recently used free worker that may answer its client."""
+        """Hand a request to the least recently used free worker that may answer its client;
+        True when it is handled (sent, or refused as a known killer)."""
+        if self.quarantine:
+            refusal = self.quarantine.refusal(pending.client, pending.frames)
+            if refusal is not None:
+                self.intake.fail(pending, "worker_failed", refusal)
+                return True
         floor = self.rollout.floor(pending.client)
         for _ in range(len(self._free)):
             worker = self._workers.get(self._free.popleft())
             if worker is None or worker.state != "ready":
                 continue
             if worker.generation < floor:
-                self._free.append(worker.address)
+                self._free.append(worker.key)
                 continue
             if self._send(worker, [protocol.REQUEST, pending.client, *pending.frames]):
                 worker.state = "busy"
+                worker.busy_since = time.monotonic()
                 worker.inflight = pending
                 pending.attempts += 1
                 return True
         return False
 
-    def _send_raw(self, address: bytes, frames: list[bytes]) -> None:
-        try:
-            send_parts(self.backend, [address, *frames], NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.debug("message to unregistered worker %r dropped: %s", address, exc)
-
     def _send(self, worker: WorkerRecord, frames: list[Any]) -> bool:
         try:
-            send_parts(self.backend, [worker.address, *frames], NOBLOCK)
+            send_parts(worker.link, [worker.address, *frames], NOBLOCK)
             return True
         except zmq.ZMQError as exc:
-            self.lose(worker.address, f"unreachable ({exc})")
+            self.lose(worker.key, f"unreachable ({exc})")
             return False
 
     # Losing and stopping workers.
 
-    def lose(self, address: bytes, why: str) -> None:
+    def lose(self, key: WorkerKey, why: str) -> None:
         """Forget a worker; retry its request once elsewhere, else answer ``worker_failed``."""
-        worker = self._workers.pop(address, None)
+        worker = self._workers.pop(key, None)
         if worker is None:
             return
-        if address in self._free:
-            self._free.remove(address)
-        self.rollout.forget(address)
+        if key in self._free:
+            self._free.remove(key)
+        self.rollout.forget(key)
         pending, worker.inflight = worker.inflight, None
         if pending is None:
             log.info("worker %d lost (%s)", worker.pid, why)
         elif pending.attempts < MAX_ATTEMPTS:
             log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
+            self.quarantine.killed(pending.client, pending.frames, proven=False)
             self.intake.enqueue(pending, first=True)
         else:
             log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
+            self.quarantine.killed(pending.client, pending.frames, proven=True)
             self.intake.fail(pending, "worker_failed",
                              f"worker {worker.pid} failed while running the request, twice")
         self.events.worker_lost(worker, why)
         self._advance_rollout()
 
-    def worker_exited(self, pid: int, why: str) -> None:
-        """A local worker process exited (its supervisor reaped it)."""
-        for address, worker in list(self._workers.items()):
-            if worker.pid == pid and worker.local:
-                self.lose(address, why)
+    def worker_exited(self, token: str, why: str) -> None:
+        """A local worker process exited (its supervisor, which gave it ``token``, reaped it)."""
+        for key, worker in list(self._workers.items()):
+            if worker.local and worker.token == token:
+                self.lose(key, why)
         self._drain()
 
-    def stop_worker(self, address: bytes) -> None:
+    def stop_worker(self, key: WorkerKey) -> None:
         """Ask a worker to exit once its current request is done."""
-        worker = self._workers[address]
+        worker = self._workers[key]
         worker.state = "stopping"
-        if address in self._free:
-            self._free.remove(address)
-        if worker.inflight is None and self.rollout.switching != address:
+        if key in self._free:
+            self._free.remove(key)
+        if worker.inflight is None and self.rollout.switching != key:
             self._worker_free(worker)
 
     # Time-driven duties.
@@ -304,14 +311,27 @@ class Router:
 
     def _beat(self, now: float) -> None:
         deadline = self.heartbeat * self.liveness
-        for address, worker in list(self._workers.items()):
+        for key, worker in list(self._workers.items()):
             # A busy worker runs the model instead of beating; libzmq's transport heartbeats
             # still close its connection if it dies or freezes, and then this send fails.
             if worker.inflight is None and worker.state != "reloading" \
                     and now - worker.last_seen > deadline:
-                self.lose(address, f"no heartbeat for {now - worker.last_seen:.1f}s")
+                self.lose(key, f"no heartbeat for {now - worker.last_seen:.1f}s")
+            elif worker.inflight is not None and self.request_timeout is not None \
+                    and now - worker.busy_since > self.request_timeout:
+                self._time_out(worker)
             else:
                 self._send(worker, [protocol.HEARTBEAT])
+
+    def _time_out(self, worker: WorkerRecord) -> None:
+        """Answer a request that ran too long and give up its worker (a local one is killed)."""
+        pending, worker.inflight = worker.inflight, None
+        assert pending is not None
+        self.quarantine.killed(pending.client, pending.frames, proven=True)
+        self.intake.fail(pending, "request_timeout",
+                         f"the request ran past --request-timeout {self.request_timeout:g}s on worker "
+                         f"{worker.pid}; that worker is being replaced")
+        self.lose(worker.key, f"its request ran past --request-timeout {self.request_timeout:g}s")
 
     def fail_all(self, code: str, message: str) -> None:
         """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
@@ -322,10 +342,36 @@ class Router:
                 worker.inflight = None
 
 
-def _router_socket(context: zmq.Context, secure: Callable[[zmq.Socket], None] | None) -> zmq.Socket:
+def _reply_buffer(max_message_size: int) -> int:
+    """Replies held for one client that does not read them, past which they are dropped (it
+    times out and retries): about ``REPLY_BUFFER_BYTES`` of the largest messages, at least
+    ``MIN_REPLY_BUFFER``, so a client that pipelines normally never loses one."""
+    return max(MIN_REPLY_BUFFER, REPLY_BUFFER_BYTES // max_message_size)
+
+
+def _in_domain(secure: Callable[[zmq.Socket, str], None] | None,
+               domain: str) -> Callable[[zmq.Socket], None] | None:
+    return None if secure is None else lambda sock: secure(sock, domain)
+
+
+def _bind(context: zmq.Context, endpoint: str, max_message_size: int | None = None,
+          secure: Callable[[zmq.Socket], None] | None = None,
+          beats: tuple[float, int] | None = None, hwm: tuple[int, int] | None = None) -> zmq.Socket:
+    """A bound ROUTER that fails a send to a gone peer instead of dropping it silently.
+    ``hwm``: messages buffered per peer, received and to send (set before bind: libzmq copies
+    them into each connection)."""
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, 0)
+    if hwm is not None:
+        sock.setsockopt(zmq.RCVHWM, hwm[0])
+        sock.setsockopt(zmq.SNDHWM, hwm[1])
+    if max_message_size is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
     if secure is not None:
         secure(sock)
+    if beats is not None:
+        transport_heartbeats(sock, *beats)
+    sock.bind(endpoint)
     return sock
+

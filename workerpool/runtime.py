@@ -1,10 +1,27 @@
-"""The private runtime directory that holds the supervisor's ipc sockets."""
+"""The private runtime directory that holds the supervisor's ipc sockets.
+
+Each server makes its own ``pool-*`` directory there, with an ``owner`` file naming its pid
+and that process's start time. A server killed with SIGKILL cannot remove its directory, so the
+next server removes every ``pool-*`` directory whose owner is gone (and only those: other
+servers may share the runtime directory).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
+import shutil
 import stat
 import tempfile
+
+import psutil
+
+log = logging.getLogger("workerpool.runtime")
+
+POOL_PREFIX = "pool-"
+OWNER_FILE = "owner"
 
 
 def runtime_dir() -> str:
@@ -18,6 +35,41 @@ def runtime_dir() -> str:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise PermissionError(f"{path} must be a directory owned by uid {os.getuid()} with mode 0700")
     return path
+
+
+def make_pool_dir() -> str:
+    """A new private directory for this server's sockets, after removing stale ones."""
+    base = runtime_dir()
+    _remove_stale_pool_dirs(base)
+    path = tempfile.mkdtemp(prefix=POOL_PREFIX, dir=base)
+    me = psutil.Process()
+    with open(os.path.join(path, OWNER_FILE), "w") as f:
+        json.dump({"pid": me.pid, "started": me.create_time()}, f)
+    return path
+
+
+def _remove_stale_pool_dirs(base: str) -> None:
+    for entry in os.scandir(base):
+        if entry.name.startswith(POOL_PREFIX) and entry.is_dir(follow_symlinks=False) \
+                and not _owner_alive(entry.path):
+            log.info("removing %s, left by a server that is gone", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _owner_alive(path: str) -> bool:
+    """False only when the owner file names a process that is gone (a reused pid counts as
+    gone: its start time differs). A directory being created has no owner file yet: alive."""
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as f:
+            owner = json.load(f)
+        pid, started = int(owner["pid"]), float(owner["started"])
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).create_time() == started
+    return False
 
 
 def default_control_endpoint() -> str:

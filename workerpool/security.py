@@ -38,25 +38,39 @@ def _load(path: str, need_secret: bool) -> tuple[bytes, bytes | None]:
     return public, secret
 
 
+CLIENTS = "clients"
+WORKER_HOSTS = "workers"
+
+
 @dataclass
 class ServerKeys:
-    """A server's secret certificate and the allow-list of client public certificates."""
+    """A server's secret certificate and one allow-list per role: clients, and worker hosts.
+
+    Each bound socket authenticates in its own ZAP domain, so a client's key never admits a
+    worker host (which could otherwise answer other clients' requests) and the reverse.
+    """
 
     secret_file: str
-    allowed_dir: str
+    allowed_dir: str  # clients' public keys
+    worker_dir: str | None = None  # worker hosts' public keys; None: no worker host is admitted
 
     def start(self, context: zmq.Context) -> ThreadAuthenticator:
-        """Start the authenticator that checks every CURVE client against the allow-list."""
-        if not os.path.isdir(self.allowed_dir):
-            raise KeysError(f"client key directory {self.allowed_dir} does not exist")
+        """Start the authenticator that checks every CURVE peer against its role's allow-list."""
+        for directory, role in ((self.allowed_dir, "client"), (self.worker_dir, "worker host")):
+            if directory is not None and not os.path.isdir(directory):
+                raise KeysError(f"{role} key directory {directory} does not exist")
         self.public, self.secret = _load(self.secret_file, need_secret=True)
         authenticator = ThreadAuthenticator(context)
         authenticator.start()
-        authenticator.configure_curve(domain="*", location=self.allowed_dir)
+        authenticator.configure_curve(domain=CLIENTS, location=self.allowed_dir)
+        if self.worker_dir is not None:
+            authenticator.configure_curve(domain=WORKER_HOSTS, location=self.worker_dir)
         return authenticator
 
-    def apply(self, sock: zmq.Socket) -> None:
-        """Make a bound socket a CURVE server: only allowed clients connect, all traffic encrypted."""
+    def apply(self, sock: zmq.Socket, domain: str = CLIENTS) -> None:
+        """Make a bound socket a CURVE server: only peers allowed in ``domain`` connect, all
+        traffic encrypted."""
+        sock.zap_domain = domain.encode()
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
         sock.curve_server = True

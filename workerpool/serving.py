@@ -11,8 +11,8 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
@@ -22,20 +22,24 @@ import zmq
 
 from . import metrics, models, reload, runtime, security
 from .config import STOP_TIMEOUT_SECONDS, ServeConfig
+from .connections import ConnectionLimit
 from .control_server import ControlServer
+from .loop import Loop
 from .process import Child
 from .ready_line import serve_line
 from .registry import WorkerRecord
 from .router import Router
 from .status import Status, worker_rows
 from .supervisor import StartupError, Supervisor
-from .units import KiB, MiB
+from .transport import readable
+from .units import KiB, MiB, format_size
 from .worker_spec import WorkerSpec
 
 log = logging.getLogger("workerpool.supervisor")
 
 BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
 UNDECLARED_MESSAGE_SIZE = 64 * MiB
+STRAGGLER_LINGER_MS = 1000
 
 
 class ServingRole:
@@ -50,6 +54,7 @@ class ServingRole:
         self.reload_waiters: list[tuple[bytes, int, float]] = []
         self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
         self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
+        self._children_by_token: dict[str, Child] = {}
 
     @property
     def router(self) -> Router:
@@ -67,41 +72,63 @@ class ServingRole:
 
     def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
         self.pool = pool
-        config = self.config
         context = zmq.Context()
         cleanup.callback(context.destroy, linger=0)
         cleanup.callback(self._memory_reader.shutdown, wait=True, cancel_futures=True)
         try:
-            private_dir = tempfile.mkdtemp(prefix="pool-", dir=runtime.runtime_dir())
+            private_dir = runtime.make_pool_dir()
             cleanup.callback(shutil.rmtree, private_dir, ignore_errors=True)
-            control_endpoint = config.control or runtime.default_control_endpoint()
+            control_endpoint = self.config.control or runtime.default_control_endpoint()
         except OSError as exc:
             raise StartupError(f"cannot create the runtime directory: {exc}") from exc
         self.control_server = ControlServer(context, control_endpoint, {
             "status": self._status_command, "reload": self._reload_command, "check": self._check_command,
         })
         self.control_server.claim()
-        secure = self._secure(context, cleanup)
-        backend = config.backend or f"ipc://{os.path.join(private_dir, 'backend.sock')}"
-        current = pool.watcher.current
+        self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
+        cleanup.callback(self._answer_stragglers)
+        self.control_server.bind(pool.loop, cleanup)
+        self.connections = ConnectionLimit(self.router.frontend, self.config.max_connections)
+        cleanup.callback(self.connections.close)
+        self._read_sockets(pool.loop)
+
+    def _bind_router(self, context: zmq.Context, private_dir: str,
+                     secure: Callable[[zmq.Socket, str], None] | None) -> Router:
+        config, current = self.config, self.pool.watcher.current
+        max_message_size = config.max_message_size or default_max_message_size(current.signature)
+        if config.max_worker_memory is not None and config.max_worker_memory < max_message_size:
+            raise StartupError(f"--max-worker-memory {format_size(config.max_worker_memory)} is below "
+                               f"--max-message-size {format_size(max_message_size)}: a worker could not "
+                               "even receive the largest request")
+        backend = f"ipc://{os.path.join(private_dir, 'backend.sock')}"  # local workers only
         try:
-            self._router = Router(
-                context, self, frontend=config.bind, backend=backend, max_queue=config.max_queue,
-                max_message_size=config.max_message_size or default_max_message_size(current.signature),
-                heartbeat=config.heartbeat, liveness=config.liveness,
-                signature=current.signature, secure=secure,
+            return Router(
+                context, self, frontend=config.bind, backend=backend, remote_backend=config.backend,
+                max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
+                max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
+                signature=current.signature, secure=secure, request_timeout=config.request_timeout,
             )
         except zmq.ZMQError as exc:
-            raise StartupError(f"cannot bind {config.bind} and {backend}: {exc}") from exc
-        self.control_server.bind(pool.loop, cleanup)
-        pool.loop.read(self.router.frontend, self.router.on_frontend)
-        pool.loop.read(self.router.backend, self.router.on_backend)
-        pool.loop.every_tick(self._duties, urgent=lambda: bool(self.router.queue or self.status_waiters))
+            endpoints = " and ".join(e for e in (config.bind, config.backend or backend) if e)
+            raise StartupError(f"cannot bind {endpoints}: {exc}") from exc
 
-    def _secure(self, context: zmq.Context, cleanup: ExitStack) -> Any:
+    def _read_sockets(self, loop: Loop) -> None:
+        router = self.router
+        loop.read(self.connections.monitor, self.connections.on_event)
+        loop.read(router.frontend, router.intake.on_readable)
+        loop.read(router.backend, router.on_backend)
+        remote = router.remote
+        if remote is not None:
+            loop.read(remote, lambda: router.on_remote_backend(remote))
+        loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.status_waiters))
+
+    def _secure(self, context: zmq.Context, cleanup: ExitStack) -> Callable[[zmq.Socket, str], None] | None:
         """Start CURVE when keys are given; warn about endpoints open to the network without."""
         keys = self.config.server_keys
         if keys is not None:
+            if self.config.backend and keys.worker_dir is None:
+                raise StartupError(f"--backend {self.config.backend} with CURVE needs --curve-worker-keys DIR: "
+                                   "the public keys of the worker hosts allowed to join")
             try:
                 authenticator = keys.start(context)
             except security.KeysError as exc:
@@ -114,6 +141,15 @@ class ServingRole:
                             "can use it (see --curve-server-key)", endpoint)
         return None
 
+    def _answer_stragglers(self) -> None:
+        """At exit, answer requests that reached the socket after the last poll, and give the
+        replies a moment to leave: every request that reached the router gets an answer."""
+        intake = self.router.intake
+        intake.accepting = False
+        while readable(self.router.frontend):
+            intake.on_readable()
+        self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
+
     def _duties(self) -> None:
         self.router.tick()
         self._answer_reload_waiters()
@@ -122,10 +158,13 @@ class ServingRole:
     # The supervisor's side.
 
     def start_worker(self, spec: WorkerSpec) -> Child:
-        return Child.spawn(spec)
+        child = Child.spawn(spec)
+        self._children_by_token[child.token] = child
+        return child
 
     def child_exited(self, child: Child, why: str) -> None:
-        self.router.worker_exited(child.pid, why)
+        self._children_by_token.pop(child.token, None)
+        self.router.worker_exited(child.token, why)
 
     def roll_out(self) -> None:
         self.switch_failure = None
@@ -138,8 +177,11 @@ class ServingRole:
     # The router's side.
 
     def _local_child(self, worker: WorkerRecord) -> Child | None:
-        """The process behind a registered worker, if it is ours (a worker host's pids may collide)."""
-        return self.pool.children.get(worker.pid) if worker.local else None
+        """The process behind a registered worker, known by the token it was started with:
+        never by the pid it reports, so no peer can make the supervisor signal a process."""
+        if not worker.local or worker.token is None:
+            return None
+        return self._children_by_token.get(worker.token)
 
     def worker_ready(self, worker: WorkerRecord) -> None:
         child = self._local_child(worker)
@@ -181,9 +223,15 @@ class ServingRole:
         return None
 
     def _check_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any]:
+        """Whether a file could be published over the served one. Only files in the served
+        file's directory are looked at, so the answer tells nothing about other paths."""
         current = self.pool.watcher.current
+        path = str(request.get("path"))
+        served_dir = os.path.dirname(os.path.realpath(self.config.path))
+        if os.path.dirname(os.path.realpath(path)) != served_dir:
+            return {"error": f"check only looks at files in {served_dir}, the served file's directory"}
         try:
-            name, _, signature = reload.validate(str(request.get("path")), current.model)
+            name, _, signature = reload.validate(path, current.model)
         except reload.WeightsRefused as exc:
             return {"error": str(exc)}
         mismatch = models.signature_mismatch(current.signature, signature)

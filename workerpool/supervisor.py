@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from .config import POLLS_PER_HEARTBEAT, PoolConfig
 from .loop import Loop
 from .process import Backoff, Child, describe_exit
 from .units import format_size
-from .worker_spec import EXIT_FILE_CHANGED, EXIT_REFUSED, WorkerSpec
+from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("workerpool.supervisor")
 
@@ -93,10 +94,12 @@ class Supervisor:
         self._next_watch = 0.0
 
     def run(self) -> int:
+        raise_fd_limit()
         try:  # the file and the model, checked once before anything starts
             self.watcher = reload.Watcher(self.config.path, self.config.model)
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
+        self._check_memory_limit()
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
             self.role.open(self, cleanup)
@@ -111,6 +114,13 @@ class Supervisor:
                 self.loop.turn()
         log.info("stopped")
         return 0
+
+    def _check_memory_limit(self) -> None:
+        """A limit below a private copy of the weights would recycle a worker after every request."""
+        limit, size = self.config.max_worker_memory, self.watcher.current.identity.size
+        if limit is not None and self.config.load == "copy" and limit <= size:
+            raise StartupError(f"--max-worker-memory {format_size(limit)} is below the private copy of "
+                               f"the weights each worker holds with --load copy ({format_size(size)})")
 
     def _duties(self) -> None:
         self._spawn_due()
@@ -130,7 +140,9 @@ class Supervisor:
 
     # Workers.
 
-    def spawn(self) -> Child:
+    def spawn(self) -> Child | None:
+        """Start a worker; when the system refuses (no descriptors, no processes left), try
+        again after a back-off instead of failing the pool."""
         current = self.watcher.current
         spec = WorkerSpec(
             path=self.config.path,
@@ -142,8 +154,16 @@ class Supervisor:
             heartbeat=self.config.heartbeat,
             liveness=self.config.liveness,
             log_level=self.config.log_level,
+            max_memory=self.config.max_worker_memory,
+            parent=os.getpid(),
         )
-        child = self.role.start_worker(spec)
+        try:
+            child = self.role.start_worker(spec)
+        except OSError as exc:
+            delay = self.start_failures.fail()
+            log.error("cannot start a worker: %s; trying again in %.1fs", exc, delay)
+            self.spawn_at.append(time.monotonic() + delay)
+            return None
         self.children[child.pid] = child
         self.loop.read(child.pidfd, lambda: self._reap(child))
         log.debug("started worker %d", child.pid)
@@ -183,6 +203,10 @@ class Supervisor:
         elif code == EXIT_FILE_CHANGED:
             log.info("worker %d found %s replaced while it started; starting another",
                      child.pid, self.config.path)
+            self.spawn()
+        elif code == EXIT_RECYCLED:
+            log.info("worker %d recycled (its private memory passed --max-worker-memory); starting "
+                     "a replacement", child.pid)
             self.spawn()
         elif code == EXIT_REFUSED:  # the same file would be refused again: back off until it changes
             delay = self.refusals.fail()
@@ -340,3 +364,12 @@ class Supervisor:
                             self.role.leave_timeout)
                 child.kill()
             self.kill_deadline = float("inf")
+
+
+def raise_fd_limit() -> None:
+    """Let the pool use every descriptor the hard limit allows: each client connection, worker
+    and pidfd costs some, and running out must not be what stops it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.debug("raised the open file limit from %d to %d", soft, hard)

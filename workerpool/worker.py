@@ -7,16 +7,20 @@ heartbeats, so a busy worker is never mistaken for a dead one.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import zmq
 
 from . import burnpack, models, protocol, security
@@ -24,51 +28,118 @@ from .config import POLLS_PER_HEARTBEAT
 from .logs import setup_logging
 from .models.loaded import LoadedModel
 from .transport import NOBLOCK, send_parts, transport_heartbeats
-from .units import MS_PER_SECOND
-from .worker_spec import EXIT_FILE_CHANGED, EXIT_LOAD_FAILED, EXIT_REFUSED, WorkerSpec
+from .units import MS_PER_SECOND, KiB, format_size
+from .worker_spec import (
+    EXIT_FILE_CHANGED,
+    EXIT_LOAD_FAILED,
+    EXIT_RECYCLED,
+    EXIT_REFUSED,
+    TOKEN_ENV,
+    WorkerSpec,
+)
 
 log = logging.getLogger("workerpool.worker")
 
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
+
 
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
-    """Run one request; every failure becomes an error reply, never an exception."""
-    pid, generation = os.getpid(), loaded.generation
+    """Run one request; every failure becomes an error reply, never an exception: no message,
+    and nothing the model raises or returns, takes the worker down."""
+    reply = _Replies(loaded.generation)
     try:
         message = protocol.decode_request(frames)
     except protocol.ProtocolError as exc:
-        return False, protocol.encode_error(
-            exc.request_id, "bad_request", str(exc), worker_pid=pid, generation=generation
-        )
+        return reply.error(exc.request_id, "bad_request", str(exc))
+    except Exception as exc:  # out of memory while decoding, say: the worker stays
+        log.exception("request could not be decoded")
+        return reply.error(None, "internal", _one_line(exc))
+    if message.header["method"] == protocol.METHOD_INFO:
+        return reply.ok(message.id, None, info=loaded.describe())
+    return _infer(loaded, message, reply)
+
+
+def _infer(
+    loaded: LoadedModel, message: protocol.Message, reply: _Replies
+) -> tuple[bool, list[Any]]:
+    """Run the model on a decoded request: input and output checked, whatever it raises caught."""
     request_id = message.id
     try:
-        if message.header["method"] == protocol.METHOD_INFO:
-            reply = protocol.encode_reply(
-                request_id, worker_pid=pid, generation=generation, info=loaded.describe()
-            )
-            return True, reply
-        outputs = loaded.model(message.payload())
-        return True, protocol.encode_reply(request_id, outputs, worker_pid=pid, generation=generation)
+        outputs = loaded.infer(message.payload())
     except models.ModelInputError as exc:
-        return False, protocol.encode_error(
-            request_id, "bad_request", str(exc), worker_pid=pid, generation=generation
+        return reply.error(request_id, "bad_request", str(exc))
+    except models.ModelOutputError as exc:
+        return reply.error(request_id, "internal", _misfit(loaded, str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit from a model too
+        # Signals never raise here (SIGTERM only wakes the loop, SIGINT is ignored), so this
+        # swallows no request to leave: only what the model itself raised.
+        return reply.error(request_id, "internal", _model_failed(request_id, exc))
+    try:
+        return reply.ok(request_id, outputs)
+    except protocol.ProtocolError as exc:  # an undeclared output that cannot cross the wire
+        problem = f"model {loaded.name}'s output cannot be sent: {exc}"
+        return reply.error(request_id, "internal", _misfit(loaded, problem))
+
+
+class _Replies:
+    """Replies that name this worker and the generation it serves."""
+
+    def __init__(self, generation: int) -> None:
+        self.pid, self.generation = os.getpid(), generation
+
+    def ok(self, request_id: Any, outputs: Any, **extra: Any) -> tuple[bool, list[Any]]:
+        return True, protocol.encode_reply(
+            request_id, outputs, worker_pid=self.pid, generation=self.generation, **extra
         )
-    except Exception as exc:  # a model bug must not take the worker down
+
+    def error(self, request_id: Any, code: str, message: str) -> tuple[bool, list[Any]]:
+        return False, protocol.encode_error(
+            request_id, code, message, worker_pid=self.pid, generation=self.generation
+        )
+
+
+def _misfit(loaded: LoadedModel, problem: str) -> str:
+    """Log, once per model in this worker, that it broke what it declares; the reply's message."""
+    if not loaded.misfit_logged:
+        loaded.misfit_logged = True
+        log.error("worker %d: %s; every such request is answered 'internal' (logged once)",
+                  os.getpid(), problem)
+    return problem
+
+
+def _model_failed(request_id: Any, exc: BaseException) -> str:
+    """Log what the model raised; the reply's message.
+
+    A MemoryError's traceback holds the frames, and so the buffers, of the call that failed:
+    it is dropped first, so that logging has memory to work with.
+    """
+    if isinstance(exc, MemoryError):
+        exc.__traceback__ = None
+        log.error("request %r failed: %s", request_id, _one_line(exc))
+    else:
         log.exception("request %r failed", request_id)
-        return False, protocol.encode_error(
-            request_id, "internal", f"{type(exc).__name__}: {exc}", worker_pid=pid, generation=generation
-        )
+    return _one_line(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Worker:
     """One worker's life: load, connect, register, serve requests and reloads, leave."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, parent: int) -> None:
         self.spec = spec
-        self.parent = os.getppid()
+        self.token = os.environ.pop(TOKEN_ENV, None)  # proves to the router that our supervisor started us
+        self.parent = parent  # the supervisor: once it is gone, so is this worker
         self.identity = f"{socket.gethostname()}/{os.getpid()}".encode()
         self.stopping = False
         self.reregister = False
         self.router_missing = False
+        self.leaving = False  # said or about to say BYE
+        self.exit_code = 0
+        self.memory: MemoryBound | None = None
 
     def run(self) -> int:
         spec = self.spec
@@ -93,6 +164,8 @@ class Worker:
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
         signal.signal(signal.SIGTERM, lambda *_: None)
+        if spec.max_memory is not None:  # last: sockets and their threads are in the baseline
+            self.memory = MemoryBound(spec.max_memory)
         try:
             return self._loop(router, wakeup_r)
         finally:
@@ -102,7 +175,7 @@ class Worker:
     def _register(self, router: zmq.Socket) -> bool:
         """Say READY (with what this worker serves); False while no router is connected."""
         ready = {"pid": os.getpid(), "host": socket.gethostname(), "local": not self.spec.remote,
-                 **self.loaded.describe()}
+                 "token": self.token, **self.loaded.describe()}
         return _send_now(router, [protocol.READY, json.dumps(ready).encode()])
 
     def _loop(self, router: zmq.Socket, wakeup: int) -> int:
@@ -128,15 +201,15 @@ class Worker:
                 registered = self._register(router)
             if events.get(wakeup):
                 os.read(wakeup, 64)
-                if leave_by is None:
-                    # Say goodbye and wait for the router's STOP: a request it sent meanwhile is
-                    # still answered, so leaving loses nothing. No router connected: just go.
-                    log.info("worker %d: SIGTERM, leaving the pool", os.getpid())
-                    leave_by = now + patience
-                    if not _send_now(router, [protocol.BYE]):
-                        return 0
+                self._leave(0, "SIGTERM")
+            if self.leaving and leave_by is None:
+                # Say goodbye and wait for the router's STOP: a request it sent meanwhile is
+                # still answered, so leaving loses nothing. No router connected: just go.
+                leave_by = now + patience
+                if not _send_now(router, [protocol.BYE]):
+                    return self.exit_code
             if self.stopping or (leave_by is not None and (now >= leave_by or not registered)):
-                return 0
+                return self.exit_code
             if now - last_beat >= interval:
                 _send_now(router, [protocol.HEARTBEAT])
                 last_beat = now
@@ -162,6 +235,7 @@ class Worker:
         if command == protocol.REQUEST and len(frames) >= 2:
             ok, reply = handle_request(self.loaded, frames[2:])
             _send_now(router, [protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply])
+            self._check_memory()
             return True
         if command == protocol.RELOAD and len(frames) >= 2:
             outcome = self._reload(frames[1].bytes)
@@ -177,24 +251,111 @@ class Worker:
             raise Refused(reason)
         return False
 
+    def _leave(self, code: int, why: str) -> None:
+        """Leave the pool once the router lets go (the first reason given is the exit code)."""
+        if not self.leaving:
+            log.info("worker %d: %s, leaving the pool", os.getpid(), why)
+            self.leaving, self.exit_code = True, code
+
+    def _check_memory(self) -> None:
+        """After an answer: a worker whose private memory grew past the limit is replaced."""
+        if self.memory is None:
+            return
+        private = self.memory.private()
+        if private > self.memory.limit:
+            self._leave(EXIT_RECYCLED, f"private memory {format_size(private)} passed "
+                        f"--max-worker-memory {format_size(self.memory.limit)}")
+
     def _reload(self, order: bytes) -> dict[str, Any]:
-        """Map the file now at the path and build the model on it, between two requests.
+        """Map the file now at the path and build the model on it, between two requests."""
+        wanted = json.loads(order)
+        generation, expected = int(wanted["generation"]), list(wanted["identity"])
+        with self.memory.lifted() if self.memory else contextlib.nullcontext():
+            error = self._switch(generation, expected)
+        if error is not None:
+            return {"ok": False, "ordered": generation, "generation": self.loaded.generation,
+                    "error": error}
+        log.info("worker %d: serving generation %d", os.getpid(), generation)
+        return {"ok": True, "ordered": generation, "generation": generation}
+
+    def _switch(self, generation: int, expected: list[int]) -> str | None:
+        """Serve ``generation`` if it builds from the expected file; why not, or None.
 
         The old generation is dropped only once the new one is built, and with it the last
         reference to the old mapping, so the replaced file's pages can be freed.
         """
-        wanted = json.loads(order)
-        generation, expected = int(wanted["generation"]), list(wanted["identity"])
-        refusal = {"ok": False, "ordered": generation, "generation": self.loaded.generation}
         try:
             loaded = LoadedModel(self.spec.path, self.spec.model, self.spec.load, generation)
         except (burnpack.BurnpackError, models.ModelError) as exc:
-            return {**refusal, "error": str(exc)}
+            return str(exc)
         if loaded.pack.identity.as_list() != expected:
-            return {**refusal, "error": f"{self.spec.path} changed again before this worker mapped it"}
+            return f"{self.spec.path} changed again before this worker mapped it"
         self.loaded = loaded
-        log.info("worker %d: serving generation %d", os.getpid(), generation)
-        return {"ok": True, "ordered": generation, "generation": generation}
+        return None
+
+
+class MemoryBound:
+    """``--max-worker-memory`` inside the worker: a hard bound per request, a soft one per worker.
+
+    The hard bound is RLIMIT_DATA, which counts private writable mappings (heap, anonymous
+    memory, thread stacks) and not the read-only shared mapping of the weights. Set to what the
+    worker has mapped once ready plus the limit, it makes an allocation past the limit fail
+    with MemoryError, which fails that request alone instead of growing the worker. The soft
+    bound is checked after each answer: a worker whose resident private memory (RssAnon) is
+    over the limit, kept by a leak or a fragmented heap, leaves the pool to be replaced.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._inherited = resource.getrlimit(resource.RLIMIT_DATA)
+        self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        _warm_up_blas()
+        self.arm()
+
+    def arm(self) -> None:
+        """Allow the limit beyond what is mapped now (never more than the inherited limits)."""
+        soft, hard = self._inherited
+        inherited = [limit for limit in (soft, hard) if limit != resource.RLIM_INFINITY]
+        bound = min([_mapped_data() + self.limit, *inherited])
+        resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
+        private = self.private()
+        if private > self.limit:
+            log.warning("worker %d: private memory is %s once ready, over --max-worker-memory %s: "
+                        "it will be recycled after every request", os.getpid(), format_size(private),
+                        format_size(self.limit))
+
+    @contextlib.contextmanager
+    def lifted(self) -> Iterator[None]:
+        """No hard bound while a new generation is built (``--load copy`` copies its weights),
+        then one measured afresh, once the replaced generation is gone."""
+        resource.setrlimit(resource.RLIMIT_DATA, self._inherited)
+        try:
+            yield
+        finally:
+            self.arm()
+
+    def private(self) -> int:
+        """Resident private memory (RssAnon) in bytes: resident minus file-backed and shmem pages
+        in /proc/self/statm, which is cheap enough to read after every request."""
+        fields = os.pread(self._statm, 256, 0).split()
+        return (int(fields[1]) - int(fields[2])) * resource.getpagesize()
+
+
+def _mapped_data() -> int:
+    """Bytes of private writable mappings (VmData): what RLIMIT_DATA counts."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * KiB
+    raise OSError("/proc/self/status has no VmData")
+
+
+def _warm_up_blas() -> None:
+    """One matrix product per float type: BLAS threads allocate their work buffers on first use
+    and keep them, which must happen before the bound is set, not out of a request's share."""
+    for dtype in (np.float32, np.float64):
+        square = np.ones((BLAS_WARM_UP, BLAS_WARM_UP), dtype)
+        square @ square
 
 
 class Refused(Exception):
@@ -211,12 +372,30 @@ def _send_now(sock: zmq.Socket, frames: list[Any]) -> bool:
         return False
 
 
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel SIGKILL this process as soon as ``parent`` dies, even in the middle of a
+    request (Linux; elsewhere the loop notices between requests). False when ``parent`` is
+    already gone: it died before this took effect, and nothing would kill this worker."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        option, unused = ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(0)
+        if libc.prctl(option, ctypes.c_ulong(signal.SIGKILL), unused, unused, unused):
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    return os.getppid() == parent
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides how to stop
     spec = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    parent = spec.parent if spec.parent is not None else os.getppid()
+    orphan = not die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides how to stop
     setup_logging(spec.log_level)
+    if orphan:
+        log.warning("worker %d: supervisor %d is gone before this worker started, exiting",
+                    os.getpid(), parent)
+        return 1
     try:
-        return Worker(spec).run()
+        return Worker(spec, parent).run()
     except (burnpack.BurnpackError, models.ModelError, security.KeysError) as exc:
         log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
         return EXIT_LOAD_FAILED

@@ -18,6 +18,8 @@ from .config import DEFAULT_LOAD, DEFAULT_LOG_LEVEL, HEARTBEAT_SECONDS, LIVENESS
 EXIT_LOAD_FAILED = 3  # the file or the model is unusable
 EXIT_FILE_CHANGED = 4  # the file was replaced while the worker started: validate the new one
 EXIT_REFUSED = 5  # the router refused the worker: its model does not fit
+TOKEN_ENV = "WORKERPOOL_WORKER_TOKEN"  # the secret a local worker registers with
+EXIT_RECYCLED = 6  # the worker's private memory passed --max-worker-memory: replace it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +39,8 @@ class WorkerSpec:
     ready_fd: int | None = None  # an inherited pipe, written once the model is built
     curve_key: str | None = None  # this host's secret key file
     curve_server_key: str | None = None  # the router's public key file
+    max_memory: int | None = None  # private memory (bytes) past which the worker recycles itself
+    parent: int | None = None  # the supervisor's pid: the worker must not outlive it
 
     def to_argv(self) -> list[str]:
         argv = [
@@ -60,6 +64,10 @@ class WorkerSpec:
             argv += ["--curve-key", self.curve_key]
         if self.curve_server_key is not None:
             argv += ["--curve-server-key", self.curve_server_key]
+        if self.max_memory is not None:
+            argv += ["--max-memory", str(self.max_memory)]
+        if self.parent is not None:
+            argv += ["--parent", str(self.parent)]
         return argv
 
     @classmethod
@@ -90,4 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="write to this inherited pipe once the model is built")
     parser.add_argument("--curve-key", default=None, help="this host's secret key file")
     parser.add_argument("--curve-server-key", default=None, help="the router's public key file")
+    parser.add_argument("--max-memory", type=int, default=None,
+                        help="bytes of private memory past which the worker recycles itself")
+    parser.add_argument("--parent", type=int, default=None,
+                        help="the supervisor's pid: exit at once if it is already gone")
     return parser

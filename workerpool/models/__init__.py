@@ -22,6 +22,7 @@ import numpy as np
 
 from . import mlp, mnist
 from .base import MODEL_KEY, Model, ModelError, ModelInputError
+from .contract import Contract, ModelOutputError
 from .mlp import GeneratedMlp, Mlp, generate_mlp
 from .mnist import BurnMnist
 
@@ -36,12 +37,14 @@ __all__ = [
     "BUILTIN_MODELS",
     "MODEL_KEY",
     "BurnMnist",
+    "Contract",
     "Factory",
     "GeneratedMlp",
     "Mlp",
     "Model",
     "ModelError",
     "ModelInputError",
+    "ModelOutputError",
     "build_model",
     "choose_model",
     "generate_mlp",
@@ -140,16 +143,26 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
+def _dtype_name(dtype: Any) -> str:
+    return str(np.dtype(dtype))  # "float32" whether declared as np.float32, "<f4" or a dtype
+
+
+# What a model may declare, and how each value reads in JSON.
+_DECLARED: Mapping[str, Callable[[Any], Any]] = MappingProxyType(
+    {"input_shape": list, "output_shape": list, "input_dtype": _dtype_name, "output_dtype": _dtype_name}
+)
+
+
 def signature(model: Any) -> dict[str, Any]:
     """The input and output a model declares (if it does), for clients and for checking that new
-    weights or another host's model serve the same requests."""
+    weights or another host's model serve the same requests. Named outputs are objects by name."""
     declared: dict[str, Any] = {}
-    for key in ("input_shape", "output_shape"):
-        if hasattr(model, key):
-            declared[key] = list(getattr(model, key))
-    for key in ("input_dtype", "output_dtype"):
-        if hasattr(model, key):
-            declared[key] = str(getattr(model, key))
+    for key, convert in _DECLARED.items():
+        value = getattr(model, key, None)
+        if isinstance(value, Mapping):
+            declared[key] = {str(name): convert(item) for name, item in value.items()}
+        elif value is not None:
+            declared[key] = convert(value)
     return declared
 
 

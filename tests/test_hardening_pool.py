@@ -1,0 +1,278 @@
+"""Attacks on the pool as a whole, each against a real server on loopback or ipc.
+
+Peers that pose as others, a control endpoint anyone could reach, requests that never end,
+drains with requests still arriving, idle connections and exhausted descriptors, and the
+leftovers of a killed server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from helpers import Background, dealer, pool_ready
+from server import TESTS, Host, Server
+
+import workerpool
+from workerpool import control, protocol, security
+from workerpool.launcher import ServerProcess, serve_args
+
+SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
+
+
+def free_backend() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def answer(endpoint: str, x: np.ndarray, **options) -> workerpool.Result:
+    with workerpool.Client(endpoint, timeout=10, retries=0, **options) as client:
+        return client.request(x)
+
+
+def described(endpoint: str) -> dict:
+    with workerpool.Client(endpoint, timeout=10) as client:
+        return client.info()
+
+
+def one_row(endpoint: str) -> np.ndarray:
+    return np.zeros((1, described(endpoint)["input_shape"][1]), np.float32)
+
+
+# Peers are who they say they are.
+
+
+def test_a_remote_peer_claiming_a_local_pid_cannot_get_it_signalled(small_model, context):
+    """A TCP peer registers with local=true and a real local worker's pid, then leaves: the
+    supervisor signals nothing, and that worker keeps serving."""
+    backend = free_backend()
+    with Server(small_model, "--backend", backend, workers=1) as server:
+        victim = server.worker_pids()[0]
+        with dealer(context, backend, IDENTITY=b"forger") as forger:
+            ready = {**described(server.endpoint), "pid": victim, "host": os.uname().nodename,
+                     "local": True}
+            forger.send_multipart([protocol.READY, json.dumps(ready).encode()])
+            server.wait_for(lambda s: [w["pid"] for w in s["workers"]].count(victim) == 2)
+            forger.send_multipart([protocol.BYE])
+            server.wait_for(lambda s: [w["pid"] for w in s["workers"]] == [victim])
+        assert psutil.pid_exists(victim)
+        assert answer(server.endpoint, one_row(server.endpoint)).worker_pid == victim
+        assert "killing worker" not in server.log()
+
+
+def test_a_client_key_cannot_register_a_worker_host(small_model, tmp_path):
+    keys = tmp_path / "keys"
+    clients, hosts = keys / "clients", keys / "hosts"
+    _, server_secret = security.generate(str(keys / "server"), "server")
+    server_public = str(keys / "server" / "server.key")
+    _, alice_secret = security.generate(str(clients), "alice")
+    _, host_secret = security.generate(str(hosts), "host")
+    backend = free_backend()
+    with Server(small_model, "--backend", backend, "--curve-secret-key", server_secret,
+                "--curve-client-keys", str(clients), "--curve-worker-keys", str(hosts),
+                workers=1) as server:
+        with Host(small_model, backend, "--curve-key", host_secret, "--curve-server-key",
+                  server_public, workers=1):
+            server.wait_for(pool_ready(2))
+            # The impostor's workers load and connect, but the handshake never admits them.
+            with Host(small_model, backend, "--curve-key", alice_secret, "--curve-server-key",
+                      server_public, workers=1):
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline:
+                    assert len(server.status()["workers"]) == 2
+        # The host's key does not admit a client either.
+        x = np.zeros((1, 64), np.float32)
+        with workerpool.Client(server.endpoint, timeout=1, retries=0,
+                               keys=workerpool.ClientKeys(host_secret, server_public)) as client:
+            with pytest.raises(workerpool.Timeout):
+                client.infer(x)
+
+
+def test_a_secured_tcp_backend_still_serves_with_local_workers(small_model, tmp_path):
+    keys = tmp_path / "keys"
+    _, server_secret = security.generate(str(keys / "server"), "server")
+    _, alice_secret = security.generate(str(keys / "clients"), "alice")
+    os.makedirs(keys / "hosts")
+    with Server(small_model, "--backend", free_backend(), "--curve-secret-key", server_secret,
+                "--curve-client-keys", str(keys / "clients"), "--curve-worker-keys",
+                str(keys / "hosts"), workers=2) as server:
+        alice = workerpool.ClientKeys(alice_secret, str(keys / "server" / "server.key"))
+        with workerpool.Client(server.endpoint, timeout=10, keys=alice) as client:
+            width = client.info()["input_shape"][1]
+            assert client.request(np.zeros((1, width), np.float32)).worker_pid in server.worker_pids()
+
+
+def test_a_secured_tcp_backend_without_worker_keys_is_refused(small_model, tmp_path):
+    _, server_secret = security.generate(str(tmp_path / "server"), "server")
+    security.generate(str(tmp_path / "clients"), "alice")
+    server = Server(small_model, "--backend", free_backend(), "--curve-secret-key", server_secret,
+                    "--curve-client-keys", str(tmp_path / "clients"), workers=1)
+    try:
+        with pytest.raises(RuntimeError):
+            server.start(timeout=30)
+        assert server.proc.wait(30) == 2
+        assert "needs --curve-worker-keys" in server.log()
+    finally:
+        server.stop()
+
+
+# Control is local and owned.
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:*", "ipc:///tmp/workerpool-open-dir/control"])
+def test_a_control_endpoint_others_could_reach_is_refused(small_model, endpoint):
+    os.makedirs("/tmp/workerpool-open-dir", mode=0o755, exist_ok=True)
+    os.chmod("/tmp/workerpool-open-dir", 0o755)
+    server = Server(small_model, "--control", endpoint, workers=1)
+    try:
+        with pytest.raises(RuntimeError):
+            server.start(timeout=30)
+        assert server.proc.wait(30) == 2
+        assert "must be ipc://PATH" in server.log() or "mode 0700" in server.log()
+    finally:
+        server.stop()
+
+
+def test_check_answers_only_for_the_served_directory(small_model, tmp_path):
+    with Server(small_model, workers=1) as server:
+        for path in ("/etc/shadow", "/etc/hostname", str(tmp_path / "missing.bpk")):
+            with pytest.raises(control.ControlError, match="only looks at files in"):
+                control.call(server.control, "check", path=path)
+        beside = Path(small_model).with_name("beside.bpk")
+        beside.write_bytes(Path(small_model).read_bytes())
+        assert control.call(server.control, "check", path=str(beside))["result"] == "ok"
+
+
+# Requests that never end.
+
+
+def test_a_request_past_the_time_limit_is_answered_and_its_worker_replaced(small_model):
+    with Server(small_model, *SLOW, "--request-timeout", "1", workers=2) as server:
+        before = set(server.worker_pids())
+        stuck = np.full((1, 2), -1000.0, np.float32)  # sleeps 1000 s: as good as a loop
+        with workerpool.Client(server.endpoint) as client:  # the default timeout and retries
+            started = time.monotonic()
+            with pytest.raises(workerpool.RequestTimeout, match="--request-timeout 1s"):
+                client.request(stuck)
+            assert time.monotonic() - started < 10
+            status = server.wait_for(pool_ready(2))
+            now = {w["pid"] for w in status["workers"]}
+            assert len(before - now) == 1, "exactly one worker was replaced"
+            # The same request again is refused at once rather than fed to another worker.
+            with pytest.raises(workerpool.WorkerFailed, match="identical request"):
+                client.request(stuck)
+            assert {w["pid"] for w in server.status()["workers"]} == now
+            np.testing.assert_array_equal(client.infer(np.ones((1, 2), np.float32)), 2)
+
+
+# Draining answers everything.
+
+
+def test_every_request_sent_during_a_drain_is_answered(small_model):
+    """Four clients keep sending while a SIGTERM drain runs and until the server is gone:
+    every request sent while the server still had time to answer it is answered (a result
+    or shutting_down); none is dropped after it reached the router."""
+    with Server(small_model, *SLOW, "--graceful-timeout", "20", workers=2) as server:
+        busy = [Background(lambda: answer(server.endpoint, np.full((1, 2), -1.5, np.float32)))
+                for _ in range(2)]
+        server.wait_for(lambda s: s["queue"]["in_flight"] == 2)
+        unanswered: list[float] = []  # when each request that got no reply was sent
+
+        def keep_sending() -> int:
+            shutting_down = 0
+            with workerpool.Client(server.endpoint, timeout=3, retries=0) as client:
+                for _ in range(2000):
+                    if server.proc.poll() is not None:
+                        break
+                    sent = time.monotonic()
+                    try:
+                        client.request(np.ones((1, 2), np.float32))
+                    except workerpool.ShuttingDown:
+                        shutting_down += 1
+                    except workerpool.Timeout:
+                        unanswered.append(sent)
+            return shutting_down
+
+        senders = [Background(keep_sending) for _ in range(4)]
+        server.signal(signal.SIGTERM)
+        server.proc.wait(60)
+        exited = time.monotonic()
+        assert sum(sender.join(60) for sender in senders) > 0
+        # A request sent in the server's last moments may find its socket already closed.
+        assert [t for t in unanswered if t < exited - 0.5] == []
+        for call in busy:
+            assert call.join(20).outputs[0, 0] == -3.0
+
+
+# Connections and descriptors.
+
+
+def test_idle_connections_past_the_cap_lock_nobody_out(small_model):
+    with Server(small_model, "--max-connections", "20", workers=1) as server:
+        host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        try:
+            assert answer(server.endpoint, one_row(server.endpoint)).outputs.shape[0] == 1
+            server.wait_for(lambda s: "over --max-connections 20" in server.log(), timeout=10)
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_the_supervisor_survives_running_out_of_descriptors(small_model, tmp_path):
+    """With a low descriptor limit, idle connections take every descriptor; a worker killed
+    then cannot be replaced at once, yet the supervisor lives and recovers when they go."""
+    server = Server(small_model, "--max-connections", "1000", workers=1)
+    server.command = ["prlimit", "--nofile=128:128", *server.command]
+    with server:
+        host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        victim = server.worker_pids()[0]
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        try:
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while f"worker {victim} was killed by SIGKILL" not in server.log():
+                assert time.monotonic() < deadline, server.log()
+                time.sleep(0.05)
+        finally:
+            for sock in idle:
+                sock.close()
+        server.wait_for(pool_ready(1), timeout=30)
+        assert server.proc.poll() is None
+        assert "cannot start a worker: [Errno 24] Too many open files" in server.log()
+        assert answer(server.endpoint, one_row(server.endpoint)).worker_pid != victim
+
+
+# Nothing stale.
+
+
+def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(small_model, tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), PYTHONPATH=str(TESTS))
+    pools = runtime / "workerpool"
+
+    def server(name: str) -> ServerProcess:
+        return ServerProcess(serve_args(small_model, 1, "--control", f"ipc://{tmp_path}/{name}"),
+                             env=env, log_path=tmp_path / f"{name}.log")
+
+    killed, alive = server("killed").start(), server("alive").start()
+    try:
+        assert len(list(pools.glob("pool-*"))) == 2
+        os.killpg(killed.proc.pid, signal.SIGKILL)
+        killed.proc.wait(10)
+        with server("next") as nxt:
+            left = {json.loads((p / "owner").read_text())["pid"] for p in pools.glob("pool-*")}
+            assert left == {alive.proc.pid, nxt.proc.pid}
+            assert "left by a server that is gone" in nxt.log()
+    finally:
+        killed.stop()
+        alive.stop()

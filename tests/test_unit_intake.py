@@ -1,0 +1,240 @@
+"""The intake's queue in-process: fairness between clients, both limits, retries and deadlines.
+
+``RequestQueue`` is checked directly; ``Intake`` over real ZeroMQ sockets on inproc://, with a
+dispatch that finds no free worker, so every request has to wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from workerpool.intake import BYTES, COUNT, Intake, Pending, QueueFull, RequestQueue
+
+_endpoints = itertools.count()
+
+
+def request(client: str, number: int, size: int = 1, expires: float | None = None) -> Pending:
+    return Pending(client.encode(), [f"{client}{number}".encode()], 0.0, expires=expires, size=size)
+
+
+def names(pendings: list[Pending]) -> list[bytes]:
+    return [p.frames[0] for p in pendings]
+
+
+def admit(queue: RequestQueue, pending: Pending) -> list[bytes]:
+    """Queue ``pending`` as the intake does; the names of the requests it evicted."""
+    queue.check_room(pending)
+    evicted = queue.make_room(pending)
+    queue.put(pending)
+    return names(evicted)
+
+
+def take_all(queue: RequestQueue) -> list[bytes]:
+    return names(list(queue.take_all()))
+
+
+# The queue.
+
+
+def test_clients_are_served_in_turn():
+    queue = RequestQueue(100)
+    for number in (1, 2, 3):
+        admit(queue, request("a", number))
+    admit(queue, request("b", 1))
+    admit(queue, request("c", 1))
+    assert take_all(queue) == [b"a1", b"b1", b"c1", b"a2", b"a3"]
+
+
+def test_a_newcomer_goes_before_a_flooders_second_request():
+    queue = RequestQueue(1000)
+    for number in range(1, 501):
+        admit(queue, request("flood", number))
+    assert names([queue.take()]) == [b"flood1"]
+    admit(queue, request("late", 1))
+    assert names([queue.take(), queue.take()]) == [b"flood2", b"late1"]
+
+
+def test_one_client_alone_fills_the_whole_count():
+    queue = RequestQueue(5)
+    for number in range(1, 6):
+        assert admit(queue, request("a", number)) == []
+    with pytest.raises(QueueFull) as full:
+        queue.check_room(request("a", 6))
+    assert full.value.limit == COUNT
+    assert len(queue) == 5
+
+
+def test_a_full_queue_evicts_the_newest_request_of_the_biggest_holder():
+    queue = RequestQueue(4)
+    for number in (1, 2, 3):
+        admit(queue, request("a", number))
+    admit(queue, request("b", 1))
+    assert admit(queue, request("c", 1)) == [b"a3"]
+    assert admit(queue, request("d", 1)) == [b"a2"]
+    with pytest.raises(QueueFull):  # a holds one of four, its share among four clients
+        queue.check_room(request("a", 4))
+    with pytest.raises(QueueFull):
+        queue.check_room(request("d", 2))
+    assert take_all(queue) == [b"a1", b"b1", b"c1", b"d1"]
+
+
+def test_a_client_evicted_of_its_last_request_loses_its_turn():
+    queue = RequestQueue(100, max_bytes=1000)
+    admit(queue, request("a", 1, size=600))
+    assert admit(queue, request("b", 1, size=500)) == [b"a1"]
+    assert queue.holders == 1
+    admit(queue, request("a", 2, size=100))
+    assert take_all(queue) == [b"b1", b"a2"]
+
+
+def test_the_byte_limit_bounds_the_queue_and_is_shared_fairly():
+    queue = RequestQueue(100, max_bytes=1000)
+    admit(queue, request("a", 1, size=400))
+    admit(queue, request("a", 2, size=400))
+    with pytest.raises(QueueFull) as full:
+        queue.check_room(request("a", 3, size=400))
+    assert full.value.limit == BYTES
+    assert admit(queue, request("b", 1, size=100)) == []  # it fits
+    with pytest.raises(QueueFull):  # 400 bytes is more than a third of the limit
+        queue.check_room(request("c", 1, size=400))
+    assert admit(queue, request("c", 1, size=300)) == [b"a2"]
+    assert queue.nbytes == 800 and len(queue) == 3
+    with pytest.raises(QueueFull):  # larger than the whole limit
+        queue.check_room(request("d", 1, size=1001))
+
+
+def test_a_large_request_evicts_as_many_as_it_needs():
+    queue = RequestQueue(100, max_bytes=1000)
+    for number in range(1, 11):
+        admit(queue, request("a", number, size=100))
+    assert admit(queue, request("b", 1, size=350)) == [b"a10", b"a9", b"a8", b"a7"]
+    assert queue.nbytes == 950
+
+
+def test_without_a_byte_limit_only_the_count_bounds():
+    queue = RequestQueue(3)
+    for number in (1, 2, 3):
+        admit(queue, request("a", number, size=1 << 40))
+    assert queue.nbytes == 3 << 40
+
+
+def test_retried_requests_go_first_and_are_never_evicted():
+    queue = RequestQueue(3)
+    admit(queue, request("a", 1))
+    admit(queue, request("a", 2))
+    queue.put(request("r", 1), first=True)
+    assert admit(queue, request("b", 1)) == [b"a2"]
+    queue.put(request("r", 2), first=True)  # past the limit: a retry is never refused
+    assert len(queue) == 4
+    with pytest.raises(QueueFull):  # the two retries leave room for one request, a's
+        queue.check_room(request("c", 1))
+    assert take_all(queue) == [b"r2", b"r1", b"a1", b"b1"]
+
+
+def test_a_request_put_back_keeps_its_place():
+    queue = RequestQueue(10)
+    for client in "abc":
+        admit(queue, request(client, 1))
+    taken = queue.take()
+    queue.put(taken, first=True)  # the router found no worker that may take it
+    assert take_all(queue) == [b"a1", b"b1", b"c1"]
+
+
+def test_expired_requests_are_taken_out_of_every_line():
+    queue = RequestQueue(10, max_bytes=1000)
+    admit(queue, request("a", 1, size=10, expires=5.0))
+    admit(queue, request("a", 2, size=20))
+    admit(queue, request("b", 1, size=40, expires=5.0))
+    queue.put(request("r", 1, size=80, expires=5.0), first=True)
+    admit(queue, request("c", 1, size=160))
+    assert queue.take_expired(4.0) == []
+    assert sorted(names(queue.take_expired(6.0))) == [b"a1", b"b1", b"r1"]
+    assert (len(queue), queue.nbytes, queue.holders) == (2, 180, 2)
+    assert take_all(queue) == [b"a2", b"c1"]
+
+
+# The intake, over real sockets.
+
+
+class Front:
+    """An intake on an inproc ROUTER whose dispatch finds no free worker."""
+
+    def __init__(self, context: zmq.Context, **limits: int) -> None:
+        self.context = context
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.endpoint = f"inproc://intake-{next(_endpoints)}"
+        self.socket.bind(self.endpoint)
+        self.intake = Intake(self.socket, max_message_size=1 << 20, dispatch=lambda pending: False,
+                             max_queue=limits.get("max_queue", 8),
+                             max_queue_bytes=limits.get("max_queue_bytes"))
+
+    def client(self) -> zmq.Socket:
+        sock = self.context.socket(zmq.DEALER)
+        sock.connect(self.endpoint)
+        return sock
+
+    def send(self, sock: zmq.Socket, request_id: int, payload: bytes = b"") -> None:
+        head = json.dumps({"v": 1, "id": request_id, "method": "infer", "arrays": []}).encode()
+        sock.send_multipart([b"", head, payload])
+        assert self.socket.poll(2000), "the request did not arrive"
+        self.intake.on_readable()
+
+    def queued_ids(self) -> list[int]:
+        return [json.loads(bytes(p.frames[0]))["id"] for p in self.intake.queue.take_all()]
+
+
+def refusal(sock: zmq.Socket) -> dict:
+    assert sock.poll(2000), "no reply"
+    frames = sock.recv_multipart()
+    header = json.loads(frames[1])
+    assert header["status"] == "error" and header["error"]["code"] == "overloaded", header
+    return header
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def test_a_flooders_newest_request_is_answered_overloaded_for_a_newcomer(context):
+    front = Front(context, max_queue=3)
+    flooder, newcomer = front.client(), front.client()
+    for request_id in (1, 2, 3):
+        front.send(flooder, request_id)
+    front.send(flooder, 4)
+    refused = refusal(flooder)
+    assert refused["id"] == 4
+    assert refused["error"]["message"] == "3 requests already queued (--max-queue 3)"
+    front.send(newcomer, 100)
+    evicted = refusal(flooder)
+    assert evicted["id"] == 3 and "gave way" in evicted["error"]["message"]
+    assert not newcomer.poll(0)
+    assert front.queued_ids() == [1, 100, 2]
+
+
+def test_a_request_past_the_byte_limit_is_refused_naming_the_flag(context):
+    front = Front(context, max_queue=100, max_queue_bytes=10_000)
+    sock = front.client()
+    front.send(sock, 1, b"x" * 6000)
+    front.send(sock, 2, b"x" * 6000)
+    message = refusal(sock)["error"]["message"]
+    assert "--max-queue-bytes 10000" in message, message
+    assert front.queued_ids() == [1]
+
+
+def test_a_queued_request_copies_its_small_frames(context):
+    """A small frame libzmq received may share a receive buffer with others; a queued request
+    keeps a copy instead, so what it holds is what the byte limit counts."""
+    front = Front(context)
+    sock = front.client()
+    front.send(sock, 1, b"x" * (64 * 1024))
+    header, payload = front.intake.queue.take().frames
+    assert isinstance(header, bytes) and isinstance(payload, zmq.Frame)

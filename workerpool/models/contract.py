@@ -1,0 +1,185 @@
+"""What a model declares it takes and returns, checked around every call in a worker.
+
+A model may declare ``input_shape`` and ``input_dtype`` (plus ``also_accepted`` dtypes), and
+``output_shape`` and ``output_dtype``; ``None`` in a shape is an axis of any size, and a
+leading ``None`` is the batch axis. A model that returns named arrays declares
+``output_shape`` (and ``output_dtype``, or one dtype for all) as a mapping from name to value.
+
+The input is checked before the model runs, so a request that does not fit is the client's
+error, answered before numpy allocates anything for it. The output is checked before it is
+sent, so a model that breaks its own declaration is never mistaken for a success. What a model
+does not declare is not checked, except that its output must be arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .base import INPUT_NAME, ModelError, ModelInputError
+
+Shape = tuple[int | None, ...]
+
+
+class ModelOutputError(Exception):
+    """A model returned something other than what it declares: its bug, not the client's."""
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One declared array: a shape (``None`` for an axis of any size) and dtypes, each optional."""
+
+    shape: Shape | None
+    dtypes: tuple[np.dtype, ...]
+
+    def fits(self, array: np.ndarray, batch: int | None = None, *, unbatched: bool = False) -> bool:
+        """Whether ``array`` has a declared dtype and the declared shape, its batch axis of size
+        ``batch`` when given, or without its batch axis when ``unbatched``."""
+        if self.dtypes and array.dtype not in self.dtypes:
+            return False
+        if self.shape is None:
+            return True
+        shape = self.shape[1:] if unbatched else self.with_batch(batch)
+        return len(array.shape) == len(shape) and all(
+            d is None or d == s for s, d in zip(array.shape, shape)
+        )
+
+    @property
+    def has_batch(self) -> bool:
+        """Whether the declared shape starts with the batch axis (``None``)."""
+        return self.shape is not None and self.shape[:1] == (None,)
+
+    def with_batch(self, batch: int | None) -> Shape:
+        """The declared shape, with its batch axis fixed to ``batch`` when that is known."""
+        assert self.shape is not None
+        return self.shape if batch is None or not self.has_batch else (batch, *self.shape[1:])
+
+    def describe(self, batch: int | None = None) -> str:
+        dtypes = " or ".join(map(str, self.dtypes)) or "any dtype"
+        shape = "of any shape" if self.shape is None else _format(self.with_batch(batch))
+        return f"{dtypes} {shape}"
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A model's declared input and outputs, read once when the model is built."""
+
+    model: str
+    input: Declared | None  # None: nothing declared
+    outputs: Mapping[str | None, Declared] | None  # by name; the None key: one unnamed output
+
+    @classmethod
+    def of(cls, model: Any, name: str) -> Contract:
+        """Read what ``model`` declares; one that cannot be read is a :class:`ModelError`."""
+        try:
+            return cls(name, _input_of(model), _outputs_of(model))
+        except (TypeError, ValueError) as exc:
+            raise ModelError(f"model {name!r} declares an unreadable signature: {exc}") from exc
+
+    def check_input(self, inputs: Any) -> int | None:
+        """The batch size of an input that fits the declaration (None: no batch axis declared).
+
+        One array is expected, bare or named ``input``; without its batch axis it is a batch of
+        one, as built-in models take it. Raises :class:`ModelInputError` for anything else.
+        """
+        declared = self.input
+        if declared is None:
+            return None
+        array = inputs
+        if isinstance(inputs, Mapping) and len(inputs) == 1:
+            array = inputs.get(INPUT_NAME)
+        if not isinstance(array, np.ndarray):
+            raise self._refuse(declared, _describe(inputs))
+        if declared.fits(array):
+            return array.shape[0] if declared.has_batch else None
+        if declared.has_batch and declared.fits(array, unbatched=True):
+            return 1
+        raise self._refuse(declared, _describe(array))
+
+    def check_output(self, outputs: Any, batch: int | None) -> None:
+        """Raise :class:`ModelOutputError` unless ``outputs`` are arrays as declared, with the
+        batch size of the input."""
+        if self.outputs is None:
+            if not _are_arrays(outputs):
+                raise self._misfit(f"{_describe(outputs)}, not an array or named arrays")
+        elif None in self.outputs:
+            self._check_array("", outputs, self.outputs[None], batch)
+        elif not isinstance(outputs, Mapping) or set(outputs) != set(self.outputs):
+            names = sorted(map(str, self.outputs))
+            raise self._misfit(f"{_describe(outputs)}, declared arrays named {names}")
+        else:
+            for name, declared in self.outputs.items():
+                self._check_array(f"{name}: ", outputs[name], declared, batch)
+
+    def _check_array(self, label: str, value: Any, declared: Declared, batch: int | None) -> None:
+        """One output array: its dtype and shape, its batch axis the input's."""
+        if not isinstance(value, np.ndarray) or not declared.fits(value, batch):
+            raise self._misfit(f"{label}{_describe(value)}, declared {declared.describe(batch)}")
+
+    def _refuse(self, declared: Declared, got: str) -> ModelInputError:
+        forms = declared.describe()
+        if declared.shape is not None and declared.has_batch:
+            forms += f" or {_format(declared.shape[1:])}"
+        return ModelInputError(f"{self.model}: expected {forms}, got {got}")
+
+    def _misfit(self, what: str) -> ModelOutputError:
+        return ModelOutputError(f"model {self.model} returned {what}")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {list(value.shape)}"
+    if isinstance(value, Mapping):
+        return f"arrays named {sorted(map(str, value))}"
+    return "nothing" if value is None else f"a {type(value).__name__}"
+
+
+def _are_arrays(outputs: Any) -> bool:
+    if isinstance(outputs, Mapping):
+        return bool(outputs) and all(isinstance(v, np.ndarray) for v in outputs.values())
+    return isinstance(outputs, np.ndarray)
+
+
+def _format(shape: Shape) -> str:
+    """``[B, 16]``: B for the batch axis, ``any`` for another axis of any size."""
+    sizes = [str(d) if d is not None else "B" if i == 0 else "any" for i, d in enumerate(shape)]
+    return "[" + ", ".join(sizes) + "]"
+
+
+def _shape(value: Any) -> Shape:
+    return tuple(None if d is None else int(d) for d in value)
+
+
+def _input_of(model: Any) -> Declared | None:
+    shape, dtype = getattr(model, "input_shape", None), getattr(model, "input_dtype", None)
+    if shape is None and dtype is None:
+        return None
+    accepted = _dtypes(dtype)
+    if accepted:
+        accepted += tuple(map(np.dtype, getattr(model, "also_accepted", ())))
+    return Declared(None if shape is None else _shape(shape), accepted)
+
+
+def _outputs_of(model: Any) -> dict[str | None, Declared] | None:
+    shape, dtype = getattr(model, "output_shape", None), getattr(model, "output_dtype", None)
+    if shape is None and dtype is None:
+        return None
+    if not isinstance(shape, Mapping):
+        if isinstance(dtype, Mapping):
+            raise TypeError("output_dtype names outputs but output_shape does not")
+        return {None: _declared(shape, dtype)}
+    dtypes = dtype if isinstance(dtype, Mapping) else dict.fromkeys(shape, dtype)
+    if set(dtypes) != set(shape):
+        raise ValueError(f"output_dtype names {sorted(dtypes)}, output_shape {sorted(shape)}")
+    return {str(name): Declared(_shape(shape[name]), _dtypes(dtypes[name])) for name in shape}
+
+
+def _declared(shape: Any, dtype: Any) -> Declared:
+    return Declared(None if shape is None else _shape(shape), _dtypes(dtype))
+
+
+def _dtypes(dtype: Any) -> tuple[np.dtype, ...]:
+    return () if dtype is None else (np.dtype(dtype),)
