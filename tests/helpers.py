@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -217,3 +218,24 @@ def frozen(pid: int) -> Iterator[psutil.Process]:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.resume()
             proc.kill()
+
+
+def flood(sock: zmq.Socket, x: np.ndarray, count: int) -> int:
+    """Send ``count`` requests for ``x`` without reading a reply; how many were sent."""
+    request = [b"", header(0, [f32(list(x.shape))]), x]
+    sent = 0
+    while sent < count:
+        try:
+            sock.send_multipart(request, flags=zmq.NOBLOCK, copy=False)
+            sent += 1
+        except zmq.Again:
+            if not sock.poll(5000, zmq.POLLOUT):
+                break  # the server stopped reading
+    return sent
+
+
+def free_backend() -> str:
+    """A loopback TCP endpoint on a port free right now, for a worker backend."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"

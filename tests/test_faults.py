@@ -28,6 +28,7 @@ from helpers import (
     dealer,
     exchange,
     f32,
+    flood,
     frozen,
     header,
     log_time,
@@ -496,16 +497,8 @@ def test_client_that_never_reads_cannot_stall_the_server(small_model, context):
     server; the router must drop its replies, not block its whole loop on that client."""
     with Server(small_model, *SLOW, workers=2) as server:
         x = np.ones((1, 4096), np.float32)  # 16 KiB replies fill the kernel buffers quickly
-        request = [b"", header(0, [f32([1, 4096])]), x]
-        sent = 0
         with dealer(context, server.endpoint, RCVHWM=1, RCVBUF=4096) as sock:
-            while sent < 2500:
-                try:
-                    sock.send_multipart(request, flags=zmq.NOBLOCK, copy=False)
-                    sent += 1
-                except zmq.Again:
-                    if not sock.poll(5000, zmq.POLLOUT):
-                        break  # the server stopped reading
+            sent = flood(sock, x, 2500)
             # Still connected and still not reading: others are served meanwhile.
             server.wait_for(
                 lambda s: s["queue"]["depth"] == 0 and s["queue"]["in_flight"] == 0, timeout=20

@@ -11,26 +11,12 @@ import time
 
 import numpy as np
 import zmq
-from helpers import SLOW, dealer, f32, header, reply_header, vm_hwm
+from helpers import SLOW, dealer, f32, flood, header, reply_header, vm_hwm
 from server import Server
 
 import workerpool
 from workerpool import control
 from workerpool.units import MiB
-
-
-def flood(sock: zmq.Socket, x: np.ndarray, count: int) -> int:
-    """Send ``count`` requests for ``x`` without reading a reply; how many were sent."""
-    request = [b"", header(0, [f32(list(x.shape))]), x]
-    sent = 0
-    while sent < count:
-        try:
-            sock.send_multipart(request, flags=zmq.NOBLOCK, copy=False)
-            sent += 1
-        except zmq.Again:
-            if not sock.poll(5000, zmq.POLLOUT):
-                break  # the server stopped reading
-    return sent
 
 
 def test_a_flooding_client_does_not_starve_another(small_model, context):

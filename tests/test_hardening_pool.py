@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from helpers import Background, dealer, pool_ready
+from helpers import Background, dealer, free_backend, pool_ready
 from server import TESTS, Host, Server
 
 import workerpool
@@ -25,12 +25,6 @@ from workerpool import control, protocol, security
 from workerpool.launcher import ServerProcess, serve_args
 
 SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
-
-
-def free_backend() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
 
 
 def answer(endpoint: str, x: np.ndarray, **options) -> workerpool.Result:

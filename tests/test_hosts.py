@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
-from helpers import dealer, registered
+from helpers import dealer, free_backend, registered
 from server import Host, Server
 
 import workerpool
@@ -24,12 +23,6 @@ def model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("hosts") / "model.bpk"
     models.generate_mlp(path, 256 * 1024, width=WIDTH, seed=3)
     return path
-
-
-def free_backend() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
 
 
 def ready_pids(status: dict) -> set[int]:
