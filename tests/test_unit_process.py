@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import signal
+import time
 
 import pytest
 
+from workerpool import models, reload
+from workerpool.config import PoolConfig
 from workerpool.process import Backoff, describe_exit
 from workerpool.ready_line import Ready, parse_ready_line, serve_line, workers_line
+from workerpool.supervisor import Supervisor
 from workerpool.worker_spec import WorkerSpec
 
 
@@ -53,3 +58,38 @@ def test_ready_lines_read_back_as_written(workers):
     host = parse_ready_line(workers_line("m.bpk", "2.0 GiB", "bert", workers, "tcp://router:5556"))
     assert host == Ready("m.bpk", "2.0 GiB", "bert", workers, "tcp://router:5556")
     assert parse_ready_line("workerpool: error: no such file") is None
+
+
+class RefusingRole:
+    """A role whose workers cannot be started: the system is out of descriptors."""
+
+    requests = None
+    leave_timeout = 1.0
+    backend = "ipc:///nonexistent"
+
+    def open(self, pool, cleanup):
+        pass
+
+    def start_worker(self, spec):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    def child_exited(self, child, why):
+        pass
+
+    def roll_out(self):
+        pass
+
+    def ready_line(self, path, size, model, workers):
+        return ""
+
+
+def test_a_worker_that_cannot_be_started_is_retried_after_a_back_off(tmp_path, caplog):
+    path = tmp_path / "m.bpk"
+    models.generate_mlp(path, 64 * 1024, width=16)
+    supervisor = Supervisor(PoolConfig(path=str(path), workers=1), RefusingRole())
+    supervisor.watcher = reload.Watcher(str(path), None)
+    before = time.monotonic()
+    assert supervisor.spawn() is None and supervisor.spawn() is None
+    assert supervisor.children == {}
+    assert [round(t - before, 1) for t in supervisor.spawn_at] == [0.5, 1.0]
+    assert "cannot start a worker: [Errno 24] Too many open files; trying again in 0.5s" in caplog.text

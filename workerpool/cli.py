@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -127,6 +128,9 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.workers == 0 and not args.backend:
+        raise CommandError("--workers 0 serves nothing unless worker hosts can join: give --backend",
+                           exit_code=2)
     return _run_pool(pool.serve, _pool_config(ServeConfig, args, server_keys=_server_keys(args)))
 
 
@@ -411,19 +415,19 @@ def _add_serve(sub: Subcommands) -> None:
     parser.add_argument("--max-queue", type=_positive_or_zero, default=MAX_QUEUE, metavar="N",
                         help="requests that may wait for a free worker; more are refused with "
                         "'overloaded' (default: %(default)s)")
-    parser.add_argument("--max-message-size", type=_size, metavar="SIZE",
+    parser.add_argument("--max-message-size", type=_positive_size, metavar="SIZE",
                         help="largest request accepted (default: room for a batch of 4096 of the "
                         "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)")
     queue_bytes = default_max_queue_bytes()
-    parser.add_argument("--max-queue-bytes", type=_size, default=queue_bytes, metavar="SIZE",
+    parser.add_argument("--max-queue-bytes", type=_positive_size, default=queue_bytes, metavar="SIZE",
                         help="bytes that waiting requests may hold together; past it new ones are "
                         f"refused with 'overloaded' (default: 1GiB or 1/8 of memory, here "
                         f"{format_size(queue_bytes)})")
-    parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_SECONDS, metavar="S",
+    parser.add_argument("--request-timeout", type=_positive_seconds, default=REQUEST_TIMEOUT_SECONDS, metavar="S",
                         help="seconds a request may run on a worker; past it the client gets "
                         "'request_timeout' and the worker is replaced. Keep it below your clients' "
                         "timeout (default: %(default)s)")
-    parser.add_argument("--max-connections", type=_positive_or_zero, default=MAX_CONNECTIONS, metavar="N",
+    parser.add_argument("--max-connections", type=_positive_count, default=MAX_CONNECTIONS, metavar="N",
                         help="client connections served at once; more are closed at once "
                         "(default: %(default)s)")
     parser.add_argument("--backend", metavar="ENDPOINT",
@@ -500,12 +504,12 @@ def _add_pool_options(parser: argparse.ArgumentParser, file_help: str, graceful_
     _add_model(parser, "model to build (default: metadata workerpool.model, else recognised "
                f"from the tensors; built-ins: {', '.join(models.BUILTIN_MODELS)})")
     parser.add_argument("--load", choices=LOAD_MODES, default=DEFAULT_LOAD, help=_load_help())
-    parser.add_argument("--graceful-timeout", type=float, default=GRACEFUL_TIMEOUT_SECONDS, metavar="S",
+    parser.add_argument("--graceful-timeout", type=_seconds, default=GRACEFUL_TIMEOUT_SECONDS, metavar="S",
                         help=f"{graceful_help} (default: %(default)s)")
-    parser.add_argument("--watch-interval", type=float, default=WATCH_INTERVAL_SECONDS, metavar="S",
+    parser.add_argument("--watch-interval", type=_positive_seconds, default=WATCH_INTERVAL_SECONDS, metavar="S",
                         help="seconds between checks of MODEL.bpk for new weights published by rename "
                         "(default: %(default)s)")
-    parser.add_argument("--max-worker-memory", type=_size, metavar="SIZE",
+    parser.add_argument("--max-worker-memory", type=_positive_size, metavar="SIZE",
                         help="recycle a worker whose private memory passes SIZE, after it answers; "
                         "an allocation past it fails that request with 'internal' (default: no limit)")
     parser.add_argument("--no-watch", action="store_true",
@@ -538,7 +542,7 @@ def _add_model(parser: argparse.ArgumentParser, text: str) -> None:
 
 
 def _add_timeout(parser: argparse.ArgumentParser, seconds: float, what: str = "seconds to wait") -> None:
-    parser.add_argument("--timeout", type=float, default=seconds, help=f"{what} (default: {seconds:g})")
+    parser.add_argument("--timeout", type=_positive_seconds, default=seconds, help=f"{what} (default: {seconds:g})")
 
 
 def _add_server_key_options(parser: argparse.ArgumentParser) -> None:
@@ -574,6 +578,37 @@ def _positive_or_zero(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _positive_count(text: str) -> int:
+    value = _positive_or_zero(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_size(text: str) -> int:
+    value = _size(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 bytes")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds from 0 up")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
     return value
 
 

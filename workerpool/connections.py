@@ -2,29 +2,27 @@
 
 ZeroMQ accepts every TCP connection on its own thread and has no limit of its own, so idle
 connections could take every file descriptor. A socket monitor reports each connection's
-descriptor as it is accepted and as its handshake completes. Past the cap, the oldest
-connection that has not completed its handshake (a peer that connected and said nothing) is
-shut down; when every connection is a real client, the newest is. Shutting down happens on a
-duplicate of the descriptor, so libzmq sees the peer go and cleans up after itself as usual.
-Peers that never complete the handshake are also dropped after ``HANDSHAKE_SECONDS``.
+descriptor as it is accepted and as it goes; past the cap the new connection is shut down at
+once, never one already serving a client. Shutting down works on
+libzmq's own descriptor without closing it or needing a new one (there may be none left), and
+only after checking it is still a connection to this socket; libzmq then sees the peer go and
+cleans up after itself as usual.
+Peers that never complete the ZeroMQ handshake are dropped by libzmq after a few seconds
+(see router.py), which frees their places.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .units import MS_PER_SECOND
-
 log = logging.getLogger("workerpool.router")
 
 WARN_INTERVAL = 10.0  # seconds between warnings about refused connections
-HANDSHAKE_SECONDS = 5.0  # libzmq's default is 30 s of holding a descriptor for nothing
 
 
 class ConnectionLimit:
@@ -33,13 +31,12 @@ class ConnectionLimit:
     def __init__(self, sock: zmq.Socket, limit: int) -> None:
         self.limit = limit
         self.open: set[int] = set()
-        self.silent: dict[int, None] = {}  # accepted, handshake not complete: oldest first
         self.refused = 0
         self._last_warning = 0.0
-        sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * MS_PER_SECOND))
         self.monitor = sock.get_monitor_socket(
-            zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
         self._sock = sock
+        self._local = sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def on_event(self) -> None:
         while self.monitor.poll(0):
@@ -47,24 +44,15 @@ class ConnectionLimit:
             kind, fd = event["event"], event["value"]
             if kind == zmq.EVENT_ACCEPTED:
                 self.open.add(fd)
-                self.silent[fd] = None
                 if len(self.open) > self.limit:
-                    self._refuse(next(iter(self.silent)) if len(self.silent) > 1 else fd)
-            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.silent.pop(fd, None)
+                    self._refuse(fd)
             else:
                 self.open.discard(fd)
-                self.silent.pop(fd, None)
 
     def _refuse(self, fd: int) -> None:
         self.refused += 1
         self.open.discard(fd)
-        self.silent.pop(fd, None)
-        try:
-            with socket.socket(fileno=os.dup(fd)) as duplicate:
-                duplicate.shutdown(socket.SHUT_RDWR)
-        except OSError as exc:  # already gone, or out of descriptors for the duplicate
-            log.debug("could not close an excess connection: %s", exc)
+        _shut_down(fd, self._local)
         now = time.monotonic()
         if now - self._last_warning >= WARN_INTERVAL:
             self._last_warning = now
@@ -74,3 +62,25 @@ class ConnectionLimit:
     def close(self) -> None:
         self._sock.disable_monitor()
         self.monitor.close(linger=0)
+
+
+def _shut_down(fd: int, endpoint: str) -> None:
+    """Shut down the connection on ``fd`` if it is still one accepted on ``endpoint``."""
+    try:
+        conn = socket.socket(fileno=fd)
+    except OSError:  # closed meanwhile
+        return
+    try:
+        if _accepted_on(conn, endpoint):
+            conn.shutdown(socket.SHUT_RDWR)
+    except OSError as exc:
+        log.debug("could not close an excess connection: %s", exc)
+    finally:
+        conn.detach()  # the descriptor stays libzmq's
+
+
+def _accepted_on(conn: socket.socket, endpoint: str) -> bool:
+    local = conn.getsockname()
+    if conn.family == socket.AF_UNIX:
+        return endpoint == f"ipc://{local}"
+    return endpoint.rsplit(":", 1)[-1] == str(local[1])

@@ -95,7 +95,11 @@ class ControlServer:
         handler = self.handlers.get(command) if isinstance(command, str) else None
         if handler is None:
             return {"error": f"unknown control command {command!r}"}
-        return handler(frames[0], request)
+        try:
+            return handler(frames[0], request)
+        except Exception as exc:  # noqa: BLE001 - a bad argument must not stop the server
+            log.exception("control command %s failed", command)
+            return {"error": f"{command} failed: {type(exc).__name__}: {exc}"}
 
 
 def _check_private(directory: str) -> None:

@@ -30,7 +30,8 @@ def fingerprint(frames: list[Any]) -> bytes | None:
     except protocol.ProtocolError:
         return None
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(protocol.encode_header({"method": header.get("method"), "arrays": header.get("arrays")}))
+    digest.update(protocol.encode_header({"method": header.get("method"), "arrays": header.get("arrays"),
+                                          "frames": [len(frame) for frame in frames[1:]]}))
     for frame in frames[1:]:
         digest.update(frame.buffer if hasattr(frame, "buffer") else frame)
     return digest.digest()

@@ -28,15 +28,14 @@ from .registry import WorkerKey, WorkerRecord, admit, send_to_peer
 from .rollout import Rollout
 from .security import CLIENTS, WORKER_HOSTS
 from .transport import NOBLOCK, receive_batch, send_parts, transport_heartbeats
-from .units import MiB
+from .units import MS_PER_SECOND, MiB
 
 log = logging.getLogger("workerpool.router")
 
 MAX_ATTEMPTS = 2
 MESSAGE_OVERHEAD = MiB  # room on the backend for a reply's header beside its arrays
 CLIENT_READ_AHEAD = 128  # requests libzmq reads from one client ahead of the router
-REPLY_BUFFER_BYTES = 64 * MiB
-MIN_REPLY_BUFFER = 128
+HANDSHAKE_SECONDS = 5.0  # a peer that has not completed the ZeroMQ handshake by then is dropped
 
 
 class RouterEvents(Protocol):
@@ -84,7 +83,7 @@ class Router:
         self._workers: dict[WorkerKey, WorkerRecord] = {}
         self._free: deque[WorkerKey] = deque()
         self.frontend = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
-                              hwm=(CLIENT_READ_AHEAD, _reply_buffer(max_message_size)))
+                              read_ahead=CLIENT_READ_AHEAD)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         self.intake = Intake(self.frontend, max_queue=max_queue, max_message_size=max_message_size,
                              max_queue_bytes=max_queue_bytes, dispatch=self._dispatch)
@@ -342,13 +341,6 @@ class Router:
                 worker.inflight = None
 
 
-def _reply_buffer(max_message_size: int) -> int:
-    """Replies held for one client that does not read them, past which they are dropped (it
-    times out and retries): about ``REPLY_BUFFER_BYTES`` of the largest messages, at least
-    ``MIN_REPLY_BUFFER``, so a client that pipelines normally never loses one."""
-    return max(MIN_REPLY_BUFFER, REPLY_BUFFER_BYTES // max_message_size)
-
-
 def _in_domain(secure: Callable[[zmq.Socket, str], None] | None,
                domain: str) -> Callable[[zmq.Socket], None] | None:
     return None if secure is None else lambda sock: secure(sock, domain)
@@ -356,16 +348,19 @@ def _in_domain(secure: Callable[[zmq.Socket, str], None] | None,
 
 def _bind(context: zmq.Context, endpoint: str, max_message_size: int | None = None,
           secure: Callable[[zmq.Socket], None] | None = None,
-          beats: tuple[float, int] | None = None, hwm: tuple[int, int] | None = None) -> zmq.Socket:
+          beats: tuple[float, int] | None = None, read_ahead: int | None = None) -> zmq.Socket:
     """A bound ROUTER that fails a send to a gone peer instead of dropping it silently.
-    ``hwm``: messages buffered per peer, received and to send (set before bind: libzmq copies
-    them into each connection)."""
+
+    Options are set before bind: libzmq copies them into each connection it accepts.
+    ``read_ahead`` bounds the messages libzmq buffers per peer before the router reads them;
+    replies to a peer that does not read are dropped past libzmq's own 1000-message buffer.
+    """
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, 0)
-    if hwm is not None:
-        sock.setsockopt(zmq.RCVHWM, hwm[0])
-        sock.setsockopt(zmq.SNDHWM, hwm[1])
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * MS_PER_SECOND))
+    if read_ahead is not None:
+        sock.setsockopt(zmq.RCVHWM, read_ahead)
     if max_message_size is not None:
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
     if secure is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import resource
 import shutil
 import time
 from collections.abc import Callable
@@ -40,6 +41,8 @@ log = logging.getLogger("workerpool.supervisor")
 BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
 UNDECLARED_MESSAGE_SIZE = 64 * MiB
 STRAGGLER_LINGER_MS = 1000
+RESERVED_FDS = 64  # the supervisor's own: sockets, libzmq's internals, logs, the control socket
+FDS_PER_WORKER = 4  # its pidfd, its backend connection and the pipes around starting it
 
 
 class ServingRole:
@@ -88,9 +91,21 @@ class ServingRole:
         self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
         cleanup.callback(self._answer_stragglers)
         self.control_server.bind(pool.loop, cleanup)
-        self.connections = ConnectionLimit(self.router.frontend, self.config.max_connections)
+        self.connections = ConnectionLimit(self.router.frontend, self._connection_cap())
         cleanup.callback(self.connections.close)
         self._read_sockets(pool.loop)
+
+    def _connection_cap(self) -> int:
+        """--max-connections, lowered when the descriptor limit could not hold that many beside
+        the workers' own: a cap above it would let idle connections exhaust descriptors."""
+        wanted = self.config.max_connections
+        available = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - RESERVED_FDS \
+            - FDS_PER_WORKER * max(self.config.workers, 1)
+        if wanted > available:
+            log.warning("--max-connections %d is more than the open file limit leaves room for; "
+                        "serving at most %d connections (raise the limit with ulimit -n)",
+                        wanted, max(available, 1))
+        return max(1, min(wanted, available))
 
     def _bind_router(self, context: zmq.Context, private_dir: str,
                      secure: Callable[[zmq.Socket, str], None] | None) -> Router:
@@ -139,6 +154,10 @@ class ServingRole:
             if endpoint and not runtime.is_local(endpoint):
                 log.warning("%s is open to the network without CURVE keys: anyone who can reach it "
                             "can use it (see --curve-server-key)", endpoint)
+        if self.config.backend and runtime.is_local(self.config.backend):
+            log.warning("worker hosts join %s without CURVE keys: any local user can register there "
+                        "as a worker and answer clients' requests (see --curve-worker-keys)",
+                        self.config.backend)
         return None
 
     def _answer_stragglers(self) -> None:
@@ -226,7 +245,9 @@ class ServingRole:
         """Whether a file could be published over the served one. Only files in the served
         file's directory are looked at, so the answer tells nothing about other paths."""
         current = self.pool.watcher.current
-        path = str(request.get("path"))
+        path = request.get("path")
+        if not isinstance(path, str) or not path or "\0" in path:
+            return {"error": "check needs a path"}
         served_dir = os.path.dirname(os.path.realpath(self.config.path))
         if os.path.dirname(os.path.realpath(path)) != served_dir:
             return {"error": f"check only looks at files in {served_dir}, the served file's directory"}

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import zmq
 
+from .protocol import MAX_ARRAYS
 from .units import MS_PER_SECOND, KiB
 
 # Below this, copying a part into a new message is cheaper than handing libzmq a buffer it must
 # give back later (pyzmq's own copy threshold); above it, arrays go out without a copy.
 ZERO_COPY_MIN = 64 * KiB
 # Plain ints: pyzmq's constants are enum flags, and enum arithmetic costs microseconds per message.
+log = logging.getLogger("workerpool.router")
+
 BATCH = 64  # messages taken from one socket per poll: amortises the loop, keeps it fair
+# Routing id, delimiter or command, client id, status, header, then at most 64 arrays.
+MAX_FRAMES = 5 + MAX_ARRAYS
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
 POLLIN = int(zmq.POLLIN)
@@ -35,11 +41,37 @@ def readable(sock: zmq.Socket) -> bool:
 
 
 def receive_batch(sock: zmq.Socket, handler: Callable[[list[zmq.Frame]], None]) -> None:
-    """Hand ``handler`` the messages waiting on a readable socket, at most ``BATCH`` of them."""
+    """Hand ``handler`` the messages waiting on a readable socket, at most ``BATCH`` of them.
+
+    A message of more than ``MAX_FRAMES`` frames is no message of the protocol: it is read
+    and dropped frame by frame, never held whole (libzmq's size limits count bytes per frame,
+    so a few megabytes of empty frames would otherwise cost a Python object each).
+    """
     for _ in range(BATCH):
-        handler(sock.recv_multipart(copy=False))
+        frames = _receive_capped(sock)
+        if frames is not None:
+            handler(frames)
         if not readable(sock):
             return
+
+
+def _receive_capped(sock: zmq.Socket) -> list[zmq.Frame] | None:
+    frames = [sock.recv(copy=False)]
+    while frames[-1].more:
+        if len(frames) == MAX_FRAMES:
+            dropped = len(frames) + _discard_rest(sock)
+            log.warning("dropped a message of %d frames (at most %d are read)", dropped, MAX_FRAMES)
+            return None
+        frames.append(sock.recv(copy=False))
+    return frames
+
+
+def _discard_rest(sock: zmq.Socket) -> int:
+    count = 0
+    while sock.getsockopt(zmq.RCVMORE):
+        sock.recv(copy=True)
+        count += 1
+    return count
 
 
 def transport_heartbeats(sock: zmq.Socket, interval: float, liveness: int) -> None:

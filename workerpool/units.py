@@ -8,6 +8,7 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 MS_PER_SECOND = 1000
+MAX_SIZE = 1 << 62  # far beyond any machine; keeps every size a C long
 
 _UNITS = {
     "": 1,
@@ -31,7 +32,10 @@ def parse_size(text: str) -> int:
     unit = match and match.group(2).lower()
     if not match or unit not in _UNITS:
         raise ValueError(f"invalid size {text!r}: use a number with B, KiB, MiB, GiB, KB, MB or GB")
-    return int(float(match.group(1)) * _UNITS[unit])
+    value = float(match.group(1)) * _UNITS[unit]
+    if not value <= MAX_SIZE:
+        raise ValueError(f"size {text!r} is too large (at most {MAX_SIZE // GiB} GiB)")
+    return int(value)
 
 
 def format_size(nbytes: int) -> str:

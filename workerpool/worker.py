@@ -294,6 +294,10 @@ class Worker:
         return None
 
 
+class MemoryLimitTooLow(Exception):
+    """The worker would be over --max-worker-memory before serving anything."""
+
+
 class MemoryBound:
     """``--max-worker-memory`` inside the worker: a hard bound per request, a soft one per worker.
 
@@ -311,6 +315,10 @@ class MemoryBound:
         self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
         _warm_up_blas()
         self.arm()
+        private = self.private()
+        if private > limit:
+            raise MemoryLimitTooLow(f"--max-worker-memory {format_size(limit)} is below this worker's own "
+                                    f"private memory once ready ({format_size(private)}); raise it")
 
     def arm(self) -> None:
         """Allow the limit beyond what is mapped now (never more than the inherited limits)."""
@@ -398,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Worker(spec, parent).run()
     except (burnpack.BurnpackError, models.ModelError, security.KeysError) as exc:
         log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
+        return EXIT_LOAD_FAILED
+    except MemoryLimitTooLow as exc:
+        log.error("worker %d: %s", os.getpid(), exc)
         return EXIT_LOAD_FAILED
     except Refused:
         return EXIT_REFUSED
