@@ -581,20 +581,6 @@ def _positive_or_zero(text: str) -> int:
     return value
 
 
-def _positive_count(text: str) -> int:
-    value = _positive_or_zero(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _positive_size(text: str) -> int:
-    value = _size(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than 0 bytes")
-    return value
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -605,11 +591,24 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return value
+Number = TypeVar("Number", int, float)
+
+
+def _above_zero(parse: Callable[[str], Number], message: str) -> Callable[[str], Number]:
+    """``parse``, refusing 0 with ``message``: a limit of nothing is a typo, not a setting."""
+
+    def parse_above_zero(text: str) -> Number:
+        value = parse(text)
+        if value == 0:
+            raise argparse.ArgumentTypeError(message)
+        return value
+
+    return parse_above_zero
+
+
+_positive_count = _above_zero(_positive_or_zero, "must be at least 1")
+_positive_size = _above_zero(_size, "must be more than 0 bytes")
+_positive_seconds = _above_zero(_seconds, "must be more than 0 seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
