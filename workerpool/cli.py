@@ -212,7 +212,8 @@ def _print_status(status: dict[str, Any]) -> None:
     print(f"supervisor {status['supervisor_pid']} serving on {status['endpoint']}")
     print(f"model {model['name']}: {model['path']} ({format_size(model['size'])}, inode {model['inode']}, "
           f"generation {model['generation']}, {model['load']})")
-    print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight")
+    print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
+          f"{status['threads_per_worker']} BLAS threads per worker")
     print(f"{'pid':>8}  {'host':<16} {'state':<9} {'gen':>4} {'served':>8} {'errors':>6} "
           + " ".join(f"{_MEMORY_COLUMNS[k]:>10}" for k in _MEMORY_COLUMNS))
     for worker in status["workers"]:
@@ -509,6 +510,9 @@ def _add_pool_options(parser: argparse.ArgumentParser, file_help: str, graceful_
     parser.add_argument("--watch-interval", type=_positive_seconds, default=WATCH_INTERVAL_SECONDS, metavar="S",
                         help="seconds between checks of MODEL.bpk for new weights published by rename "
                         "(default: %(default)s)")
+    parser.add_argument("--threads-per-worker", type=_positive_count, metavar="N",
+                        help="threads for each worker's numpy BLAS and OpenMP pools (default: the "
+                        "CPUs this process may use divided by --workers, at least 1)")
     parser.add_argument("--max-worker-memory", type=_positive_size, metavar="SIZE",
                         help="recycle a worker whose private memory passes SIZE, after it answers; "
                         "an allocation past it fails that request with 'internal' (default: no limit)")

@@ -53,6 +53,14 @@ class PoolConfig:
     log_level: str = DEFAULT_LOG_LEVEL
     watch_interval: float | None = WATCH_INTERVAL_SECONDS  # None: reload only when asked
     max_worker_memory: int | None = None  # bytes of private memory before a worker is recycled
+    threads_per_worker: int | None = None  # None: the CPUs this process may use, shared out
+
+    def cpu_budget(self) -> int:
+        """Threads each worker's BLAS and OpenMP pools may use: with more workers than cores,
+        more threads only make them take turns (and each wait is a cold pool)."""
+        if self.threads_per_worker is not None:
+            return self.threads_per_worker
+        return max(1, len(os.sched_getaffinity(0)) // max(1, self.workers))
 
 
 @dataclass(kw_only=True)

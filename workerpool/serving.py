@@ -299,6 +299,7 @@ class ServingRole:
         return {
             "supervisor_pid": os.getpid(),
             "endpoint": router.endpoint,
+            "threads_per_worker": self.pool.threads_per_worker,
             "model": {
                 "name": current.model,
                 "path": self.config.path,

@@ -54,6 +54,7 @@ class QueueStatus(TypedDict):
 class Status(TypedDict):
     supervisor_pid: int
     endpoint: str
+    threads_per_worker: int  # each worker's BLAS/OpenMP threads
     model: ModelStatus
     queue: QueueStatus
     workers: list[WorkerStatus]

@@ -90,6 +90,7 @@ class Supervisor:
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
         self.loop = Loop(idle_timeout=config.heartbeat / POLLS_PER_HEARTBEAT)
+        self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
         self.watcher: reload.Watcher
         self._next_watch = 0.0
 
@@ -105,8 +106,9 @@ class Supervisor:
             self.role.open(self, cleanup)
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self._signals())
-            log.info("starting %d workers for %s (model %s, %s)", self.target, self.config.path,
-                     self.watcher.current.model, self.config.load)
+            log.info("starting %d workers for %s (model %s, %s, %d BLAS threads each)", self.target,
+                     self.config.path, self.watcher.current.model, self.config.load,
+                     self.threads_per_worker)
             for _ in range(self.target):
                 self.spawn()
             self.announce_if_ready()
@@ -156,6 +158,7 @@ class Supervisor:
             log_level=self.config.log_level,
             max_memory=self.config.max_worker_memory,
             parent=os.getpid(),
+            threads=self.threads_per_worker,
         )
         try:
             child = self.role.start_worker(spec)

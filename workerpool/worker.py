@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import zmq
+from threadpoolctl import threadpool_limits
 
 from . import burnpack, models, protocol, security
 from .config import POLLS_PER_HEARTBEAT
@@ -143,6 +144,8 @@ class Worker:
 
     def run(self) -> int:
         spec = self.spec
+        if spec.threads is not None:  # before the model is built: it may run BLAS already
+            self.threads = threadpool_limits(limits=spec.threads)
         self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation)
         if spec.expect and self.loaded.pack.identity.as_list() != spec.expect:
             log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",

@@ -41,6 +41,7 @@ class WorkerSpec:
     curve_server_key: str | None = None  # the router's public key file
     max_memory: int | None = None  # private memory (bytes) past which the worker recycles itself
     parent: int | None = None  # the supervisor's pid: the worker must not outlive it
+    threads: int | None = None  # BLAS/OpenMP threads; None leaves the libraries' defaults
 
     def to_argv(self) -> list[str]:
         argv = [
@@ -68,6 +69,8 @@ class WorkerSpec:
             argv += ["--max-memory", str(self.max_memory)]
         if self.parent is not None:
             argv += ["--parent", str(self.parent)]
+        if self.threads is not None:
+            argv += ["--threads", str(self.threads)]
         return argv
 
     @classmethod
@@ -102,4 +105,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="bytes of private memory past which the worker recycles itself")
     parser.add_argument("--parent", type=int, default=None,
                         help="the supervisor's pid: exit at once if it is already gone")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for numpy's BLAS and OpenMP pools")
     return parser

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Requests/s with each worker's BLAS threads limited to its share of the CPUs, against the same
+pool with every worker using all of them (numpy's default), alternating in the same run.
+
+    python scripts/cpu_budget.py                           # 16 MiB mlp, 2 workers, 4-row requests
+    python scripts/cpu_budget.py --workers 8 --size 256MiB --rows 1 --in-flight 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+
+import numpy as np
+from bench import drive
+
+from workerpool import models, protocol
+from workerpool.launcher import ServerProcess, serve_args
+from workerpool.units import format_size, parse_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--size", type=parse_size, default=parse_size("16MiB"), help="model size")
+    parser.add_argument("--rows", type=int, default=4, help="rows per request (default: 4)")
+    parser.add_argument("--in-flight", default="1,4", help="comma-separated levels (default: 1,4)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per level and run (default: 3)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each, alternating (default: 3)")
+    args = parser.parse_args()
+    levels = [int(k) for k in args.in_flight.split(",")]
+    cpus = len(os.sched_getaffinity(0))
+    setups = {"budget": [], "all cpus": ["--threads-per-worker", str(cpus)]}
+    rates: dict[tuple[str, int], list[float]] = {(name, k): [] for name in setups for k in levels}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "model.bpk")
+        generated = models.generate_mlp(model, args.size)
+        x = np.random.default_rng(0).standard_normal((args.rows, generated.dims[0]), dtype=np.float32)
+        frames = protocol.encode_request(0, x)
+        for _ in range(args.repeat):
+            for name, extra in setups.items():
+                serve = serve_args(model, args.workers, "--control", f"ipc://{tmp}/control",
+                                   "--log-level", "warning", *extra)
+                with ServerProcess(serve) as server:
+                    for k in levels:
+                        rates[(name, k)].append(drive(server.endpoint, frames, k, args.seconds)["rps"])
+    budget = max(1, cpus // args.workers)
+    print(f"{args.workers} workers on {cpus} CPUs, {format_size(args.size)} mlp, {args.rows}-row requests; "
+          f"median of {args.repeat} alternating runs of {args.seconds:g}s")
+    print(f"{'in flight':>9} | {f'{budget} thread(s) each':>18} | {f'{cpus} threads each':>16} | ratio")
+    for k in levels:
+        ours, theirs = statistics.median(rates[("budget", k)]), statistics.median(rates[("all cpus", k)])
+        print(f"{k:>9} | {ours:>14.0f} r/s | {theirs:>12.0f} r/s | {ours / theirs:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
