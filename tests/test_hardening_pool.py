@@ -121,16 +121,18 @@ def test_a_secured_tcp_backend_without_worker_keys_is_refused(small_model, tmp_p
 # Control is local and owned.
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:*", "ipc:///tmp/workerpool-open-dir/control"])
-def test_a_control_endpoint_others_could_reach_is_refused(small_model, endpoint):
-    os.makedirs("/tmp/workerpool-open-dir", mode=0o755, exist_ok=True)
-    os.chmod("/tmp/workerpool-open-dir", 0o755)
+@pytest.mark.parametrize("kind", ["tcp", "open directory"])
+def test_a_control_endpoint_others_could_reach_is_refused(small_model, tmp_path, kind):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    endpoint = "tcp://127.0.0.1:*" if kind == "tcp" else f"ipc://{shared}/control"
     server = Server(small_model, "--control", endpoint, workers=1)
     try:
         with pytest.raises(RuntimeError):
             server.start(timeout=30)
         assert server.proc.wait(30) == 2
-        assert "must be ipc://PATH" in server.log() or "mode 0700" in server.log()
+        assert ("must be ipc://PATH" if kind == "tcp" else "mode 0700") in server.log()
     finally:
         server.stop()
 
