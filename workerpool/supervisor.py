@@ -27,7 +27,6 @@ from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerS
 log = logging.getLogger("workerpool.supervisor")
 
 
-
 class StartupError(Exception):
     """The pool cannot start (bad model file, endpoint in use); nothing was started."""
 
