@@ -1,0 +1,1 @@
+"""The gunicorn side of ``scripts/compare.py``: a WSGI app serving a workerpool model."""
