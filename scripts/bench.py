@@ -67,6 +67,11 @@ def drive(endpoint: str, frames: list, in_flight: int, seconds: float) -> dict:
     elapsed = time.perf_counter() - start
     sock.close()
     context.term()
+    return summary(in_flight, latencies, elapsed)
+
+
+def summary(in_flight: int, latencies: list[float], elapsed: float) -> dict:
+    """Rate and latency percentiles (microseconds) of one level."""
     lat = np.array(latencies) * 1e6
     return {
         "in_flight": in_flight,

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import psutil
 import zmq
-from bench import drive
+from bench import drive, summary
 
 from workerpool import metrics, models, protocol
 from workerpool.launcher import NotReady, ServerProcess, serve_args
@@ -290,17 +290,6 @@ def http_drive(port: int, request: bytes, in_flight: int, seconds: float) -> dic
     for connection in connections:
         connection.sock.close()
     return summary(in_flight, latencies, elapsed)
-
-
-def summary(in_flight: int, latencies: list[float], elapsed: float) -> dict[str, Any]:
-    lat = np.array(latencies) * 1e6
-    return {
-        "in_flight": in_flight,
-        "requests": len(latencies),
-        "rps": len(latencies) / elapsed,
-        "p50_us": float(np.percentile(lat, 50)),
-        "p99_us": float(np.percentile(lat, 99)),
-    }
 
 
 def run_gunicorn(load: Load) -> dict[str, Any]:
