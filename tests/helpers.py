@@ -12,15 +12,17 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
+import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 import workerpool
-from workerpool import burnpack, models
+from workerpool import burnpack, models, security
 
 SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
 
@@ -239,3 +241,39 @@ def free_backend() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+class CurveKeys:
+    """A server's key pair and its two allow-lists (clients, worker hosts) under ``directory``;
+    ``client`` and ``host`` add an allowed key pair and return its secret file."""
+
+    def __init__(self, directory: Path) -> None:
+        self.clients, self.hosts = directory / "clients", directory / "hosts"
+        self.hosts.mkdir(parents=True)
+        _, self.server_secret = security.generate(str(directory / "server"), "server")
+        self.server_public = str(directory / "server" / "server.key")
+
+    def client(self, name: str) -> str:
+        return security.generate(str(self.clients), name)[1]
+
+    def host(self, name: str) -> str:
+        return security.generate(str(self.hosts), name)[1]
+
+    def serve_args(self) -> tuple[str, ...]:
+        return ("--curve-secret-key", self.server_secret, "--curve-client-keys", str(self.clients),
+                "--curve-worker-keys", str(self.hosts))
+
+    def host_args(self, secret: str) -> tuple[str, ...]:
+        return ("--curve-key", secret, "--curve-server-key", self.server_public)
+
+
+def refused_at_start(server: Any, message: str) -> None:
+    """``server`` (not yet started) exits 2 before its ready line, logging ``message``; stopped
+    whatever happens."""
+    try:
+        with pytest.raises(RuntimeError):
+            server.start(timeout=30)
+        assert server.proc.wait(30) == 2
+        assert message in server.log()
+    finally:
+        server.stop()

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from helpers import Background, cli, dealer, free_backend, pool_ready
+from helpers import Background, CurveKeys, cli, dealer, free_backend, pool_ready, refused_at_start
 from server import TESTS, Host, Server
 
 import workerpool
-from workerpool import control, protocol, security
+from workerpool import control, protocol
 from workerpool.launcher import ServerProcess, serve_args
 
 SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
@@ -63,59 +63,41 @@ def test_a_remote_peer_claiming_a_local_pid_cannot_get_it_signalled(small_model,
 
 
 def test_a_client_key_cannot_register_a_worker_host(small_model, tmp_path):
-    keys = tmp_path / "keys"
-    clients, hosts = keys / "clients", keys / "hosts"
-    _, server_secret = security.generate(str(keys / "server"), "server")
-    server_public = str(keys / "server" / "server.key")
-    _, alice_secret = security.generate(str(clients), "alice")
-    _, host_secret = security.generate(str(hosts), "host")
+    keys = CurveKeys(tmp_path / "keys")
+    alice_secret, host_secret = keys.client("alice"), keys.host("host")
     backend = free_backend()
-    with Server(small_model, "--backend", backend, "--curve-secret-key", server_secret,
-                "--curve-client-keys", str(clients), "--curve-worker-keys", str(hosts),
-                workers=1) as server:
-        with Host(small_model, backend, "--curve-key", host_secret, "--curve-server-key",
-                  server_public, workers=1):
+    with Server(small_model, "--backend", backend, *keys.serve_args(), workers=1) as server:
+        with Host(small_model, backend, *keys.host_args(host_secret), workers=1):
             server.wait_for(pool_ready(2))
             # The impostor's workers load and connect, but the handshake never admits them.
-            with Host(small_model, backend, "--curve-key", alice_secret, "--curve-server-key",
-                      server_public, workers=1):
+            with Host(small_model, backend, *keys.host_args(alice_secret), workers=1):
                 deadline = time.monotonic() + 3
                 while time.monotonic() < deadline:
                     assert len(server.status()["workers"]) == 2
         # The host's key does not admit a client either.
         x = np.zeros((1, 64), np.float32)
         with workerpool.Client(server.endpoint, timeout=1, retries=0,
-                               keys=workerpool.ClientKeys(host_secret, server_public)) as client:
+                               keys=workerpool.ClientKeys(host_secret, keys.server_public)) as client:
             with pytest.raises(workerpool.Timeout):
                 client.infer(x)
 
 
 def test_a_secured_tcp_backend_still_serves_with_local_workers(small_model, tmp_path):
-    keys = tmp_path / "keys"
-    _, server_secret = security.generate(str(keys / "server"), "server")
-    _, alice_secret = security.generate(str(keys / "clients"), "alice")
-    os.makedirs(keys / "hosts")
-    with Server(small_model, "--backend", free_backend(), "--curve-secret-key", server_secret,
-                "--curve-client-keys", str(keys / "clients"), "--curve-worker-keys",
-                str(keys / "hosts"), workers=2) as server:
-        alice = workerpool.ClientKeys(alice_secret, str(keys / "server" / "server.key"))
+    keys = CurveKeys(tmp_path / "keys")
+    alice_secret = keys.client("alice")
+    with Server(small_model, "--backend", free_backend(), *keys.serve_args(), workers=2) as server:
+        alice = workerpool.ClientKeys(alice_secret, keys.server_public)
         with workerpool.Client(server.endpoint, timeout=10, keys=alice) as client:
             width = client.info()["input_shape"][1]
             assert client.request(np.zeros((1, width), np.float32)).worker_pid in server.worker_pids()
 
 
 def test_a_secured_tcp_backend_without_worker_keys_is_refused(small_model, tmp_path):
-    _, server_secret = security.generate(str(tmp_path / "server"), "server")
-    security.generate(str(tmp_path / "clients"), "alice")
-    server = Server(small_model, "--backend", free_backend(), "--curve-secret-key", server_secret,
-                    "--curve-client-keys", str(tmp_path / "clients"), workers=1)
-    try:
-        with pytest.raises(RuntimeError):
-            server.start(timeout=30)
-        assert server.proc.wait(30) == 2
-        assert "needs --curve-worker-keys" in server.log()
-    finally:
-        server.stop()
+    keys = CurveKeys(tmp_path / "keys")
+    keys.client("alice")
+    server = Server(small_model, "--backend", free_backend(), "--curve-secret-key", keys.server_secret,
+                    "--curve-client-keys", str(keys.clients), workers=1)
+    refused_at_start(server, "needs --curve-worker-keys")
 
 
 # Control is local and owned.
@@ -127,14 +109,8 @@ def test_a_control_endpoint_others_could_reach_is_refused(small_model, tmp_path,
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
     endpoint = "tcp://127.0.0.1:*" if kind == "tcp" else f"ipc://{shared}/control"
-    server = Server(small_model, "--control", endpoint, workers=1)
-    try:
-        with pytest.raises(RuntimeError):
-            server.start(timeout=30)
-        assert server.proc.wait(30) == 2
-        assert ("must be ipc://PATH" if kind == "tcp" else "mode 0700") in server.log()
-    finally:
-        server.stop()
+    refused_at_start(Server(small_model, "--control", endpoint, workers=1),
+                     "must be ipc://PATH" if kind == "tcp" else "mode 0700")
 
 
 def test_check_answers_only_for_the_served_directory(small_model, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from helpers import dealer, free_backend, registered
+from helpers import CurveKeys, dealer, free_backend, refused_at_start, registered
 from server import Host, Server
 
 import workerpool
@@ -100,18 +100,13 @@ def test_host_with_a_model_that_does_not_fit_is_refused(model, tmp_path):
 
 
 def test_curve_serves_allowed_keys_only(model, tmp_path):
-    keys = tmp_path / "keys"
-    allowed, hosts = keys / "allowed", keys / "hosts"
-    _, server_secret = security.generate(str(keys / "server"), "server")
-    server_public = str(keys / "server" / "server.key")
-    _, alice_secret = security.generate(str(allowed), "alice")
-    _, host_secret = security.generate(str(hosts), "host")
-    _, mallory_secret = security.generate(str(keys / "strangers"), "mallory")
+    keys = CurveKeys(tmp_path / "keys")
+    alice_secret, host_secret = keys.client("alice"), keys.host("host")
+    _, mallory_secret = security.generate(str(tmp_path / "strangers"), "mallory")
+    server_public = keys.server_public
     backend = free_backend()
-    with Server(model, "--backend", backend, "--curve-server-key", server_secret,
-                "--curve-client-keys", str(allowed), "--curve-worker-keys", str(hosts), workers=0) as router, \
-            Host(model, backend, "--curve-key", host_secret, "--curve-server-key", server_public,
-                 workers=1) as host:
+    with Server(model, "--backend", backend, *keys.serve_args(), workers=0) as router, \
+            Host(model, backend, *keys.host_args(host_secret), workers=1) as host:
         router.wait_for(lambda s: len(ready_pids(s)) == 1)
         alice = workerpool.ClientKeys(alice_secret, server_public)
         assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
@@ -147,14 +142,7 @@ def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(model
 
 
 def test_control_endpoint_must_be_local(model):
-    server = Server(model, "--control", "tcp://0.0.0.0:5999")
-    try:
-        with pytest.raises(RuntimeError):
-            server.start(timeout=30)
-        assert server.proc.wait(30) == 2
-        assert "must be ipc://PATH" in server.log()
-    finally:
-        server.stop()
+    refused_at_start(Server(model, "--control", "tcp://0.0.0.0:5999"), "must be ipc://PATH")
 
 
 def test_garbage_on_the_worker_endpoint_hurts_nobody(model, context: zmq.Context):

@@ -273,9 +273,7 @@ class Intake:
         except QueueFull as full:
             self.fail(pending, "overloaded", self._refusal(pending, full.limit))
             return
-        pending.read_deadline()  # before evicting: a request past its deadline takes no room
-        if pending.expired(time.monotonic()):
-            self.expire(pending)
+        if self._expired(pending):  # before evicting: a request past its deadline takes no room
             return
         for victim in self.queue.make_room(pending):
             self.fail(victim, "overloaded", EVICTED)
@@ -295,11 +293,16 @@ class Intake:
 
     def enqueue(self, pending: Pending, *, first: bool = False) -> None:
         """Queue ``pending`` without a limit (a retry), or answer it if its deadline passed."""
-        pending.read_deadline()
-        if pending.expired(time.monotonic()):
-            self.expire(pending)
-        else:
+        if not self._expired(pending):
             self.queue.put(pending, first=first)
+
+    def _expired(self, pending: Pending) -> bool:
+        """Read ``pending``'s deadline; when it has passed, answer it and say so."""
+        pending.read_deadline()
+        if not pending.expired(time.monotonic()):
+            return False
+        self.expire(pending)
+        return True
 
     def refuse(self, client: bytes, header: Any, code: str, message: str) -> None:
         self.reply_error(client, protocol.request_id_of(header), code, message)

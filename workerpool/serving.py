@@ -57,7 +57,6 @@ class ServingRole:
         self.reload_waiters: list[tuple[bytes, int, float]] = []
         self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
         self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
-        self._children_by_token: dict[str, Child] = {}
 
     @property
     def router(self) -> Router:
@@ -163,10 +162,9 @@ class ServingRole:
     def _answer_stragglers(self) -> None:
         """At exit, answer requests that reached the socket after the last poll, and give the
         replies a moment to leave: every request that reached the router gets an answer."""
-        intake = self.router.intake
-        intake.accepting = False
+        self.router.stop_accepting()
         while readable(self.router.frontend):
-            intake.on_readable()
+            self.router.intake.on_readable()
         self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
 
     def _duties(self) -> None:
@@ -177,12 +175,9 @@ class ServingRole:
     # The supervisor's side.
 
     def start_worker(self, spec: WorkerSpec) -> Child:
-        child = Child.spawn(spec)
-        self._children_by_token[child.token] = child
-        return child
+        return Child.spawn(spec)
 
     def child_exited(self, child: Child, why: str) -> None:
-        self._children_by_token.pop(child.token, None)
         self.router.worker_exited(child.token, why)
 
     def roll_out(self) -> None:
@@ -200,7 +195,7 @@ class ServingRole:
         never by the pid it reports, so no peer can make the supervisor signal a process."""
         if not worker.local or worker.token is None:
             return None
-        return self._children_by_token.get(worker.token)
+        return next((c for c in self.pool.children.values() if c.token == worker.token), None)
 
     def worker_ready(self, worker: WorkerRecord) -> None:
         child = self._local_child(worker)

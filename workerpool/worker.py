@@ -323,17 +323,19 @@ class MemoryBound:
             raise MemoryLimitTooLow(f"--max-worker-memory {format_size(limit)} is below this worker's own "
                                     f"private memory once ready ({format_size(private)}); raise it")
 
+    def _warn_if_over(self) -> None:
+        private = self.private()
+        if private > self.limit:
+            log.warning("worker %d: private memory is %s with the new generation, over "
+                        "--max-worker-memory %s: it will be recycled after every request",
+                        os.getpid(), format_size(private), format_size(self.limit))
+
     def arm(self) -> None:
         """Allow the limit beyond what is mapped now (never more than the inherited limits)."""
         soft, hard = self._inherited
         inherited = [limit for limit in (soft, hard) if limit != resource.RLIM_INFINITY]
         bound = min([_mapped_data() + self.limit, *inherited])
         resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
-        private = self.private()
-        if private > self.limit:
-            log.warning("worker %d: private memory is %s once ready, over --max-worker-memory %s: "
-                        "it will be recycled after every request", os.getpid(), format_size(private),
-                        format_size(self.limit))
 
     @contextlib.contextmanager
     def lifted(self) -> Iterator[None]:
@@ -344,6 +346,7 @@ class MemoryBound:
             yield
         finally:
             self.arm()
+            self._warn_if_over()
 
     def private(self) -> int:
         """Resident private memory (RssAnon) in bytes: resident minus file-backed and shmem pages
