@@ -1,24 +1,31 @@
 #!/usr/bin/env python3
-"""Why not just ``gunicorn --preload``? workerpool against gunicorn serving the same model.
+"""Why not just ``gunicorn --preload``? workerpool (fork, spawn) against gunicorn, same model.
 
-In the same run, on the same model and machine, alternating the two servers: ``workerpool
-serve`` with W workers, driven by one DEALER socket keeping K requests in flight (bench.py's
-``drive``); and ``gunicorn --preload`` with W gthread workers running ``compare_app.app``, which
-maps the same .bpk and builds the model once in the master (the forked workers share the
-mapping), driven by K persistent HTTP/1.1 keep-alive connections with one request in flight
-each. Every worker of both servers limits its BLAS threads to max(1, CPUs // W). For each run:
-the total PSS of every serving process once every worker has answered (so touched all the
-weights), then requests/s and p50 latency of one-row requests at each K.
+In the same run, on the same model and machine, alternating three servers: ``workerpool serve
+--start fork`` (workers forked from a warm template process) and ``workerpool serve --start
+spawn`` (each worker a fresh interpreter), each with W workers and driven by one DEALER socket
+keeping K requests in flight (bench.py's ``drive``); and ``gunicorn --preload`` with W gthread
+workers running ``compare_app.app``, which maps the same .bpk and builds the model once in the
+master (the forked workers share the mapping), driven by K persistent HTTP/1.1 keep-alive
+connections with one request in flight each. Every worker of every server limits its BLAS
+threads to max(1, CPUs // W). For each run: the total PSS of every serving process (supervisor,
+template and workers; arbiter and workers) once every worker has answered (so touched all the
+weights), then requests/s and p50 and p99 latency of one-row requests at each K. In each round
+too, the same one-row forward pass in this script's process with one BLAS thread
+(``LoadedModel.infer``, as a worker calls it; no transport at all), whose p50 the servers' p50
+at 1 in flight is divided by.
 
     python3 -m pip install -e '.[compare]'
     python3 scripts/compare.py                          # 16 MiB mlp, 2 workers, K = 1, 16, 64
     python3 scripts/compare.py --size 256MiB --workers 8 --seconds 2 --repeat 1 --in-flight 1,16
+    python3 scripts/compare.py --servers fork,spawn     # workerpool alone; no gunicorn needed
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import selectors
@@ -34,19 +41,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import psutil
 import zmq
 from bench import drive, summary
+from server_memory import tree_memory
+from threadpoolctl import threadpool_limits
 
-from workerpool import metrics, models, protocol
+from workerpool import models, protocol
 from workerpool.launcher import NotReady, ServerProcess, serve_args
+from workerpool.models.loaded import LoadedModel
 from workerpool.units import format_size, parse_size
 
 APP_DIR = os.path.dirname(os.path.abspath(__file__))
 GUNICORN_CONF = os.path.join(APP_DIR, "compare_app", "gunicorn_conf.py")
 WARMUP_TIMEOUT = 60.0  # seconds for every worker of a server to answer once
 REPLY_TIMEOUT = 30.0  # seconds any single reply may take before the run is abandoned
-SERVERS = ("workerpool", "gunicorn")
+IN_PROCESS_WARMUP = 20  # forward passes in this process before the timed ones
+IN_PROCESS_CALLS = 200  # timed forward passes in this process, per round
+
+
+@dataclass(frozen=True)
+class Server:
+    """One of the servers compared: its column, and what its processes are called."""
+
+    label: str
+    root: str  # the process the others descend from
+    helper: str | None  # the one process that is neither the root nor a worker, if any
+
+
+SERVERS = {
+    "fork": Server("workerpool fork", "supervisor", "template"),
+    "spawn": Server("workerpool spawn", "supervisor", None),
+    "gunicorn": Server("gunicorn --preload", "arbiter", None),
+}
 
 
 @dataclass
@@ -63,25 +89,11 @@ class Load:
     directory: str
 
 
-def tree_memory(pid: int, model: str) -> dict[str, Any]:
-    """PSS (psutil's ``memory_full_info``) of ``pid`` and each of its descendants, their sum,
-    and how much of the model file each descendant (a worker) has resident in its mapping."""
-    root = psutil.Process(pid)
-    pids = [pid, *(p.pid for p in root.children(recursive=True))]
-    figures = metrics.pool_memory(pids, model).workers
-    if any(f is None for f in figures.values()):
-        raise RuntimeError("a serving process exited while its memory was read")
-    read = [f for f in figures.values() if f is not None]
-    return {"pss": sum(f["pss"] for f in read), "processes": len(read),
-            "pss_by_process": [f["pss"] for f in read],
-            "weights_resident": [f["weights_resident"] for f in read[1:]]}
-
-
 # workerpool
 
 
-def warm_workerpool(endpoint: str, frames: list, workers: int) -> None:
-    """Keep ``workers`` requests in flight until every worker has answered one."""
+def warm_workerpool(endpoint: str, frames: list, workers: int) -> set[int]:
+    """Keep ``workers`` requests in flight until every worker has answered one; their pids."""
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -105,18 +117,23 @@ def warm_workerpool(endpoint: str, frames: list, workers: int) -> None:
     finally:
         sock.close()
         context.term()
+    return seen
 
 
-def run_workerpool(load: Load) -> dict[str, Any]:
+def run_workerpool(load: Load, start: str) -> dict[str, Any]:
+    """``workerpool serve --start START`` with its own control socket (never the default one,
+    which another server on this machine may hold)."""
     frames = protocol.encode_request(0, load.row)
-    args = serve_args(load.model, load.workers, "--threads-per-worker", str(load.blas_threads),
+    args = serve_args(load.model, load.workers, "--start", start,
+                      "--threads-per-worker", str(load.blas_threads),
+                      "--control", f"ipc://{load.directory}/control-{start}.sock",
                       "--log-level", "warning")
-    log_path = os.path.join(load.directory, "workerpool.log")
+    log_path = os.path.join(load.directory, f"workerpool-{start}.log")
     try:
         with ServerProcess(args, log_path=log_path) as server:
             assert server.proc is not None
-            warm_workerpool(server.endpoint, frames, load.workers)
-            memory = tree_memory(server.proc.pid, load.model)
+            workers = warm_workerpool(server.endpoint, frames, load.workers)
+            memory = tree_memory(server.proc.pid, load.model, workers)
             levels = [drive(server.endpoint, frames, k, load.seconds) for k in load.levels]
     except NotReady as exc:
         raise RuntimeError(str(exc)) from None
@@ -227,9 +244,10 @@ class Connection:
         return self.wait()
 
 
-def warm_gunicorn(proc: subprocess.Popen[bytes], port: int, request: bytes, workers: int) -> None:
+def warm_gunicorn(proc: subprocess.Popen[bytes], port: int, request: bytes,
+                  workers: int) -> set[int]:
     """Open ``2 * workers`` new connections at a time, one request each, until every worker has
-    answered one (each connection stays with the worker that accepted it)."""
+    answered one (each connection stays with the worker that accepted it); their pids."""
     seen: set[str] = set()
     deadline = time.monotonic() + WARMUP_TIMEOUT
     while len(seen) < workers:
@@ -242,6 +260,7 @@ def warm_gunicorn(proc: subprocess.Popen[bytes], port: int, request: bytes, work
         for connection in connections:
             seen.add(connection.wait()[0]["x-worker-pid"])
             connection.sock.close()
+    return {int(pid) for pid in seen}
 
 
 def worker_threads(port: int) -> dict[str, int]:
@@ -295,41 +314,94 @@ def http_drive(port: int, request: bytes, in_flight: int, seconds: float) -> dic
 def run_gunicorn(load: Load) -> dict[str, Any]:
     request = http_request(load.row.tobytes())
     with gunicorn_server(load) as (proc, port):
-        warm_gunicorn(proc, port, request, load.workers)
-        memory = tree_memory(proc.pid, load.model)
+        workers = warm_gunicorn(proc, port, request, load.workers)
+        memory = tree_memory(proc.pid, load.model, workers)
         threads = worker_threads(port)
         levels = [http_drive(port, request, k, load.seconds) for k in load.levels]
     return {**memory, "blas_threads": threads, "levels": levels}
 
 
+# no server
+
+
+def run_in_process(load: Load) -> dict[str, Any]:
+    """The one-row forward pass in this process, one BLAS thread: ``LoadedModel.infer`` on the
+    request's decoded payload, as a worker's ``_infer`` calls it; ``IN_PROCESS_CALLS`` timed
+    calls after ``IN_PROCESS_WARMUP``. The model is dropped before returning: a mapping of the
+    file left in this process would take its share of the servers' PSS."""
+    inputs = protocol.decode_request(protocol.encode_request(0, load.row)[1:]).payload()
+    loaded = LoadedModel(load.model, None)
+    timings: list[float] = []
+    try:
+        with threadpool_limits(limits=1):
+            for _ in range(IN_PROCESS_WARMUP):
+                loaded.infer(inputs)
+            for _ in range(IN_PROCESS_CALLS):
+                began = time.perf_counter()
+                loaded.infer(inputs)
+                timings.append(time.perf_counter() - began)
+    finally:
+        del loaded
+        gc.collect()
+    with open("/proc/self/maps") as maps:
+        if load.model in maps.read():
+            raise RuntimeError(f"{load.model} is still mapped in this process")
+    lat = np.array(timings) * 1e6
+    return {"calls": IN_PROCESS_CALLS, "p50_us": float(np.percentile(lat, 50)),
+            "p99_us": float(np.percentile(lat, 99))}
+
+
 # the comparison
 
 
-def run_alternating(load: Load, repeat: int) -> dict[str, list[dict[str, Any]]]:
-    """workerpool, gunicorn, workerpool, gunicorn...: ``repeat`` runs of each."""
-    runners = {"workerpool": run_workerpool, "gunicorn": run_gunicorn}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SERVERS}
+def run_alternating(load: Load, servers: list[str],
+                    repeat: int) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """in-process, fork, spawn, gunicorn, in-process, fork, spawn, gunicorn...: ``repeat`` runs
+    of each server, and as many of the in-process forward pass."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+    in_process: list[dict[str, Any]] = []
     for round_number in range(1, repeat + 1):
-        for name in SERVERS:
-            runs[name].append(runners[name](load))
-            print(f"  run {round_number}/{repeat}: {name} done", file=sys.stderr, flush=True)
-    return runs
+        in_process.append(run_in_process(load))
+        print(f"  run {round_number}/{repeat}: in-process forward pass done", file=sys.stderr,
+              flush=True)
+        for name in servers:
+            run = run_gunicorn(load) if name == "gunicorn" else run_workerpool(load, name)
+            runs[name].append(run)
+            print(f"  run {round_number}/{repeat}: {SERVERS[name].label} done", file=sys.stderr,
+                  flush=True)
+    return runs, in_process
+
+
+MEMORY_ROWS = ("pss", "root_pss", "others_pss", "workers_pss")
 
 
 def medians(runs: list[dict[str, Any]], levels: list[int]) -> dict[str, float]:
-    """Median over the runs of each figure: ``pss``, then ``rps@K``, ``p50_us@K``, ``p99_us@K``."""
-    figures = {"pss": statistics.median(r["pss"] for r in runs)}
+    """Median over the runs of each figure: ``pss`` (every process), ``root_pss``,
+    ``others_pss`` (the template), ``workers_pss``, then ``rps@K``, ``p50_us@K``, ``p99_us@K``."""
+    figures = {key: statistics.median(r[key] for r in runs) for key in MEMORY_ROWS}
     for i, k in enumerate(levels):
         for key in ("rps", "p50_us", "p99_us"):
             figures[f"{key}@{k}"] = statistics.median(r["levels"][i][key] for r in runs)
     return figures
 
 
-def process_counts(runs: list[dict[str, Any]]) -> str:
-    return "/".join(str(n) for n in sorted({r["processes"] for r in runs}))
+def processes(name: str, runs: list[dict[str, Any]]) -> str:
+    """What the serving processes were, e.g. "10 processes (supervisor + template + 8 workers)"."""
+    server = SERVERS[name]
+    described = set()
+    for run in runs:
+        parts = [server.root]
+        if run["others"] == 1 and server.helper:
+            parts.append(server.helper)
+        elif run["others"]:
+            parts.append(f"{run['others']} other")
+        parts.append(f"{run['workers']} workers")
+        described.add(f"{run['processes']} processes ({' + '.join(parts)})")
+    return f"{server.label}: " + " / ".join(sorted(described))
 
 
 def least_resident(runs: list[dict[str, Any]]) -> str:
+    """The least of the model file any worker (a process that answered) had resident."""
     return format_size(min(min(r["weights_resident"]) for r in runs))
 
 
@@ -337,36 +409,85 @@ def load_average() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def print_table(load: Load, runs: dict[str, list[dict[str, Any]]],
-                figures: dict[str, dict[str, float]], repeat: int, loads: tuple[str, str]) -> None:
+def reference(servers: list[str]) -> str | None:
+    """The column the others are divided by: gunicorn, else spawn (for fork), else none."""
+    if "gunicorn" in servers:
+        return "gunicorn"
+    return "spawn" if {"fork", "spawn"} <= set(servers) else None
+
+
+def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, Any]]],
+                figures: dict[str, dict[str, float]], in_process: list[dict[str, Any]],
+                repeat: int, loads: tuple[str, str]) -> None:
     cpus = len(os.sched_getaffinity(0))
     size = format_size(os.path.getsize(load.model))
     print(f"{load.workers} workers on {cpus} CPUs, {size} mlp, one-row float32 requests, "
           f"{load.seconds:g} s per level; medians of {repeat} alternating runs of each")
-    print(f"BLAS threads per worker: {load.blas_threads} in both (workerpool "
-          f"--threads-per-worker; gunicorn post_fork threadpoolctl, a worker reports "
-          f"{runs['gunicorn'][-1]['blas_threads']})")
-    print(f"gunicorn --preload --worker-class gthread --threads {load.gthreads}, keep-alive: "
-          f"one HTTP/1.1 connection per request in flight; workerpool: one DEALER socket")
-    print(f"PSS of every serving process after every worker answered: workerpool "
-          f"{process_counts(runs['workerpool'])} processes (supervisor + workers), gunicorn "
-          f"{process_counts(runs['gunicorn'])} (arbiter + workers); the least of the model any "
-          f"worker had resident: workerpool {least_resident(runs['workerpool'])}, gunicorn "
-          f"{least_resident(runs['gunicorn'])}")
+    ours = [name for name in servers if name != "gunicorn"]
+    threads = [f"{load.blas_threads} in every server"]
+    if ours:
+        threads.append("workerpool --threads-per-worker")
+    if "gunicorn" in servers:
+        threads.append(f"gunicorn post_fork threadpoolctl, a worker reports "
+                       f"{runs['gunicorn'][-1]['blas_threads']}")
+    print(f"BLAS threads per worker: {threads[0]} ({'; '.join(threads[1:])})")
+    clients = [f"workerpool {', '.join(ours)}: one DEALER socket"] if ours else []
+    if "gunicorn" in servers:
+        clients.append(f"gunicorn --preload --worker-class gthread --threads {load.gthreads}, "
+                       f"keep-alive: one HTTP/1.1 connection per request in flight")
+    print("; ".join(clients))
+    forward = statistics.median(r["p50_us"] for r in in_process)
+    each = ", ".join(f"{r['p50_us']:.0f}" for r in in_process)
+    print(f"in-process forward pass (this process, 1 BLAS thread, LoadedModel.infer, no "
+          f"transport): p50 {forward:.0f} µs, median over the rounds of the p50 of "
+          f"{IN_PROCESS_CALLS} calls ({each} µs)")
+    print("PSS of every serving process, read once every worker had answered:")
+    for name in servers:
+        print(f"  {processes(name, runs[name])}; the least of the model any worker had "
+              f"resident: {least_resident(runs[name])}")
     print()
-    print("| figure | workerpool | gunicorn --preload | workerpool / gunicorn |")
-    print("| --- | ---: | ---: | ---: |")
-    ours, theirs = figures["workerpool"], figures["gunicorn"]
-    print(f"| total PSS | {ours['pss'] / 2**20:.1f} MiB | {theirs['pss'] / 2**20:.1f} MiB | "
-          f"{ours['pss'] / theirs['pss']:.2f}x |")
+    base = reference(servers)
+    divided = [name for name in servers if base is not None and name not in (base, "gunicorn")]
+    head = [SERVERS[name].label for name in servers]
+    head += [f"{name} / {base}" for name in divided]
+    print("| figure | " + " | ".join(head) + " |")
+    print("| --- |" + " ---: |" * len(head))
+
+    def row(label: str, key: str, unit: str, scale: float = 1.0, digits: int = 0) -> None:
+        values: dict[str, float | None] = {
+            name: figures[name][key] if key != "others_pss" or SERVERS[name].helper else None
+            for name in servers}
+        cells = ["—" if v is None else f"{v / scale:.{digits}f}{unit}" for v in values.values()]
+        for name in divided:
+            a, b = values[name], values[base] if base else None
+            cells.append(f"{a / b:.2f}x" if a and b else "—")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+    roots = " / ".join(dict.fromkeys(SERVERS[name].root for name in servers))
+    for label, key in (("total PSS", "pss"), (f"  {roots}", "root_pss"),
+                       ("  template", "others_pss"), ("  workers (sum)", "workers_pss")):
+        if key != "others_pss" or any(SERVERS[name].helper for name in servers):
+            row(label, key, " MiB", 2**20, 1)
     for k in load.levels:
-        for key, label, unit in (("rps", "req/s", ""), ("p50_us", "p50", " µs"),
-                                 ("p99_us", "p99", " µs")):
-            a, b = ours[f"{key}@{k}"], theirs[f"{key}@{k}"]
-            print(f"| {label}, {k} in flight | {a:.0f}{unit} | {b:.0f}{unit} | {a / b:.2f}x |")
+        row(f"req/s, {k} in flight", f"rps@{k}", "")
+        row(f"p50, {k} in flight", f"p50_us@{k}", " µs")
+        row(f"p99, {k} in flight", f"p99_us@{k}", " µs")
+    if 1 in load.levels:
+        cells = [f"{figures[name]['p50_us@1'] / forward:.1f}x" for name in servers]
+        print("| p50, 1 in flight / in-process forward pass | "
+              + " | ".join(cells + ["—"] * len(divided)) + " |")
     print()
     print(f"load average (1, 5, 15 min) at start: {loads[0]}; at end: {loads[1]}. Whatever else "
           f"was running on this machine is in these figures: judge them by that.")
+
+
+def server_list(text: str) -> list[str]:
+    """``--servers fork,gunicorn``: which to run, in the order of ``SERVERS``."""
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in SERVERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"not among {', '.join(SERVERS)}: {', '.join(unknown)}")
+    return [name for name in SERVERS if name in names]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -379,6 +500,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=3.0, help="per level and run (default: 3)")
     parser.add_argument("--repeat", type=int, default=2,
                         help="runs of each server, alternating (default: 2)")
+    parser.add_argument("--servers", type=server_list, default=list(SERVERS),
+                        help="comma-separated servers to compare, among fork, spawn (workerpool "
+                        "--start fork or spawn) and gunicorn (default: all three)")
     parser.add_argument("--gunicorn-threads", type=int, default=1,
                         help="gthread threads per gunicorn worker (default: 1)")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
@@ -401,19 +525,21 @@ def main(argv: list[str] | None = None) -> int:
         load = Load(model, args.workers, blas_threads, args.gunicorn_threads, row, args.levels,
                     args.seconds, directory)
         try:
-            runs = run_alternating(load, args.repeat)
+            runs, in_process = run_alternating(load, args.servers, args.repeat)
         except (RuntimeError, OSError) as exc:
             print(f"compare: error: {exc}", file=sys.stderr)
             return 1
-        figures = {name: medians(runs[name], args.levels) for name in SERVERS}
+        figures = {name: medians(runs[name], args.levels) for name in args.servers}
         loads = (start_load, load_average())
-        print_table(load, runs, figures, args.repeat, loads)
+        print_table(load, args.servers, runs, figures, in_process, args.repeat, loads)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": ["scripts/compare.py", *sys.argv[1:]], "workers": args.workers,
-                       "model_size": generated.size_bytes, "blas_threads": blas_threads,
+                       "servers": args.servers, "model_size": generated.size_bytes,
+                       "blas_threads": blas_threads,
                        "gunicorn_threads": args.gunicorn_threads, "load_average": loads,
-                       "medians": figures, "runs": runs}, f, indent=2)
+                       "medians": figures, "runs": runs, "in_process": in_process}, f,
+                      indent=2)
     return 0
 
 

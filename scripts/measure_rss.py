@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Memory of a real workerpool server against its worker count: shared mmap versus private copies.
+"""Memory of a real workerpool server against its worker count: fork, spawn, private copies.
 
-For each N, starts ``workerpool serve`` (mmap, then ``--load copy`` unless ``--no-baseline``),
-reads every worker's memory right after the ready line (the *idle* worker: model built, no
-weight touched), sends requests until every worker has touched all its weights, reads the
-memory again through the control socket's ``status``, and stops the server.
+For each N, starts ``workerpool serve`` once per pool: ``--start fork`` (workers forked from a
+warm template) and ``--start spawn`` (each worker a fresh interpreter), both mapping the weights
+(``--load mmap``), then ``--load copy`` (a private copy of the weights in every worker, the naive
+pool) unless ``--no-baseline``. Reads every worker's memory right after the ready line (the
+*idle* worker: model built, no weight touched), sends requests until every worker has touched
+all its weights, reads the memory again through the control socket's ``status`` and the PSS of
+every process of the pool (supervisor, template, workers) with psutil, and stops the server.
+Then, for each pool, what each added worker costs: the least-squares slope of the total PSS
+against N.
 
-    python scripts/measure_rss.py                          # 512 MiB model, N = 1,2,4,8, both modes
+    python scripts/measure_rss.py                  # 512 MiB model, N = 1,2,4,8: fork, spawn, copy
     python scripts/measure_rss.py --size 1GiB --workers 8 --repeat 5
-    python scripts/measure_rss.py --json rss.json --plot scripts/results/memory.png
+    python scripts/measure_rss.py --start fork --no-baseline --size 64MiB --workers 1,4
+    python scripts/measure_rss.py --json scripts/results/memory.json --plot scripts/results/memory.png
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any
 
 import numpy as np
+from server_memory import tree_memory
 
 import workerpool
 from workerpool import control
@@ -35,8 +43,27 @@ from workerpool.launcher import ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
 
 TOUCHED = 0.95  # a worker has touched its weights when this much of the file is resident
-TARGET = 0.10  # mmap: a loaded worker stays within 10% of an idle one
 COUNTS = re.compile(r"\s*[+-]?\d+\s*(,\s*[+-]?\d+\s*)*")  # what int() reads, comma-separated
+START_METHODS = ("fork", "spawn")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One kind of pool measured: ``name`` is "fork", "spawn" (both mmap) or "copy"."""
+
+    name: str
+    load: str
+    start: str
+
+    @property
+    def label(self) -> str:
+        return f"--load {self.load} --start {self.start}"
+
+
+def pools(starts: list[str], baseline: bool) -> list[Pool]:
+    """An mmap pool per start method; then the copy baseline, started as the first of them."""
+    chosen = [Pool(start, "mmap", start) for start in starts]
+    return chosen + ([Pool("copy", "copy", starts[0])] if baseline else [])
 
 
 def touched(worker: dict[str, Any], load: str, size: int) -> bool:
@@ -66,28 +93,42 @@ def touch_all(control_endpoint: str, endpoint: str, workers: int, load: str, siz
                                    f"{[w['memory'] for w in status['workers']]}")
 
 
-def measure(model: str, size: int, workers: int, load: str, directory: str,
+def pool_tree(pid: int, model: str, status: dict[str, Any]) -> dict[str, Any]:
+    """The PSS of every process of the pool (``server_memory.tree_memory``), its workers being
+    the ones ``status`` lists."""
+    return tree_memory(pid, model, {w["pid"] for w in status["workers"]})
+
+
+def measure(model: str, size: int, workers: int, pool: Pool, directory: str,
             timeout: float) -> dict[str, Any]:
-    """One server: startup time, idle and loaded memory of every worker, the pool's totals."""
-    control_endpoint = f"ipc://{directory}/control-{load}-{workers}"
-    args = serve_args(model, workers, "--load", load, "--control", control_endpoint,
-                      "--log-level", "warning")
-    log_path = os.path.join(directory, f"serve-{load}-{workers}.log")
+    """One server: startup time, idle and loaded memory of every worker, and of every process
+    of the pool (supervisor, template, workers)."""
+    control_endpoint = f"ipc://{directory}/control-{pool.name}-{workers}"
+    args = serve_args(model, workers, "--load", pool.load, "--start", pool.start,
+                      "--control", control_endpoint, "--log-level", "warning")
+    log_path = os.path.join(directory, f"serve-{pool.name}-{workers}.log")
     started = time.monotonic()
     with ServerProcess(args, log_path=log_path, timeout=timeout) as server:
         startup = time.monotonic() - started  # to the ready line
+        assert server.proc is not None
         idle = control.call(control_endpoint, "status", timeout=30)
-        loaded, requests = touch_all(control_endpoint, server.endpoint, workers, load, size,
+        idle_tree = pool_tree(server.proc.pid, model, idle)
+        loaded, requests = touch_all(control_endpoint, server.endpoint, workers, pool.load, size,
                                      timeout)
+        loaded_tree = pool_tree(server.proc.pid, model, loaded)
     return {
         "workers": workers,
-        "mode": load,
+        "pool": pool.name,
+        "mode": pool.load,
+        "start": pool.start,
         "startup_s": startup,
         "requests": requests,
         "idle": [w["memory"] for w in idle["workers"]],
         "loaded": [w["memory"] for w in loaded["workers"]],
         "idle_totals": idle["totals"],
         "totals": loaded["totals"],
+        "idle_processes": idle_tree,
+        "processes": loaded_tree,
     }
 
 
@@ -102,42 +143,45 @@ def mib(nbytes: float) -> str:
 
 
 def print_table(runs: list[dict[str, Any]], model_size: int) -> None:
-    print(f"model {format_size(model_size)}; per-worker figures are means over the workers after "
-          f"every worker touched all its weights (MiB)")
-    print(f"{'N':>3} {'mode':<5} {'anon':>8} {'uss':>8} {'pss':>8} {'pte':>8} "
-          f"{'total PSS':>10} {'startup s':>10}")
+    print(f"model {format_size(model_size)}; figures in MiB, read after every worker touched all "
+          f"its weights")
+    print("anon, uss, pss, pte: means over the workers; supervisor, template, workers: PSS of "
+          "each part of the pool; total PSS: every process of the pool")
+    print(f"{'N':>3} {'pool':<5} {'anon':>8} {'uss':>8} {'pss':>8} {'pte':>6} {'supervisor':>10} "
+          f"{'template':>8} {'workers':>8} {'total PSS':>10} {'startup s':>10}")
     for run in runs:
-        loaded = run["loaded"]
+        loaded, tree = run["loaded"], run["processes"]
         cells = [mib(mean(m[k] for m in loaded)) for k in ("anon", "uss", "pss")]
-        cells.append(f"{mean(m['pte'] for m in loaded) / 2**20:.2f}")
-        print(f"{run['workers']:>3} {run['mode']:<5} " + " ".join(f"{c:>8}" for c in cells)
-              + f" {mib(run['totals']['pss']):>10} {run['startup_s']:>10.2f}")
+        template = mib(tree["others_pss"]) if run["start"] == "fork" else "-"
+        print(f"{run['workers']:>3} {run['pool']:<5} " + " ".join(f"{c:>8}" for c in cells)
+              + f" {mean(m['pte'] for m in loaded) / 2**20:>6.2f} {mib(tree['root_pss']):>10}"
+              f" {template:>8} {mib(tree['workers_pss']):>8} {mib(tree['pss']):>10}"
+              f" {run['startup_s']:>10.2f}")
 
 
-def check_targets(runs: list[dict[str, Any]], model_size: int) -> list[str]:
-    """The README's targets, as measured: mmap against the idle worker, copy against N copies;
-    and what one more worker adds to the total PSS in each mode."""
-    lines = []
-    for run in runs:
-        n, idle, loaded = run["workers"], run["idle"], run["loaded"]
-        total = run["totals"]["pss"]
-        if run["mode"] == "mmap":
-            anon = max(m["anon"] for m in loaded) / mean(m["anon"] for m in idle) - 1
-            uss = max(m["uss"] for m in loaded) / mean(m["uss"] for m in idle) - 1
-            bound = model_size + n * (1 + TARGET) * mean(m["pss"] for m in idle)
-            ok = anon <= TARGET and (n < 2 or uss <= TARGET) and total <= bound
-            uss_text = f"uss {uss:+.1%}" if n >= 2 else "uss not compared (lone mapper)"
-            lines.append(f"N={n} mmap: anon {anon:+.1%}, {uss_text} against idle; total PSS "
-                         f"{mib(total)} <= {mib(bound)} MiB: {'ok' if ok else 'MISSED'}")
-        else:
-            lines.append(f"N={n} copy: total PSS {mib(total)} MiB = "
-                         f"{total / model_size:.2f} x model size")
-    for mode in ("mmap", "copy"):
-        chosen = sorted((r["workers"], r["totals"]["pss"]) for r in runs if r["mode"] == mode)
-        if len(chosen) >= 2:
-            (n0, pss0), (n1, pss1) = chosen[0], chosen[-1]
-            lines.append(f"{mode}: each added worker adds {mib((pss1 - pss0) / (n1 - n0))} MiB of "
-                         f"total PSS (N={n0} to {n1}; model {mib(model_size)} MiB)")
+def slope(runs: list[dict[str, Any]]) -> tuple[float, float]:
+    """Least-squares line of total PSS (every process) against N: bytes per worker, and at N=0."""
+    ns = [r["workers"] for r in runs]
+    per_worker, fixed = np.polyfit(ns, [r["processes"]["pss"] for r in runs], 1)
+    return float(per_worker), float(fixed)
+
+
+def costs(runs: list[dict[str, Any]], model_size: int) -> list[str]:
+    """What each added worker costs in each pool: the slope of total PSS against N."""
+    counts = sorted({r["workers"] for r in runs})
+    if len(counts) < 2:
+        return [(f"PSS each added worker costs: not measured, that needs two worker counts or "
+                 f"more (ran N = {counts[0]} only)")]
+    header = (f"PSS each added worker costs (MiB): the least-squares slope of the total PSS of "
+              f"every process of the pool against N, over N = {', '.join(map(str, counts))};\n"
+              f"fixed (MiB): that line at N = 0, the supervisor, the template (fork) and, when "
+              f"mapped, the weights once (model {mib(model_size)} MiB)")
+    lines = [header]
+    for name in dict.fromkeys(r["pool"] for r in runs):
+        chosen = [r for r in runs if r["pool"] == name]
+        per_worker, fixed = slope(chosen)
+        lines.append(f"  {name:<5} (--load {chosen[0]['mode']} --start {chosen[0]['start']}): "
+                     f"{mib(per_worker):>7} per added worker, fixed {mib(fixed):>7}")
     return lines
 
 
@@ -152,29 +196,34 @@ def pyplot() -> Any:
     return plt
 
 
+STYLES = {"fork": "o-", "spawn": "^-", "copy": "s--"}
+
+
 def plot(runs: list[dict[str, Any]], model_size: int, path: str) -> None:
-    """Total PSS and per-worker private (anonymous) memory against N, one line per mode."""
+    """Total PSS against N, one line per pool; and the same less the model's size for the mmap
+    pools (fork, spawn), whose lines the copy baseline's would dwarf."""
     plt = pyplot()
-    fig, (total, private) = plt.subplots(1, 2, figsize=(8, 3.2), dpi=90)
-    for mode, style in (("mmap", "o-"), ("copy", "s--")):
-        chosen = [r for r in runs if r["mode"] == mode]
-        if not chosen:
-            continue
+    fig, (total, beyond) = plt.subplots(1, 2, figsize=(8, 3.2), dpi=90)
+    names = list(dict.fromkeys(r["pool"] for r in runs))
+    mapped = [name for name in names if name != "copy"] or names
+    for name in names:
+        chosen = [r for r in runs if r["pool"] == name]
         ns = [r["workers"] for r in chosen]
-        total.plot(ns, [r["totals"]["pss"] / 2**20 for r in chosen], style, label=mode)
-        private.plot(ns, [mean(m["anon"] for m in r["loaded"]) / 2**20 for r in chosen], style,
-                     label=mode)
+        totals = [r["processes"]["pss"] / 2**20 for r in chosen]
+        total.plot(ns, totals, STYLES[name], label=name)
+        if name in mapped:
+            beyond.plot(ns, [t - model_size / 2**20 for t in totals], STYLES[name], label=name)
     total.axhline(model_size / 2**20, color="grey", linewidth=0.8, linestyle=":",
                   label="model file")
-    total.set(title="total PSS of the workers", xlabel="workers (N)", ylabel="MiB", ylim=(0, None))
-    private.set(title="private (anon) memory per worker", xlabel="workers (N)", ylabel="MiB",
-                ylim=(0, None))
-    for axes in (total, private):
+    total.set(title="total PSS of the pool", xlabel="workers (N)", ylabel="MiB", ylim=(0, None))
+    beyond.set(title="total PSS less the model's size (mmap)", xlabel="workers (N)", ylabel="MiB",
+               ylim=(0, None))
+    for axes in (total, beyond):
         axes.set_xticks(sorted({r["workers"] for r in runs}))
         axes.grid(alpha=0.3)
         axes.legend()
-    fig.suptitle(f"{format_size(model_size)} mlp model, weights touched by every worker",
-                 fontsize="medium")
+    fig.suptitle(f"{format_size(model_size)} mlp model, weights touched by every worker; "
+                 f"PSS of every process (supervisor, template, workers)", fontsize="medium")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
@@ -191,6 +240,16 @@ def worker_counts(text: str) -> list[int]:
     return counts
 
 
+def start_methods(text: str) -> list[str]:
+    """``--start fork,spawn``: the start methods to measure, in the order given."""
+    methods = list(dict.fromkeys(part.strip() for part in text.split(",")))
+    unknown = [m for m in methods if m not in START_METHODS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"not among {', '.join(START_METHODS)}: "
+                                         f"{', '.join(unknown)}")
+    return methods
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="512MiB", help="model size (default: %(default)s)")
@@ -199,6 +258,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, metavar="PATH",
                         help="the model to serve, created with 'workerpool new-model' when absent "
                         "and then kept (default: a temporary one)")
+    parser.add_argument("--start", type=start_methods, default=list(START_METHODS),
+                        metavar="fork,spawn", help="comma-separated start methods of the mmap "
+                        "pools; the copy baseline is started with the first (default: fork,spawn)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the --load copy runs")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
     parser.add_argument("--plot", metavar="PATH.png", help="draw the figures here (matplotlib)")
@@ -223,19 +285,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         pyplot()  # fail before measuring, not after
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
-    modes = ["mmap"] + ([] if args.no_baseline else ["copy"])
+    chosen = pools(args.start, not args.no_baseline)
     try:
         with tempfile.TemporaryDirectory(prefix="wp-rss-") as directory:
             model = args.model or os.path.join(directory, "model.bpk")
             ensure_model(model, args.size)
             model_size = os.path.getsize(model)
             runs = []
-            for load, n in itertools.product(modes, args.workers):
-                repeats = [measure(model, model_size, n, load, directory, args.timeout)
+            for pool, n in itertools.product(chosen, args.workers):
+                repeats = [measure(model, model_size, n, pool, directory, args.timeout)
                            for _ in range(args.repeat)]
                 startups = [r["startup_s"] for r in repeats]
                 runs.append({**repeats[-1], "startup_s": median(startups), "startups": startups})
-                print(f"  measured N={n} {load}", file=sys.stderr, flush=True)
+                print(f"  measured N={n} {pool.name} ({pool.label})", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         print("interrupted; servers stopped and temporary files removed", file=sys.stderr)
         return 130
@@ -244,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"measure_rss: error: {exc}", file=sys.stderr)
         return 1
     print_table(runs, model_size)
-    print("\n".join(check_targets(runs, model_size)))
+    print()
+    print("\n".join(costs(runs, model_size)))
     if args.json:
         report = {
             "command": ["scripts/measure_rss.py", *(sys.argv[1:] if argv is None else argv)],

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import server
 import zmq
 from helpers import build_local
 
 from workerpool import models
+from workerpool.config import START_METHODS
 
 BURN_MNIST = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "burn-mnist.bpk"
 
@@ -47,6 +49,13 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 def local_model(small_model: str) -> Callable[..., Any]:
     """``small_model`` built in the test process: the answers a server must give."""
     return build_local(small_model)
+
+
+@pytest.fixture(params=START_METHODS)
+def start_method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a serving test twice: workers forked from the template, and spawned fresh."""
+    monkeypatch.setattr(server, "START", request.param)
+    return request.param
 
 
 @pytest.fixture

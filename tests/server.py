@@ -16,6 +16,7 @@ from workerpool import control
 from workerpool.launcher import ServerProcess, serve_args, workers_args
 
 TESTS = Path(__file__).resolve().parent
+START = "fork"  # how servers start their workers; the start_method fixture sets it
 
 
 class Server(ServerProcess):
@@ -34,7 +35,7 @@ class Server(ServerProcess):
         self._final_log: str | None = None
 
     def arguments(self, model: str | os.PathLike, workers: int, args: tuple[str, ...]) -> list[str]:
-        return serve_args(model, workers, "--control", self.control, *args)
+        return serve_args(model, workers, "--control", self.control, "--start", START, *args)
 
     def start(self, timeout: float | None = None) -> Server:
         super().start(timeout)
@@ -106,4 +107,12 @@ class Host(Server):
         super().__init__(model, *args, workers=workers)
 
     def arguments(self, model: str | os.PathLike, workers: int, args: tuple[str, ...]) -> list[str]:
-        return workers_args(model, self.connect, workers, *args)
+        return workers_args(model, self.connect, workers, "--start", START, *args)
+
+    def worker_pids(self) -> list[int]:
+        """A worker host has no status to ask: its workers are the children named wp-worker
+        (the template, if any, is wp-template)."""
+        assert self.proc is not None
+        self.track()
+        children = psutil.Process(self.proc.pid).children()
+        return sorted(c.pid for c in children if c.name() == "wp-worker")

@@ -18,6 +18,8 @@ import workerpool
 from workerpool import protocol
 from workerpool.errors import ERRORS_BY_CODE
 
+pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
+
 GENERATION = 7
 FAST = {"timeout": 0.2, "retries": 2}
 T = TypeVar("T")

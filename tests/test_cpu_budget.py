@@ -10,6 +10,8 @@ import pytest
 from helpers import pool_ready
 from server import Server
 
+pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
+
 import workerpool
 
 REPORT = ("--model", "thread_model:factory")  # answers with its worker's thread limits

@@ -44,6 +44,8 @@ from server import Server
 
 import workerpool
 
+pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
+
 MiB = 1024 * 1024
 
 

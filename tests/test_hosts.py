@@ -15,6 +15,8 @@ import workerpool
 from workerpool import models, security
 from workerpool.publish import publish
 
+pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
+
 WIDTH = 64
 
 
@@ -30,8 +32,7 @@ def ready_pids(status: dict) -> set[int]:
 
 
 def worker_pids(host: Host) -> set[int]:
-    host.track()
-    return set(host._known)
+    return set(host.worker_pids())
 
 
 def answering_pids(endpoint: str, count: int, **options) -> set[int]:

@@ -43,6 +43,25 @@ def touch_weights(server: Server, done, timeout: float = 30.0) -> dict:
             assert time.monotonic() < deadline, f"weights not touched: {status['workers']}"
 
 
+def helper_pss(status: dict) -> tuple[int, int]:
+    """PSS of the supervisor and of the template (0 without one)."""
+    template = status["template"]["memory"]["pss"] if status["template"] else 0
+    return status["supervisor_memory"]["pss"], template
+
+
+def worker_uss(model: str, start: str) -> list[int]:
+    with Server(model, "--start", start, workers=2) as server:
+        status = touch_weights(server, lambda w: w["served"] > 0)
+    return [w["memory"]["uss"] for w in status["workers"]]
+
+
+def test_a_forked_worker_holds_far_less_private_memory_than_a_spawned_one(model):
+    """The template's imports are shared with the workers it forks; a spawned interpreter holds
+    its own. (Both map the weights and have served: the weights are shared in either.)"""
+    forked, spawned = worker_uss(model, "fork"), worker_uss(model, "spawn")
+    assert max(forked) < min(spawned) / 2, (forked, spawned)
+
+
 def test_mmap_workers_share_the_weights(model):
     size = os.path.getsize(model)
     with Server(model, workers=WORKERS) as server:
@@ -56,8 +75,9 @@ def test_mmap_workers_share_the_weights(model):
         assert memory["uss"] - before["uss"] < 8 * MiB  # with N >= 2 the weights are not private
     totals = status["totals"]
     assert totals["workers"] == WORKERS and totals["model_size"] == size
-    assert totals["pss"] == sum(w["memory"]["pss"] for w in status["workers"])
-    assert totals["pss"] < size + WORKERS * (idle_pss + 8 * MiB)
+    assert totals["workers_pss"] == sum(w["memory"]["pss"] for w in status["workers"])
+    assert totals["workers_pss"] < size + WORKERS * (idle_pss + 8 * MiB)
+    assert totals["pss"] == totals["workers_pss"] + sum(helper_pss(status))
 
 
 def test_copy_workers_each_hold_the_weights(model):
@@ -84,8 +104,12 @@ def test_status_json_and_explain_carry_every_memory_figure(model):
         assert all(isinstance(value, int) and value >= 0 for value in memory.values())
         assert memory["anon"] > 0 and memory["pte"] > 0 and memory["pss"] <= memory["rss"]
     assert set(status["totals"]) == set(metrics.TOTAL_FIELDS)
-    assert status["totals"]["pss"] == sum(w["memory"]["pss"] for w in status["workers"])
+    assert status["totals"]["workers_pss"] == sum(w["memory"]["pss"] for w in status["workers"])
+    supervisor, template = helper_pss(status)
+    assert supervisor > 0 and template > 0
+    assert status["totals"]["pss"] == status["totals"]["workers_pss"] + supervisor + template
     assert human.returncode == 0, human.stderr
-    for column in ("anon", "pte", "weights", "total PSS of 2 workers"):
+    for column in ("anon", "pte", "weights", "supervisor", "template",
+                   "total PSS of the supervisor, template and 2 workers"):
         assert column in human.stdout
     assert metrics.MEMORY_FIELDS["anon"] in human.stdout

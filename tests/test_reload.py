@@ -19,6 +19,8 @@ import workerpool
 from workerpool import burnpack, models
 from workerpool.publish import publish
 
+pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
+
 WIDTH = 64
 SIZE = 256 * 1024
 

@@ -15,6 +15,8 @@ from server import Server
 import workerpool
 from workerpool import burnpack
 
+pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
+
 
 def digits(count: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(0, 255, size=(count, 28, 28)).astype(np.float32)

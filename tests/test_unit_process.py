@@ -11,6 +11,7 @@ import pytest
 from workerpool import models, reload
 from workerpool.config import PoolConfig
 from workerpool.process import Backoff, describe_exit
+from workerpool.starters import SpawnStarter
 from workerpool.ready_line import Ready, parse_ready_line, serve_line, workers_line
 from workerpool.supervisor import Supervisor
 from workerpool.worker_spec import WorkerSpec
@@ -60,18 +61,22 @@ def test_ready_lines_read_back_as_written(workers):
     assert parse_ready_line("workerpool: error: no such file") is None
 
 
-class RefusingRole:
-    """A role whose workers cannot be started: the system is out of descriptors."""
+class IdleRole:
+    """A role with no router: nothing but the supervisor's own bookkeeping runs."""
 
     requests = None
     leave_timeout = 1.0
     backend = "ipc:///nonexistent"
+    ready_pipe = False
 
     def open(self, pool, cleanup):
         pass
 
-    def start_worker(self, spec):
-        raise OSError(errno.EMFILE, "Too many open files")
+    def prepare(self, spec):
+        return spec
+
+    def child_started(self, child):
+        pass
 
     def child_exited(self, child, why):
         pass
@@ -83,13 +88,22 @@ class RefusingRole:
         return ""
 
 
+class OutOfDescriptors(SpawnStarter):
+    """Starts nothing: the system is out of descriptors."""
+
+    def start(self, order):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
 def test_a_worker_that_cannot_be_started_is_retried_after_a_back_off(tmp_path, caplog):
     path = tmp_path / "m.bpk"
     models.generate_mlp(path, 64 * 1024, width=16)
-    supervisor = Supervisor(PoolConfig(path=str(path), workers=1), RefusingRole())
+    supervisor = Supervisor(PoolConfig(path=str(path), workers=1, start="spawn"), IdleRole())
+    supervisor.starter = OutOfDescriptors(supervisor._started)
     supervisor.watcher = reload.Watcher(str(path), None)
     before = time.monotonic()
-    assert supervisor.spawn() is None and supervisor.spawn() is None
+    supervisor.spawn()
+    supervisor.spawn()
     assert supervisor.children == {}
     assert [round(t - before, 1) for t in supervisor.spawn_at] == [0.5, 1.0]
     assert "cannot start a worker: [Errno 24] Too many open files; trying again in 0.5s" in caplog.text

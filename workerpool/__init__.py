@@ -1,7 +1,14 @@
-"""workerpool: serve a numpy model from many processes that share one mapped copy of its weights."""
+"""workerpool: serve a numpy model from many processes that share one mapped copy of its weights.
 
-from .aio import AsyncClient
-from .client import Client, Result
+The clients are imported when first named, so that a supervisor or a worker, which import this
+package too, do not load asyncio (and through it OpenSSL) for nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     BadRequest,
     DeadlineExceeded,
@@ -14,7 +21,11 @@ from .errors import (
     WorkerFailed,
     WorkerpoolError,
 )
-from .security import ClientKeys
+
+if TYPE_CHECKING:
+    from .aio import AsyncClient
+    from .client import Client, Result
+    from .security import ClientKeys
 
 __version__ = "0.1.0"
 
@@ -34,3 +45,11 @@ __all__ = [
     "WorkerFailed",
     "WorkerpoolError",
 ]
+
+_LAZY = {"AsyncClient": ".aio", "Client": ".client", "Result": ".client", "ClientKeys": ".security"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,12 +18,14 @@ from .config import (
     DEFAULT_BIND,
     DEFAULT_LOAD,
     DEFAULT_LOG_LEVEL,
+    DEFAULT_START,
     GRACEFUL_TIMEOUT_SECONDS,
     LOAD_MODES,
     MAX_CONNECTIONS,
     MAX_QUEUE,
     RELOAD_TIMEOUT_SECONDS,
     REQUEST_TIMEOUT_SECONDS,
+    START_METHODS,
     WATCH_INTERVAL_SECONDS,
     HostConfig,
     PoolConfig,
@@ -214,17 +216,30 @@ def _print_status(status: dict[str, Any]) -> None:
           f"generation {model['generation']}, {model['load']})")
     print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
           f"{status['threads_per_worker']} BLAS threads per worker")
-    print(f"{'pid':>8}  {'host':<16} {'state':<9} {'gen':>4} {'served':>8} {'errors':>6} "
+    print(f"{'pid':>8}  {'role':<9} {'host':<16} {'state':<9} {'gen':>4} {'served':>8} {'errors':>6} "
           + " ".join(f"{_MEMORY_COLUMNS[k]:>10}" for k in _MEMORY_COLUMNS))
+    host = os.uname().nodename
+    helpers = [("supervisor", status["supervisor_pid"], status.get("supervisor_memory"))]
+    template = status.get("template")
+    if template is not None:
+        helpers.append(("template", template["pid"], template["memory"]))
+    for role, pid, memory in helpers:
+        _print_process_row(pid, role, host, "restarting" if pid is None else "-", "-", "-", "-", memory)
     for worker in status["workers"]:
-        memory = worker.get("memory") or {}
-        sizes = [format_size(memory[k]) if k in memory else "-" for k in _MEMORY_COLUMNS]
-        print(f"{worker['pid']:>8}  {worker['host'][:16]:<16} {worker['state']:<9} {worker['generation']:>4} "
-              f"{worker['served']:>8} {worker['errors']:>6} " + " ".join(f"{s:>10}" for s in sizes))
+        _print_process_row(worker["pid"], "worker", worker["host"], worker["state"], worker["generation"],
+                           worker["served"], worker["errors"], worker.get("memory"))
     totals = status["totals"]
     model_size = "-" if totals["model_size"] is None else format_size(totals["model_size"])
-    print(f"total PSS of {totals['workers']} workers: {format_size(totals['pss'])} "
-          f"(model file {model_size})")
+    processes = "supervisor, template and" if template is not None else "supervisor and"
+    print(f"total PSS of the {processes} {totals['workers']} workers: {format_size(totals['pss'])} "
+          f"(workers alone {format_size(totals['workers_pss'])}; model file {model_size})")
+
+
+def _print_process_row(pid: int | None, role: str, host: str, state: str, generation: Any, served: Any,
+                       errors: Any, memory: dict[str, int] | None) -> None:
+    sizes = [format_size(memory[k]) if memory and k in memory else "-" for k in _MEMORY_COLUMNS]
+    print(f"{pid or '-':>8}  {role:<9} {host[:16]:<16} {state:<9} {generation:>4} {served:>8} {errors:>6} "
+          + " ".join(f"{s:>10}" for s in sizes))
 
 
 def _print_memory_legend() -> None:
@@ -509,6 +524,11 @@ def _add_pool_options(parser: argparse.ArgumentParser, file_help: str, graceful_
                         help=f"{graceful_help} (default: %(default)s)")
     parser.add_argument("--watch-interval", type=_positive_seconds, default=WATCH_INTERVAL_SECONDS, metavar="S",
                         help="seconds between checks of MODEL.bpk for new weights published by rename "
+                        "(default: %(default)s)")
+    parser.add_argument("--start", choices=START_METHODS, default=DEFAULT_START,
+                        help="fork: fork each worker from a warm template process that has imported "
+                        "everything (a worker costs a few MiB); spawn: start each worker as a fresh "
+                        "interpreter, for models or libraries that are not safe to fork "
                         "(default: %(default)s)")
     parser.add_argument("--threads-per-worker", type=_positive_count, metavar="N",
                         help="threads for each worker's numpy BLAS and OpenMP pools (default: the "

@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # only for annotations: loading a model must not import ZeroM
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DEFAULT_LOAD = "mmap"
 LOAD_MODES = ("mmap", "copy")
+DEFAULT_START = "fork"
+START_METHODS = ("fork", "spawn")
 DEFAULT_LOG_LEVEL = "info"
 HEARTBEAT_SECONDS = 1.0
 LIVENESS_BEATS = 5  # heartbeats missed before a peer counts as gone
@@ -54,6 +56,7 @@ class PoolConfig:
     watch_interval: float | None = WATCH_INTERVAL_SECONDS  # None: reload only when asked
     max_worker_memory: int | None = None  # bytes of private memory before a worker is recycled
     threads_per_worker: int | None = None  # None: the CPUs this process may use, shared out
+    start: str = DEFAULT_START  # fork: from the warm template; spawn: a fresh interpreter each
 
     def cpu_budget(self) -> int:
         """Threads each worker's BLAS and OpenMP pools may use: with more workers than cores,

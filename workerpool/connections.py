@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 import time
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger("workerpool.router")
 
 WARN_INTERVAL = 10.0  # seconds between warnings about refused connections
+# A monitor event's first frame (zmq_socket_monitor(3)): the event (uint16) and its value
+# (uint32, the descriptor for these events), native byte order. Parsed here rather than with
+# zmq.utils.monitor, which imports asyncio and, through it, OpenSSL: some MiB in the supervisor.
+MONITOR_EVENT = struct.Struct("=HI")
 
 
 class ConnectionLimit:
@@ -40,8 +44,7 @@ class ConnectionLimit:
 
     def on_event(self) -> None:
         while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)
-            kind, fd = event["event"], event["value"]
+            kind, fd = MONITOR_EVENT.unpack(self.monitor.recv_multipart()[0][:MONITOR_EVENT.size])
             if kind == zmq.EVENT_ACCEPTED:
                 self.open.add(fd)
                 if len(self.open) > self.limit:

@@ -52,15 +52,17 @@ class HostRole:
     def backend(self) -> str:
         return self.config.connect
 
-    def start_worker(self, spec: WorkerSpec) -> Child:
+    ready_pipe = True  # no router here to hear that a worker is ready
+
+    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
         keys = self.config.keys
-        spec = replace(spec, remote=True,
+        return replace(spec, remote=True,
                        curve_key=keys.secret_file if keys else None,
                        curve_server_key=keys.server_public_file if keys else None)
-        child = Child.spawn(spec, ready_pipe=True)
+
+    def child_started(self, child: Child) -> None:
         assert child.ready_pipe is not None
         self.pool.loop.read(child.ready_pipe, lambda: self._on_loaded(child))
-        return child
 
     def _on_loaded(self, child: Child) -> None:
         assert child.ready_pipe is not None
@@ -71,7 +73,7 @@ class HostRole:
         self.pool.loop.forget(child.ready_pipe)
         child.close_ready_pipe()
         # A worker that wrote and died within one poll is reaped, not counted as ready.
-        if loaded and child.pid in self.pool.children and child.popen.poll() is None:
+        if loaded and child.pid in self.pool.children and child.alive():
             self.pool.child_ready(child)
             self.roll_out()
 
@@ -86,7 +88,7 @@ class HostRole:
         old = [c for c in active if c.generation < generation]
         if pool.stopping or not old or pool.watcher.problem is not None:
             return
-        if any(not c.ready for c in active):
+        if pool.starter.pending or any(not c.ready for c in active):
             return  # a new worker is still loading
         if len(active) > pool.target:
             pool.stop_child(min(old, key=lambda c: c.started))

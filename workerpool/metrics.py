@@ -17,6 +17,7 @@ for the weights' residency; the supervisor reads them on a thread beside its loo
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -36,7 +37,8 @@ MEMORY_FIELDS: dict[str, str] = {
 """One line on each per-worker figure (all in bytes), for ``status`` and the README."""
 
 TOTAL_FIELDS: dict[str, str] = {
-    "pss": "PSS summed over the workers: what the pool really costs (supervisor not counted)",
+    "pss": "PSS summed over every process of the pool (supervisor, template, workers): what it costs",
+    "workers_pss": "PSS summed over the workers alone",
     "model_size": "size of the model file, the most the shared weights can add to that sum",
     "workers": "workers whose memory could be read",
 }
@@ -76,27 +78,33 @@ class _MappedFile:
 
 @dataclass(frozen=True)
 class PoolMemory:
-    """``workers`` maps each pid to its figures (None when it could not be read)."""
+    """``workers`` and ``helpers`` (the supervisor, the template) map each pid to its figures
+    (None when it could not be read)."""
 
     workers: dict[int, dict[str, int] | None]
+    helpers: dict[int, dict[str, int] | None]
     totals: dict[str, int | None]
 
 
-def pool_memory(pids: list[int], model_path: str) -> PoolMemory:
-    """Every worker's figures (see ``MEMORY_FIELDS``) and the pool's (see ``TOTAL_FIELDS``).
+def pool_memory(pids: list[int], model_path: str, helpers: Sequence[int] = ()) -> PoolMemory:
+    """Every worker's figures (see ``MEMORY_FIELDS``), the helper processes', and the pool's
+    (see ``TOTAL_FIELDS``).
 
     ``weights_resident`` counts the file now at ``model_path``; it is 0 in a worker that does
     not map that file (``--load copy``); ``model_size`` is None when the file is gone.
     """
     weights = _MappedFile.of(model_path)
     workers = {pid: _process_memory(pid, weights) for pid in pids}
+    others = {pid: _process_memory(pid, weights) for pid in helpers}
     read = [m for m in workers.values() if m is not None]
+    workers_pss = sum(m["pss"] for m in read)
     totals = {
-        "pss": sum(m["pss"] for m in read),
+        "pss": workers_pss + sum(m["pss"] for m in others.values() if m is not None),
+        "workers_pss": workers_pss,
         "model_size": weights.size if weights else None,
         "workers": len(read),
     }
-    return PoolMemory(workers, totals)
+    return PoolMemory(workers, others, totals)
 
 
 def _process_memory(pid: int, weights: _MappedFile | None) -> dict[str, int] | None:

@@ -1,99 +1,140 @@
-"""Worker processes as the supervisor sees them: start one, signal it, reap it, back off.
+"""Processes as the supervisor sees them: start one, signal it, reap it, back off.
 
-A :class:`Child` owns its ``Popen`` and a pidfd (readable once the process exits, so the
-supervisor's poll loop learns of a death as an ordinary event), and, when asked for, the
-non-blocking read end of a "model loaded" pipe.
+A :class:`Process` holds a pidfd (readable once the process exits, so the supervisor's poll
+loop learns of a death as an ordinary event). Signals go through the pidfd, so a pid reused by
+another process is never signalled. A process is either spawned (a fresh interpreter, with its
+``Popen``) or adopted: forked from the warm template and reparented to the supervisor, which
+reaps it with ``waitid`` on the pidfd.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from .worker_spec import TOKEN_ENV, WorkerSpec
+import psutil
 
-TOKEN_BYTES = 16
-
+log = logging.getLogger("workerpool.process")
 
 @dataclass(eq=False)
-class Child:
-    """A worker process this supervisor started; its pid is known from spawning it, never
-    from anything the worker says."""
+class Process:
+    """A process this supervisor started (or adopted); its pid is known from starting it, never
+    from anything the process says."""
 
-    popen: subprocess.Popen[bytes]
+    pid: int
     pidfd: int
-    generation: int
-    token: str  # secret, given to the worker in its environment; it proves itself with it
-    ready_pipe: int | None = None  # read end: the worker writes once its model is built
+    popen: subprocess.Popen[bytes] | None = None  # None: adopted, reaped through the pidfd
     started: float = field(default_factory=time.time)
-    ready: bool = False
-    stopping: bool = False
 
     @classmethod
-    def spawn(cls, spec: WorkerSpec, *, ready_pipe: bool = False) -> Child:
-        """Start ``python -m workerpool.worker`` for ``spec`` (a fresh interpreter)."""
-        ready_r = ready_w = None
-        if ready_pipe:
-            ready_r, ready_w = os.pipe()
-            os.set_blocking(ready_r, False)
-            spec = replace(spec, ready_fd=ready_w)
-        token = secrets.token_hex(TOKEN_BYTES)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        env[TOKEN_ENV] = token  # not in argv, which every user on the machine can read
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "workerpool.worker", *spec.to_argv()],
-                stdin=subprocess.DEVNULL, env=env, close_fds=True,
-                pass_fds=() if ready_w is None else (ready_w,),
-            )
-        except BaseException:
-            if ready_r is not None:
-                os.close(ready_r)
-            raise
-        finally:
-            if ready_w is not None:
-                os.close(ready_w)
+    def spawn(cls, argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> Process:
+        """Start ``argv`` with stdin closed and no descriptors but ``pass_fds`` inherited."""
+        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, env=env, close_fds=True,
+                                 pass_fds=tuple(pass_fds))
         try:
             pidfd = os.pidfd_open(popen.pid)
         except OSError:
             popen.kill()
             popen.wait()
-            if ready_r is not None:
-                os.close(ready_r)
             raise
-        return cls(popen, pidfd, spec.generation, token, ready_r)
+        return cls(popen.pid, pidfd, popen)
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
+    @classmethod
+    def adopt(cls, pid: int) -> Process:
+        """Take charge of ``pid``, which must be this process's child (a forked worker,
+        reparented here); OSError when it is not, or is already gone."""
+        pidfd = os.pidfd_open(pid)
+        try:  # ChildProcessError unless it is our child; None while it runs
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except OSError:
+            os.close(pidfd)
+            raise
+        return cls(pid, pidfd)
+
+    def send(self, signum: int) -> None:
+        """Signal the process unless it has already been reaped."""
+        if self.pidfd < 0:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send(signal.SIGKILL)
+
+    def alive(self) -> bool:
+        """Still running (not even a zombie waiting to be reaped)."""
+        if self.pidfd < 0:
+            return False
+        return os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+
+    def reap(self) -> int:
+        """Collect the exit status (waiting for it) and close the pidfd; returns the exit code,
+        negative for a signal, as ``Popen.returncode`` has it."""
+        if self.popen is not None:
+            code = self.popen.wait()
+        else:
+            result = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)
+            assert result is not None  # without WNOHANG, waitid waits
+            code = result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
+        os.close(self.pidfd)
+        self.pidfd = -1
+        return code
+
+
+@dataclass(eq=False)
+class Child(Process):
+    """A worker process, and what the supervisor knows of it."""
+
+    generation: int = 0
+    token: str = ""  # secret, given to the worker in its environment; it proves itself with it
+    ready_pipe: int | None = None  # read end: the worker writes once its model is built
+    ready: bool = False
+    stopping: bool = False
 
     def terminate(self) -> None:
         """SIGTERM: the worker says goodbye to its router and leaves once its request is done."""
         self.stopping = True
-        self.popen.terminate()
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
+        self.send(signal.SIGTERM)
 
     def close_ready_pipe(self) -> None:
         if self.ready_pipe is not None:
             os.close(self.ready_pipe)
             self.ready_pipe = None
 
-    def reap(self) -> int:
-        """Collect the exit status and close the pidfd; returns the exit code. The ready pipe
-        stays open until its reader sees the end of it."""
-        code = self.popen.wait()
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
-        return code
+
+def collect_strays(known: set[int], *, kill: bool) -> None:
+    """Reap children this supervisor does not know of (an intermediate the template could not
+    reap, a descendant of a worker that outlived it); with ``kill``, stop the live ones first
+    (a worker whose start the template could not report)."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for child in children:
+        if child.pid in known:
+            continue
+        try:
+            if kill and child.status() != psutil.STATUS_ZOMBIE:
+                log.warning("stopping process %d: started for this pool, but never reported", child.pid)
+                child.kill()
+                child.wait(timeout=1)
+            else:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass
+
+
+def python_env() -> dict[str, str]:
+    """The environment for a fresh interpreter that must import this package as we do."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
 
 class Backoff:

@@ -10,8 +10,8 @@ window. Both tables are bounded, oldest entries dropped first.
 
 from __future__ import annotations
 
-import hashlib
 import time
+from _blake2 import blake2b  # hashlib's own; hashlib itself loads OpenSSL into the supervisor
 from collections import OrderedDict
 from typing import Any
 
@@ -29,7 +29,7 @@ def fingerprint(frames: list[Any]) -> bytes | None:
         header = protocol.decode_header(frames[0])
     except protocol.ProtocolError:
         return None
-    digest = hashlib.blake2b(digest_size=16)
+    digest = blake2b(digest_size=16)
     digest.update(protocol.encode_header({"method": header.get("method"), "arrays": header.get("arrays"),
                                           "frames": [len(frame) for frame in frames[1:]]}))
     for frame in frames[1:]:

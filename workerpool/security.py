@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:  # imported when used: it loads asyncio, which a pool without CURVE never needs
+    from zmq.auth.thread import ThreadAuthenticator
 
 
 class KeysError(Exception):
@@ -60,6 +63,8 @@ class ServerKeys:
             if directory is not None and not os.path.isdir(directory):
                 raise KeysError(f"{role} key directory {directory} does not exist")
         self.public, self.secret = _load(self.secret_file, need_secret=True)
+        from zmq.auth.thread import ThreadAuthenticator
+
         authenticator = ThreadAuthenticator(context)
         authenticator.start()
         authenticator.configure_curve(domain=CLIENTS, location=self.allowed_dir)

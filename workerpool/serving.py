@@ -174,8 +174,15 @@ class ServingRole:
 
     # The supervisor's side.
 
-    def start_worker(self, spec: WorkerSpec) -> Child:
-        return Child.spawn(spec)
+    ready_pipe = False  # the router hears it: the worker registers
+
+    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
+        return spec
+
+    def child_started(self, child: Child) -> None:
+        """A forked worker may register before the template's report of it arrives."""
+        if any(w.local and w.token == child.token for w in self.router.workers):
+            self.pool.child_ready(child)
 
     def child_exited(self, child: Child, why: str) -> None:
         self.router.worker_exited(child.token, why)
@@ -204,7 +211,7 @@ class ServingRole:
 
     def worker_lost(self, worker: WorkerRecord, why: str) -> None:
         child = self._local_child(worker)
-        if child is not None and child.popen.poll() is None:
+        if child is not None and child.alive():
             log.warning("killing worker %d: %s", worker.pid, why)
             child.kill()
 
@@ -219,7 +226,8 @@ class ServingRole:
             return dict(self.status())
         # Reading every worker's smaps takes tens of milliseconds: do it beside the loop,
         # which keeps routing meanwhile, and answer when it is done.
-        memory = self._memory_reader.submit(metrics.pool_memory, list(self.pool.children), self.config.path)
+        memory = self._memory_reader.submit(metrics.pool_memory, list(self.pool.children), self.config.path,
+                                            [os.getpid(), *self.pool.helper_pids()])
         self.status_waiters.append((client, memory))
         return None
 
@@ -291,8 +299,11 @@ class ServingRole:
     def status(self, memory: metrics.PoolMemory | None = None) -> Status:
         """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
         current, router = self.pool.watcher.current, self.router
+        helpers: dict[int, Any] = memory.helpers if memory else {}
         return {
             "supervisor_pid": os.getpid(),
+            "supervisor_memory": helpers.get(os.getpid()),
+            "template": self.pool.starter.status(helpers),
             "endpoint": router.endpoint,
             "threads_per_worker": self.pool.threads_per_worker,
             "model": {

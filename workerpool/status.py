@@ -51,14 +51,22 @@ class QueueStatus(TypedDict):
     in_flight: int
 
 
+class TemplateStatus(TypedDict):
+    pid: int | None  # None while it is being restarted
+    restarts: int
+    memory: MemoryFigures | None
+
+
 class Status(TypedDict):
     supervisor_pid: int
+    supervisor_memory: MemoryFigures | None
+    template: TemplateStatus | None  # None: workers are spawned (--start spawn)
     endpoint: str
     threads_per_worker: int  # each worker's BLAS/OpenMP threads
     model: ModelStatus
     queue: QueueStatus
     workers: list[WorkerStatus]
-    totals: dict[str, int | None] | None  # pss, model_size, workers; see metrics.TOTAL_FIELDS
+    totals: dict[str, int | None] | None  # see metrics.TOTAL_FIELDS
 
 
 def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord], generation: int,

@@ -20,7 +20,8 @@ from typing import Protocol
 from . import reload
 from .config import POLLS_PER_HEARTBEAT, PoolConfig
 from .loop import Loop
-from .process import Backoff, Child, describe_exit
+from .process import Backoff, Child, Process, describe_exit
+from .starters import SpawnStarter, Starter, StartOrder, TemplateStarter
 from .units import format_size
 from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
 
@@ -60,8 +61,14 @@ class Role(Protocol):
     def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
         """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""
 
-    def start_worker(self, spec: WorkerSpec) -> Child:
-        """Start one worker process for ``spec``, adding what this role's workers need."""
+    @property
+    def ready_pipe(self) -> bool:
+        """Whether workers report a built model through a pipe (else the router hears of it)."""
+
+    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
+        """``spec`` with what this role's workers need added."""
+
+    def child_started(self, child: Child) -> None: ...
 
     def child_exited(self, child: Child, why: str) -> None: ...
 
@@ -92,6 +99,10 @@ class Supervisor:
         self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
         self.watcher: reload.Watcher
         self._next_watch = 0.0
+        self.starter: Starter = (
+            TemplateStarter(self._started, self._start_failed, model=config.model,
+                            log_level=config.log_level, known=lambda: set(self.children))
+            if config.start == "fork" else SpawnStarter(self._started))
 
     def run(self) -> int:
         raise_fd_limit()
@@ -102,11 +113,13 @@ class Supervisor:
         self._check_memory_limit()
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
+            self.starter.open(self.loop, cleanup)  # first: a template is forked before any thread
             self.role.open(self, cleanup)
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self._signals())
-            log.info("starting %d workers for %s (model %s, %s, %d BLAS threads each)", self.target,
-                     self.config.path, self.watcher.current.model, self.config.load,
+            log.info("starting %d workers for %s (model %s, %s, %s, %d BLAS threads each)",
+                     self.target, self.config.path, self.watcher.current.model, self.config.load,
+                     "forked from a template" if self.config.start == "fork" else "spawned",
                      self.threads_per_worker)
             for _ in range(self.target):
                 self.spawn()
@@ -141,7 +154,7 @@ class Supervisor:
 
     # Workers.
 
-    def spawn(self) -> Child | None:
+    def spawn(self) -> None:
         """Start a worker; when the system refuses (no descriptors, no processes left), try
         again after a back-off instead of failing the pool."""
         current = self.watcher.current
@@ -159,17 +172,31 @@ class Supervisor:
             parent=os.getpid(),
             threads=self.threads_per_worker,
         )
+        order = StartOrder.make(self.role.prepare(spec), ready_pipe=self.role.ready_pipe)
         try:
-            child = self.role.start_worker(spec)
+            self.starter.start(order)
         except OSError as exc:
-            delay = self.start_failures.fail()
-            log.error("cannot start a worker: %s; trying again in %.1fs", exc, delay)
-            self.spawn_at.append(time.monotonic() + delay)
-            return None
+            self._start_failed(order, str(exc))
+
+    def _started(self, order: StartOrder, process: Process) -> None:
+        child = order.child(process)
         self.children[child.pid] = child
         self.loop.read(child.pidfd, lambda: self._reap(child))
         log.debug("started worker %d", child.pid)
-        return child
+        self.role.child_started(child)
+
+    def _start_failed(self, order: StartOrder, why: str) -> None:
+        order.abandon()
+        if self.stopping:
+            return
+        delay = self.start_failures.fail()
+        log.error("cannot start a worker: %s; trying again in %.1fs", why, delay)
+        self.spawn_at.append(time.monotonic() + delay)
+
+    def helper_pids(self) -> list[int]:
+        """The pool's processes that are neither the supervisor nor a worker: the template."""
+        template = self.starter.template
+        return [] if template is None else [template.pid]
 
     def _spawn_due(self) -> None:
         now = time.monotonic()
@@ -193,7 +220,8 @@ class Supervisor:
                       "mapped; publish new weights by rename (workerpool publish NEW.bpk %s)",
                       child.pid, self.config.path, self.config.path)
         self.check_weights("worker exit")
-        if sum(not c.stopping for c in self.children.values()) + len(self.spawn_at) < self.target:
+        coming = len(self.spawn_at) + self.starter.pending
+        if sum(not c.stopping for c in self.children.values()) + coming < self.target:
             self._replace(child, code, why)
 
     def _replace(self, child: Child, code: int, why: str) -> None:
@@ -272,6 +300,7 @@ class Supervisor:
             signal.SIGHUP: self.handle_hup,
             signal.SIGTTIN: self.handle_ttin,
             signal.SIGTTOU: self.handle_ttou,
+            signal.SIGCHLD: self.handle_chld,
         }
         for signum in handlers:
             signal.signal(signum, lambda *_: None)
@@ -317,6 +346,10 @@ class Supervisor:
         candidates = [c for c in self.children.values() if not c.stopping]
         self.stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
 
+    def handle_chld(self) -> None:
+        """A child exited: workers are reaped through their pidfds; this reaps the others."""
+        self.starter.collect_strays()
+
     def handle_hup(self) -> None:
         if self.stopping:
             return
@@ -340,6 +373,7 @@ class Supervisor:
         if requests is not None:
             requests.stop_accepting()
         self.spawn_at.clear()
+        self.starter.close()
         self.stop_deadline = time.monotonic() + self.config.graceful_timeout
         log.info("%s: finishing %d unfinished requests (up to %gs), then stopping",
                  reason, self._unfinished(), self.config.graceful_timeout)

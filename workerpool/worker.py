@@ -8,7 +8,7 @@ heartbeats, so a busy worker is never mistaken for a dead one.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import json
 import logging
 import os
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 import zmq
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
-from . import burnpack, models, protocol, security
+from . import burnpack, linux, models, protocol, security
 from .config import POLLS_PER_HEARTBEAT
 from .logs import setup_logging
 from .models.loaded import LoadedModel
@@ -41,7 +41,6 @@ from .worker_spec import (
 
 log = logging.getLogger("workerpool.worker")
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
 
 
@@ -145,7 +144,7 @@ class Worker:
     def run(self) -> int:
         spec = self.spec
         if spec.threads is not None:  # before the model is built: it may run BLAS already
-            self.threads = threadpool_limits(limits=spec.threads)
+            self.threads = thread_pools().limit(limits=spec.threads)
         self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation)
         if spec.expect and self.loaded.pack.identity.as_list() != spec.expect:
             log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
@@ -191,9 +190,12 @@ class Worker:
         leave_by: float | None = None
         registered = self._register(router)
         while True:
+            # Until registered, also wake when the connection completes (IMMEDIATE holds the
+            # READY back until then), not a poll interval later.
+            poller.modify(router, zmq.POLLIN if registered else zmq.POLLIN | zmq.POLLOUT)
             events = dict(poller.poll(int(interval * MS_PER_SECOND / POLLS_PER_HEARTBEAT)))
             now = time.monotonic()
-            if events.get(router):
+            if events.get(router, 0) & zmq.POLLIN:
                 router_seen = now
                 if self._on_router(router, router.recv_multipart(copy=False)):
                     last_beat = time.monotonic()
@@ -386,22 +388,17 @@ def _send_now(sock: zmq.Socket, frames: list[Any]) -> bool:
         return False
 
 
-def die_with_parent(parent: int) -> bool:
-    """Have the kernel SIGKILL this process as soon as ``parent`` dies, even in the middle of a
-    request (Linux; elsewhere the loop notices between requests). False when ``parent`` is
-    already gone: it died before this took effect, and nothing would kill this worker."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        option, unused = ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(0)
-        if libc.prctl(option, ctypes.c_ulong(signal.SIGKILL), unused, unused, unused):
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    return os.getppid() == parent
+@functools.cache
+def thread_pools() -> ThreadpoolController:
+    """The BLAS and OpenMP libraries loaded here; a template finds them once for all its workers."""
+    return ThreadpoolController()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     spec = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
     parent = spec.parent if spec.parent is not None else os.getppid()
-    orphan = not die_with_parent(parent)
+    linux.set_name("wp-worker")
+    orphan = not linux.die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides how to stop
     setup_logging(spec.log_level)
     if orphan:

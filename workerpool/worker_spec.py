@@ -8,6 +8,7 @@ builds one and calls :meth:`WorkerSpec.to_argv`; the worker calls :meth:`WorkerS
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class WorkerSpec:
         return cls(**vars(args))
 
 
+@functools.cache  # built once in a template, shared by the workers it forks
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workerpool-worker",
                                      description="One worker process; started by a supervisor.")

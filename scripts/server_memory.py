@@ -1,0 +1,50 @@
+"""The memory of a whole server, every process of it: a helper of compare.py and measure_rss.py.
+
+A server is a root process (workerpool's supervisor, gunicorn's arbiter) and its descendants:
+the workers, and for ``workerpool --start fork`` the template the workers are forked from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+
+from workerpool import metrics
+
+
+def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
+    """PSS (psutil's ``memory_full_info``) of ``pid`` and each of its descendants, and their sum
+    split into the root, the ``workers`` (the pids that answered requests) and the others (the
+    template); with how much of the model file each process has resident in its mappings.
+
+    Raises RuntimeError when a process exits while it is read, or when a worker that answered
+    is no longer among the descendants (it was replaced: the figures would mix two pools)."""
+    root = psutil.Process(pid)
+    children = [p.pid for p in root.children(recursive=True)]
+    figures = metrics.pool_memory([pid, *children], model).workers
+    if any(f is None for f in figures.values()):
+        raise RuntimeError("a serving process exited while its memory was read")
+    missing = workers - set(children)
+    if missing:
+        raise RuntimeError(f"workers {sorted(missing)} answered but are no longer running")
+    processes: list[dict[str, Any]] = []
+    for p, f in figures.items():
+        assert f is not None
+        role = "root" if p == pid else "worker" if p in workers else "other"
+        processes.append({"pid": p, "role": role, **f})
+
+    def pss(role: str) -> int:
+        return sum(p["pss"] for p in processes if p["role"] == role)
+
+    return {
+        "pss": sum(p["pss"] for p in processes),
+        "root_pss": pss("root"),
+        "others_pss": pss("other"),
+        "workers_pss": pss("worker"),
+        "processes": len(processes),
+        "others": sum(p["role"] == "other" for p in processes),
+        "workers": sum(p["role"] == "worker" for p in processes),
+        "weights_resident": [p["weights_resident"] for p in processes if p["role"] == "worker"],
+        "by_process": processes,
+    }

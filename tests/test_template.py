@@ -1,0 +1,111 @@
+"""Workers forked from the warm template: what they share with it, and what its death changes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import psutil
+from helpers import Background, pool_ready
+from server import Server
+
+import workerpool
+
+
+def fd_targets(pid: int) -> set[str]:
+    """The files, pipes and sockets ``pid``'s descriptors above the standard streams point to
+    (eventfds and epolls all show as the same anonymous inode: they cannot be told apart)."""
+    fds = [fd for fd in os.listdir(f"/proc/{pid}/fd") if int(fd) > 2]
+    targets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
+    return {target for target in targets if not target.startswith("anon_inode:")}
+
+
+def test_the_template_holds_only_its_socket_and_the_workers_share_none_of_it(small_model):
+    with Server(small_model, workers=2) as server:
+        status = server.status()
+        template = status["template"]["pid"]
+        assert psutil.Process(template).name() == "wp-template"
+        held = fd_targets(template)
+        assert len(held) == 1 and next(iter(held)).startswith("socket:")
+        for worker in status["workers"]:
+            assert psutil.Process(worker["pid"]).name() == "wp-worker"
+            assert psutil.Process(worker["pid"]).ppid() == server.proc.pid  # not the template's
+            assert not fd_targets(worker["pid"]) & (held | fd_targets(server.proc.pid))
+
+
+def test_forked_workers_do_not_share_the_templates_random_state(small_model):
+    with Server(small_model, "--model", "random_model:factory", workers=2) as server, \
+            workerpool.Client(server.endpoint, timeout=10) as client:
+        draws = {}
+        while len(draws) < 2:
+            result = client.request(np.zeros((1, 1), np.float32))
+            draws.setdefault(result.worker_pid, tuple(result.outputs.ravel()))
+    first, second = draws.values()
+    assert first[0] != second[0] and first[1] != second[1]
+
+
+def test_killing_the_template_under_load_fails_no_request_and_it_comes_back(small_model):
+    with Server(small_model, workers=2) as server:
+        status = server.status()
+        first, workers = status["template"]["pid"], {w["pid"] for w in status["workers"]}
+        stop = threading.Event()
+
+        def load() -> int:
+            x = np.ones((1, 256), np.float32)
+            answered = 0
+            with workerpool.Client(server.endpoint, timeout=10, retries=0) as client:
+                while not stop.is_set():
+                    client.infer(x)  # raises on any failure
+                    answered += 1
+            return answered
+
+        background = Background(load)
+        os.kill(first, signal.SIGKILL)
+        status = server.wait_for(lambda s: s["template"]["pid"] not in (None, first))
+        assert status["template"]["restarts"] == 1
+        assert {w["pid"] for w in status["workers"]} == workers  # running workers untouched
+        server.signal(signal.SIGTTIN)  # the new template forks workers too
+        added = server.wait_for(pool_ready(3))
+        stop.set()
+        assert background.join(30) > 0
+        assert workers < {w["pid"] for w in added["workers"]}
+    assert f"worker template {first} was killed by SIGKILL" in server.log()
+
+
+def test_the_template_ignores_sigterm_from_anyone_but_the_supervisor(small_model):
+    with Server(small_model, workers=1) as server:
+        template = server.status()["template"]["pid"]
+        os.kill(template, signal.SIGTERM)  # pkill -f 'workerpool serve' reaches it too
+        server.signal(signal.SIGTTIN)
+        status = server.wait_for(pool_ready(2))
+        assert status["template"]["pid"] == template and status["template"]["restarts"] == 0
+
+
+def test_kill_9_of_the_supervisor_leaves_no_template_or_worker_behind(small_model):
+    with Server(small_model, workers=2) as server:
+        status = server.status()
+        pids = [status["template"]["pid"], *(w["pid"] for w in status["workers"])]
+        processes = [psutil.Process(pid) for pid in pids]
+        server.proc.kill()
+        _, alive = psutil.wait_procs(processes, timeout=5)
+        assert alive == []
+
+
+def test_spawned_workers_have_no_template(small_model):
+    with Server(small_model, "--start", "spawn", workers=2) as server:
+        status = server.status()
+        assert status["template"] is None
+        assert "spawned" in server.log()
+        assert all(psutil.Process(w["pid"]).ppid() == server.proc.pid for w in status["workers"])
+
+
+def test_a_template_that_hangs_is_killed_and_replaced(small_model):
+    with Server(small_model, workers=1) as server:
+        template = server.status()["template"]["pid"]
+        os.kill(template, signal.SIGSTOP)
+        server.signal(signal.SIGTTIN)  # an order the frozen template never answers
+        status = server.wait_for(pool_ready(2), timeout=60)
+        assert status["template"]["pid"] != template and status["template"]["restarts"] == 1
+    assert f"worker template {template} did not fork a worker in" in server.log()

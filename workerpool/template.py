@@ -1,0 +1,165 @@
+"""The warm template: a process that has imported everything a worker needs and forks workers.
+
+A worker forked from it skips the interpreter's start and the imports, and shares their pages
+with the template and its siblings (copy-on-write), as gunicorn's ``--preload`` shares its
+arbiter's. It holds no ZeroMQ context, no mapping and no thread, so there is nothing a fork
+could copy in a broken state; each worker maps the weights itself, exactly as a spawned one.
+
+Each worker is forked twice (template, then a short-lived intermediate) and the intermediate
+exits at once, so the worker is reparented to the supervisor, a child subreaper: the
+supervisor reaps it and reads its exit status itself, and the worker's parent-death signal
+follows the supervisor, not the template. A template that dies takes no worker with it.
+
+The supervisor and the template speak over a ``SOCK_SEQPACKET`` socket pair, one JSON object
+per message. The template says ``{"ready": true}`` once its imports are done; a request is
+``{"id": n, "argv": [...], "token": "..."}``, with at most one descriptor attached (a worker
+host's ready pipe), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from . import linux, models, worker
+from .logs import LEVELS, setup_logging
+from .worker_spec import TOKEN_ENV, WorkerSpec
+
+log = logging.getLogger("workerpool.template")
+
+MAX_ORDER_BYTES = 64 * 1024  # a worker's command line, as JSON
+REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's child
+
+
+def run(sock: socket.socket, parent: int) -> NoReturn:
+    """Serve fork requests until the supervisor closes its end (or dies: then so does this)."""
+    code = 1
+    try:
+        linux.set_name("wp-template")
+        if not linux.die_with_parent(parent):
+            os._exit(1)
+        _close_all_but(sock.fileno())  # what the supervisor inherited is not the workers' business
+        for signum in (signal.SIGINT, signal.SIGTERM):  # only the supervisor stops the template:
+            signal.signal(signum, signal.SIG_IGN)  # it closes the socket, or kills it
+        worker.thread_pools()  # found once here, not in every worker
+        WorkerSpec.from_argv(["-", "--backend", "-"])  # the same for the parser
+        gc.collect()
+        gc.freeze()  # what is here now is never traversed again: its pages stay shared
+        sock.send(json.dumps({"ready": True}).encode())
+        while True:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_ORDER_BYTES, 1)
+            if not data:
+                code = 0
+                break
+            try:
+                reply = _fork_order(data, fds, sock)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            sock.send(json.dumps(reply).encode())
+    except BaseException:
+        log.exception("template %d failed", os.getpid())
+    finally:
+        os._exit(code)
+
+
+def _close_all_but(keep: int) -> None:
+    """Close every descriptor above the standard streams but ``keep``."""
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def _fork_order(data: bytes, fds: list[int], sock: socket.socket) -> dict[str, Any]:
+    order = json.loads(data)
+    argv = [str(arg) for arg in order["argv"]]
+    if fds:
+        argv += ["--ready-fd", str(fds[0])]
+    try:
+        pid = fork_worker(argv, str(order["token"]), sock)
+    except OSError as exc:
+        return {"id": order["id"], "error": f"cannot fork a worker: {exc.strerror or exc}"}
+    return {"id": order["id"], "pid": pid}
+
+
+def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
+    """Fork a worker for ``argv`` through an intermediate that exits at once; its pid."""
+    report_r, report_w = os.pipe()
+    intermediate = os.fork()
+    if intermediate == 0:
+        try:
+            os.close(report_r)
+            me = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                os.close(report_w)
+                _become_worker(argv, token, sock, me)
+            os.write(report_w, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(report_w)
+    try:
+        reported = os.read(report_r, 32)
+    finally:
+        os.close(report_r)
+        os.waitpid(intermediate, 0)
+    if not reported:
+        raise OSError("the second fork failed")
+    return int(reported)
+
+
+def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediate: int) -> NoReturn:
+    """In the forked worker: shed what is the template's, then run the worker's main."""
+    code = 1
+    try:
+        sock.close()
+        for signum in signal.valid_signals():  # handlers are the template's, not the worker's
+            if callable(signal.getsignal(signum)) or signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_DFL)
+        if "numpy.random" in sys.modules:  # the random module reseeds itself after a fork
+            sys.modules["numpy.random"].seed()  # numpy's global generator does not
+        deadline = time.monotonic() + REPARENT_TIMEOUT
+        while os.getppid() == intermediate and time.monotonic() < deadline:
+            time.sleep(0.0002)  # the intermediate is exiting; then the supervisor adopts us
+        os.environ[TOKEN_ENV] = token
+        code = worker.main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        log.exception("worker %d failed", os.getpid())
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``python -m workerpool.template``: a template started as a fresh interpreter."""
+    parser = argparse.ArgumentParser(prog="workerpool-template",
+                                     description="Forks workers on request; started by a supervisor.")
+    parser.add_argument("--fd", type=int, required=True, help="the inherited socket to the supervisor")
+    parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
+    parser.add_argument("--model", default=None,
+                        help="the served model (package.module:factory): its module is imported now")
+    parser.add_argument("--log-level", choices=LEVELS, default="info")
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    if args.model:
+        try:
+            models.resolve(args.model)
+        except models.ModelError as exc:
+            log.error("template %d: %s", os.getpid(), exc)
+            sys.exit(1)
+    run(socket.socket(fileno=args.fd), args.parent)
+
+
+if __name__ == "__main__":
+    main()
