@@ -82,6 +82,11 @@ def summary(in_flight: int, latencies: list[float], elapsed: float) -> dict:
     }
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, for the reader to judge a run by."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def echo_broker(backend: str, bound: multiprocessing.Queue) -> None:
     """The guide's load-balancing broker, minimal: the transport's own cost."""
     context = zmq.Context()

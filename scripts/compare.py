@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import zmq
-from bench import drive, summary
+from bench import drive, load_average, summary
 from server_memory import tree_memory
 from threadpoolctl import threadpool_limits
 
@@ -403,10 +403,6 @@ def processes(name: str, runs: list[dict[str, Any]]) -> str:
 def least_resident(runs: list[dict[str, Any]]) -> str:
     """The least of the model file any worker (a process that answered) had resident."""
     return format_size(min(min(r["weights_resident"]) for r in runs))
-
-
-def load_average() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def reference(servers: list[str]) -> str | None:

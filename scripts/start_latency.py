@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import zmq
+from bench import load_average
 
 from workerpool import models, protocol
 from workerpool.launcher import NotReady, ServerProcess, serve_args
@@ -206,10 +207,6 @@ def figures(runs: list[dict[str, Any]]) -> dict[str, float]:
             "serves_median_ms": statistics.median(serves), "serves_max_ms": max(serves),
             "startup_median_s": statistics.median(startup), "startup_max_s": max(startup),
             "adds": len(ready)}
-
-
-def load_average() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def print_table(generated: models.GeneratedMlp, args: argparse.Namespace,

@@ -10,9 +10,9 @@ import pytest
 from helpers import pool_ready
 from server import Server
 
-pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
-
 import workerpool
+
+pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 
 REPORT = ("--model", "thread_model:factory")  # answers with its worker's thread limits
 

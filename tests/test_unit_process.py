@@ -11,8 +11,8 @@ import pytest
 from workerpool import models, reload
 from workerpool.config import PoolConfig
 from workerpool.process import Backoff, describe_exit
-from workerpool.starters import SpawnStarter
 from workerpool.ready_line import Ready, parse_ready_line, serve_line, workers_line
+from workerpool.starters import SpawnStarter
 from workerpool.supervisor import Supervisor
 from workerpool.worker_spec import WorkerSpec
 

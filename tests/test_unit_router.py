@@ -56,6 +56,9 @@ class Pool:
     def reload_failed(self, worker: WorkerRecord, why: str) -> None:
         self.events.append(("reload failed", worker.pid))
 
+    def started_here(self, token: str | None) -> bool:
+        return token != "forged"
+
     def pump(self, until: Callable[[], bool], timeout: float = 2.0) -> None:
         deadline = time.monotonic() + timeout
         while not until():
@@ -195,6 +198,15 @@ def test_the_socket_not_the_message_says_whether_a_worker_is_local(context):
     assert by_locality[True].token == "t3" and by_locality[False].token is None
     pool.router.worker_exited("t3", "exited")  # the supervisor reaped the child it gave t3
     assert [w.local for w in pool.router.workers] == [False]
+
+
+def test_a_local_worker_this_pool_did_not_start_is_refused(context):
+    pool = Pool(context)
+    forger = pool.worker(4, token="forged")
+    pool.pump(received(forger))
+    assert forger.recv_multipart()[0] == protocol.REFUSE
+    pool.worker(5, remote=True, token="forged")  # a worker host's workers prove themselves by CURVE
+    pool.pump(lambda: pool.registered() == {5})
 
 
 def test_after_stop_accepting_new_requests_are_answered_shutting_down(context):

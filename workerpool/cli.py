@@ -216,7 +216,7 @@ def _print_status(status: dict[str, Any]) -> None:
           f"generation {model['generation']}, {model['load']})")
     print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
           f"{status['threads_per_worker']} BLAS threads per worker")
-    print(f"{'pid':>8}  {'role':<9} {'host':<16} {'state':<9} {'gen':>4} {'served':>8} {'errors':>6} "
+    print(f"{'pid':>8}  {'role':<10} {'host':<16} {'state':<10} {'gen':>4} {'served':>8} {'errors':>6} "
           + " ".join(f"{_MEMORY_COLUMNS[k]:>10}" for k in _MEMORY_COLUMNS))
     host = os.uname().nodename
     helpers = [("supervisor", status["supervisor_pid"], status.get("supervisor_memory"))]
@@ -238,7 +238,7 @@ def _print_status(status: dict[str, Any]) -> None:
 def _print_process_row(pid: int | None, role: str, host: str, state: str, generation: Any, served: Any,
                        errors: Any, memory: dict[str, int] | None) -> None:
     sizes = [format_size(memory[k]) if memory and k in memory else "-" for k in _MEMORY_COLUMNS]
-    print(f"{pid or '-':>8}  {role:<9} {host[:16]:<16} {state:<9} {generation:>4} {served:>8} {errors:>6} "
+    print(f"{pid or '-':>8}  {role:<10} {host[:16]:<16} {state:<10} {generation:>4} {served:>8} {errors:>6} "
           + " ".join(f"{s:>10}" for s in sizes))
 
 

@@ -9,7 +9,6 @@ reaps it with ``waitid`` on the pidfd.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -18,9 +17,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import psutil
-
-log = logging.getLogger("workerpool.process")
 
 @dataclass(eq=False)
 class Process:
@@ -89,12 +85,12 @@ class Process:
         return code
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Child(Process):
     """A worker process, and what the supervisor knows of it."""
 
-    generation: int = 0
-    token: str = ""  # secret, given to the worker in its environment; it proves itself with it
+    generation: int
+    token: str  # secret, given to the worker in its environment; it proves itself with it
     ready_pipe: int | None = None  # read end: the worker writes once its model is built
     ready: bool = False
     stopping: bool = False
@@ -108,28 +104,6 @@ class Child(Process):
         if self.ready_pipe is not None:
             os.close(self.ready_pipe)
             self.ready_pipe = None
-
-
-def collect_strays(known: set[int], *, kill: bool) -> None:
-    """Reap children this supervisor does not know of (an intermediate the template could not
-    reap, a descendant of a worker that outlived it); with ``kill``, stop the live ones first
-    (a worker whose start the template could not report)."""
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return
-    for child in children:
-        if child.pid in known:
-            continue
-        try:
-            if kill and child.status() != psutil.STATUS_ZOMBIE:
-                log.warning("stopping process %d: started for this pool, but never reported", child.pid)
-                child.kill()
-                child.wait(timeout=1)
-            else:
-                os.waitpid(child.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError):
-            pass
 
 
 def python_env() -> dict[str, str]:

@@ -45,6 +45,9 @@ class RouterEvents(Protocol):
 
     def worker_lost(self, worker: WorkerRecord, why: str) -> None: ...
 
+    def started_here(self, token: str | None) -> bool:
+        """Whether this pool started (or is starting) the local worker that holds ``token``."""
+
     def reload_failed(self, worker: WorkerRecord, why: str) -> None:
         """``worker`` could not switch to the newest generation: the file fails there too."""
 
@@ -161,6 +164,11 @@ class Router:
     def _register(self, link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame]) -> None:
         worker = admit(link, local, address, frames, self.signature)
         if worker is None:
+            return
+        if local and not self.events.started_here(worker.token):
+            log.warning("refused local worker %d: this pool did not start it (its token is unknown)",
+                        worker.pid)
+            send_to_peer(link, address, [protocol.REFUSE, b"this pool did not start this worker"])
             return
         if worker.key in self._workers:
             self.lose(worker.key, "re-registered")

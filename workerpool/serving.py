@@ -204,6 +204,11 @@ class ServingRole:
             return None
         return next((c for c in self.pool.children.values() if c.token == worker.token), None)
 
+    def started_here(self, token: str | None) -> bool:
+        children = self.pool.children.values()
+        return token is not None and (any(c.token == token for c in children)
+                                      or token in self.pool.starter.tokens())
+
     def worker_ready(self, worker: WorkerRecord) -> None:
         child = self._local_child(worker)
         if child is not None:

@@ -8,29 +8,25 @@ pidfd it reaps itself, and a start that fails is reported, never lost.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import psutil
+
 from . import linux, template
 from .loop import Loop
-from .process import (
-    Backoff,
-    Child,
-    Process,
-    collect_strays,
-    describe_exit,
-    python_env,
-)
+from .process import Backoff, Child, Process, describe_exit, python_env
 from .status import TemplateStatus
 from .worker_spec import TOKEN_ENV, WorkerSpec
 
@@ -40,6 +36,7 @@ TOKEN_BYTES = 16
 MAX_REPLY_BYTES = 4096
 TEMPLATE_READY_TIMEOUT = 120.0  # seconds a template may take to import everything (a big model library)
 ORDER_TIMEOUT = 10.0  # seconds a ready template may take to fork one worker (it takes milliseconds)
+TEMPLATE_STABLE = 30.0  # seconds of life after which a template's earlier deaths are forgiven
 
 
 @dataclass(eq=False)
@@ -54,11 +51,22 @@ class StartOrder:
 
     @classmethod
     def make(cls, spec: WorkerSpec, *, ready_pipe: bool) -> StartOrder:
-        order = cls(spec, os.urandom(TOKEN_BYTES).hex())  # secrets.token_hex, without its OpenSSL
+        order = cls(spec, _new_token())
         if ready_pipe:
-            order.ready_r, order.ready_w = os.pipe()
-            os.set_blocking(order.ready_r, False)
+            order._new_pipe()
         return order
+
+    def renew(self) -> None:
+        """A fresh token (and pipe) to ask again with: a worker started for the old ones but
+        never reported must not pass for this one."""
+        self.token = _new_token()
+        if self.ready_r is not None:
+            self.abandon()
+            self._new_pipe()
+
+    def _new_pipe(self) -> None:
+        self.ready_r, self.ready_w = os.pipe()
+        os.set_blocking(self.ready_r, False)
 
     def sent(self) -> None:
         """The worker (or the template) holds its own copy of the write end now."""
@@ -73,8 +81,12 @@ class StartOrder:
             self.ready_r = None
 
     def child(self, process: Process) -> Child:
-        return Child(process.pid, process.pidfd, process.popen, generation=self.spec.generation,
-                     token=self.token, ready_pipe=self.ready_r)
+        return Child(process.pid, process.pidfd, process.popen, process.started,
+                     generation=self.spec.generation, token=self.token, ready_pipe=self.ready_r)
+
+
+def _new_token() -> str:
+    return os.urandom(TOKEN_BYTES).hex()  # secrets.token_hex, without the OpenSSL it loads
 
 
 Started = Callable[[StartOrder, Process], None]
@@ -88,20 +100,23 @@ class Starter(Protocol):
     def pending(self) -> int:
         """Orders neither started nor failed yet."""
 
+    def tokens(self) -> set[str]:
+        """The tokens of those orders: a worker may register before it is reported."""
+
     @property
     def template(self) -> Process | None:
         """The template process, when there is one (for ``status`` and the memory totals)."""
 
-    def open(self, loop: Loop, cleanup: ExitStack) -> None: ...
+    def open(self, loop: Loop) -> None: ...
 
     def start(self, order: StartOrder) -> None:
         """Start a worker; OSError when it cannot even be asked for."""
 
     def collect_strays(self) -> None:
-        """Reap children the supervisor does not know of (a child exited)."""
+        """Reap exited children the supervisor does not know of (a child exited)."""
 
     def close(self) -> None:
-        """No more workers will be asked for: the pool is stopping."""
+        """No more workers will be asked for: the pool is stopping (or failed to start)."""
 
     def status(self, memory: Mapping[int, Any]) -> TemplateStatus | None:
         """The template's part of ``status``, with its figures from ``memory`` (by pid)."""
@@ -116,8 +131,11 @@ class SpawnStarter:
     def __init__(self, started: Started) -> None:
         self.started = started
 
-    def open(self, loop: Loop, cleanup: ExitStack) -> None:
+    def open(self, loop: Loop) -> None:
         pass
+
+    def tokens(self) -> set[str]:
+        return set()
 
     def start(self, order: StartOrder) -> None:
         spec = order.spec if order.ready_w is None else replace(order.spec, ready_fd=order.ready_w)
@@ -144,51 +162,64 @@ class TemplateStarter:
     """Workers forked from a warm template, restarted (with back-off) when it dies; workers
     already running are the supervisor's children and are not touched."""
 
-    def __init__(self, started: Started, failed: Failed, *, model: str | None, log_level: str,
-                 known: Callable[[], set[int]]) -> None:
+    def __init__(self, started: Started, failed: Failed, *, model: Callable[[], str], log_level: str,
+                 workers: Callable[[], set[int]]) -> None:
         self.started, self.failed = started, failed
-        self.model, self.log_level = model, log_level
-        self.known = known  # the supervisor's workers
+        self.model = model  # the served model, for a restarted template to import
+        self.log_level = log_level
+        self.workers = workers  # the pids of the supervisor's workers
         self.template: Process | None = None
         self.restarts = 0
         self._sock: socket.socket | None = None
         self._orders: dict[int, tuple[StartOrder, float]] = {}  # id -> the order, when it was sent
-        self._waiting: list[StartOrder] = []  # until a template is up
+        self._waiting: list[StartOrder] = []  # until a template is up (or its socket has room)
         self._next_id = 1
         self._backoff = Backoff()
         self._restart_at: float | None = None
         self._launched = self._ready = 0.0  # monotonic times; ready 0: not yet
+        self._killed = False  # killed as hung: its exit is on the way
         self._loop: Loop
 
     @property
     def pending(self) -> int:
         return len(self._orders) + len(self._waiting)
 
-    def open(self, loop: Loop, cleanup: ExitStack) -> None:
-        """Become a subreaper, then start the template. While this process has no thread yet,
-        the template is forked from it: the supervisor, the template and every worker then
-        share one interpreter's pages. Later (a restart) it is a fresh interpreter."""
+    def tokens(self) -> set[str]:
+        return {order.token for order, _ in self._orders.values()} | {o.token for o in self._waiting}
+
+    def open(self, loop: Loop) -> None:
+        """Become a subreaper, then start the template. While this process runs no thread of
+        its own yet, the template is forked from it: the supervisor, the template and every
+        worker then share one interpreter's pages. Later (a restart) it is a fresh interpreter."""
         linux.become_subreaper()
         self._loop = loop
-        cleanup.callback(self.close)
         loop.every_tick(self._duties)
         self._launch(fork=threading.active_count() == 1)
 
     def start(self, order: StartOrder) -> None:
-        if self._sock is None:
-            self._waiting.append(order)
-        else:
-            self._send(order)
+        self._waiting.append(order)
+        self._send_waiting()
 
     def collect_strays(self) -> None:
-        collect_strays(self._known(), kill=False)
+        """Reap the exited children nobody else will: an intermediate whose template died, a
+        worker refused by the router, a model's orphaned subprocess. Not while orders are out:
+        a worker reported but not adopted yet keeps its exit status for its adoption."""
+        if not self._orders:
+            self._strays(kill=False)
 
     def status(self, memory: Mapping[int, Any]) -> TemplateStatus | None:
         pid = self.template.pid if self.template else None
         return {"pid": pid, "restarts": self.restarts, "memory": memory.get(pid) if pid else None}
 
-    def _known(self) -> set[int]:
-        return self.known() | ({self.template.pid} if self.template else set())
+    def close(self) -> None:
+        """Stop the template (no worker needs it) and drop the open orders."""
+        self._restart_at = None
+        if self.template is not None:
+            self._detach().kill()
+        for order in [*(order for order, _ in self._orders.values()), *self._waiting]:
+            order.abandon()
+        self._orders.clear()
+        self._waiting.clear()
 
     # The template's life.
 
@@ -198,7 +229,7 @@ class TemplateStarter:
             self.template = self._fork(ours, theirs) if fork else self._spawn(theirs)
         except OSError as exc:
             ours.close()
-            self._template_failed(f"could not be started: {exc}")
+            self._template_failed("-", f"could not be started: {exc}")
             return
         finally:
             theirs.close()
@@ -206,13 +237,12 @@ class TemplateStarter:
         self._sock = ours
         self._loop.read(ours.fileno(), self._on_replies)
         self._loop.read(self.template.pidfd, self._on_exit)
-        self._launched, self._ready = time.monotonic(), 0.0
+        self._launched, self._ready, self._killed = time.monotonic(), 0.0, False
         log.debug("template %d started (%s)", self.template.pid, "forked" if fork else "spawned")
-        waiting, self._waiting = self._waiting, []
-        for order in waiting:
-            self._send(order)
+        self._send_waiting()
 
     def _fork(self, ours: socket.socket, theirs: socket.socket) -> Process:
+        supervisor = os.getpid()
         sys.stdout.flush()
         sys.stderr.flush()
         gc.collect()
@@ -220,36 +250,42 @@ class TemplateStarter:
         pid = os.fork()
         if pid == 0:
             ours.close()
-            template.run(theirs, os.getppid())
+            template.run(theirs, supervisor)
         return Process.adopt(pid)
 
     def _spawn(self, theirs: socket.socket) -> Process:
         argv = [sys.executable, "-m", "workerpool.template", "--fd", str(theirs.fileno()),
-                "--parent", str(os.getpid()), "--log-level", self.log_level]
-        if self.model is not None:
-            argv += ["--model", self.model]
-        return Process.spawn(argv, python_env(), pass_fds=(theirs.fileno(),))
+                "--parent", str(os.getpid()), "--log-level", self.log_level, "--model", self.model()]
+        env = dict(python_env(), OPENBLAS_NUM_THREADS="1")  # no BLAS threads in the template
+        return Process.spawn(argv, env, pass_fds=(theirs.fileno(),))
 
-    def _on_exit(self) -> None:
-        """The template died: its answers so far still count, its open orders fail, a worker it
-        forked but could not report is stopped, and it comes back after a back-off."""
+    def _detach(self) -> Process:
+        """Stop listening to the template; the caller ends it or has seen it end."""
         assert self.template is not None and self._sock is not None
-        self._on_replies()
+        template, self.template = self.template, None
         self._loop.forget(self._sock.fileno())
-        self._loop.forget(self.template.pidfd)
+        self._loop.forget(template.pidfd)
         self._sock.close()
         self._sock = None
-        why = describe_exit(self.template.reap())
-        orders, self._orders = list(self._orders.values()), {}
-        for order, _ in orders:
-            self.failed(order, f"the template {why} before starting it")
-        collect_strays(self._known(), kill=True)
-        self._template_failed(why)
+        return template
 
-    def _template_failed(self, why: str) -> None:
+    def _on_exit(self) -> None:
+        """The template died: its answers so far still count, its open orders are asked again
+        of the next one, and it comes back after a back-off."""
+        self._on_replies()
+        if self.template is None:  # the replies were malformed: it is being replaced already
+            return
+        template = self._detach()
+        why = describe_exit(template.reap())
+        for order, _ in self._orders.values():
+            order.renew()
+            self._waiting.append(order)
+        self._orders.clear()
+        self._strays(kill=True)
+        self._template_failed(str(template.pid), why)
+
+    def _template_failed(self, pid: str, why: str) -> None:
         delay = self._backoff.fail()
-        pid = self.template.pid if self.template else "-"
-        self.template = None
         log.error("worker template %s %s; starting another in %.1fs (running workers are not "
                   "affected)", pid, why, delay)
         self._restart_at = time.monotonic() + delay
@@ -261,54 +297,60 @@ class TemplateStarter:
             self._restart_at = None
             self.restarts += 1
             self._launch(fork=False)
-        elif self.template is not None:
-            waiting, self._waiting = self._waiting, []  # the socket was full: try again
-            for order in waiting:
-                self._send(order)
-            oldest = min((sent for _, sent in self._orders.values()), default=now)
-            if not self._ready and now - self._launched > TEMPLATE_READY_TIMEOUT:
-                self._kill_hung(f"did not finish its imports in {TEMPLATE_READY_TIMEOUT:g}s")
-            elif self._ready and now - max(oldest, self._ready) > ORDER_TIMEOUT:
-                self._kill_hung(f"did not fork a worker in {ORDER_TIMEOUT:g}s")
+        if self.template is None or self._killed:
+            return
+        self._send_waiting()
+        oldest = min((sent for _, sent in self._orders.values()), default=now)
+        if not self._ready and now - self._launched > TEMPLATE_READY_TIMEOUT:
+            self._kill_hung(f"did not finish its imports in {TEMPLATE_READY_TIMEOUT:g}s")
+        elif self._ready and now - max(oldest, self._ready) > ORDER_TIMEOUT:
+            self._kill_hung(f"did not fork a worker in {ORDER_TIMEOUT:g}s")
+        elif self._ready and now - self._ready > TEMPLATE_STABLE:
+            self._backoff.reset()
 
     def _kill_hung(self, why: str) -> None:
         assert self.template is not None
         log.error("worker template %d %s; killing it", self.template.pid, why)
+        self._killed = True
         self.template.kill()  # its exit is handled as any other
 
-    def close(self) -> None:
-        """Stop the template (no worker needs it) and drop the open orders; a worker it forked
-        but has not reported yet is stopped."""
-        self._restart_at = None
-        if self._sock is not None:
-            self._loop.forget(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
-        if self.template is not None:
-            self._loop.forget(self.template.pidfd)
-            self.template.kill()
-            self.template.reap()
-            self.template = None
-            collect_strays(self.known(), kill=True)
-        for order in [*(order for order, _ in self._orders.values()), *self._waiting]:
-            order.abandon()
-        self._orders.clear()
-        self._waiting.clear()
+    def _strays(self, *, kill: bool) -> None:
+        """Reap this process's exited children that are neither workers nor the template; with
+        ``kill``, stop a live one named wp-worker first: the dead template forked it but could
+        not report it (the router would refuse it anyway, as its token is unknown)."""
+        ours = self.workers() | ({self.template.pid} if self.template else set())
+        try:
+            strays = [c for c in psutil.Process().children() if c.pid not in ours]
+        except psutil.Error:
+            return
+        for stray in strays:
+            try:
+                if kill and stray.status() != psutil.STATUS_ZOMBIE and stray.name() == "wp-worker":
+                    log.warning("stopping worker %d: forked by the template that died, never reported",
+                                stray.pid)
+                    stray.kill()
+                    stray.wait(timeout=1)
+                else:
+                    os.waitpid(stray.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                pass
 
     # Orders and answers.
 
-    def _send(self, order: StartOrder) -> None:
-        assert self._sock is not None
-        order_id, self._next_id = self._next_id, self._next_id + 1
-        message = json.dumps({"id": order_id, "argv": order.spec.to_argv(), "token": order.token})
-        fds = [] if order.ready_w is None else [order.ready_w]
-        try:
-            socket.send_fds(self._sock, [message.encode()], fds)
-        except OSError:  # full, or the template is dying: try again later, or with the next one
-            self._waiting.append(order)
-            return
-        order.sent()
-        self._orders[order_id] = (order, time.monotonic())
+    def _send_waiting(self) -> None:
+        while self._waiting and self._sock is not None:
+            order = self._waiting[0]
+            order_id = self._next_id
+            message = json.dumps({"id": order_id, "argv": order.spec.to_argv(), "token": order.token})
+            fds = [] if order.ready_w is None else [order.ready_w]
+            try:
+                socket.send_fds(self._sock, [message.encode()], fds)
+            except OSError:  # full, or the template is dying: later, or to the next one
+                return
+            self._waiting.pop(0)
+            self._next_id += 1
+            order.sent()
+            self._orders[order_id] = (order, time.monotonic())
 
     def _on_replies(self) -> None:
         while self._sock is not None:
@@ -318,20 +360,44 @@ class TemplateStarter:
                 return
             if not data:
                 return
-            reply = json.loads(data)
-            if "ready" in reply:
-                self._ready = time.monotonic()
-                continue
-            order, _ = self._orders.pop(reply["id"], (None, 0.0))
-            if order is None:
-                continue
-            if "pid" not in reply:
-                self.failed(order, str(reply.get("error")))
-                continue
             try:
-                process = Process.adopt(int(reply["pid"]))
-            except OSError as exc:  # it died at once and was reaped as a stray
-                self.failed(order, f"worker {reply['pid']} is gone before it could be adopted: {exc}")
-                continue
-            self._backoff.reset()
-            self.started(order, process)
+                self._on_reply(json.loads(data))
+            except (ValueError, KeyError, TypeError) as exc:
+                assert self.template is not None
+                log.error("worker template %d answered %r (%s); replacing it", self.template.pid,
+                          data[:100], exc)
+                self._kill_hung("answered nonsense")
+                return
+        if not self._orders:
+            self._strays(kill=False)
+
+    def _on_reply(self, reply: dict[str, Any]) -> None:
+        if reply.get("ready") is True:
+            self._ready = time.monotonic()
+            return
+        order, _ = self._orders.pop(reply["id"], (None, 0.0))
+        pid = reply.get("pid")
+        if pid is not None and type(pid) is not int:
+            raise TypeError("pid is not an integer")
+        if order is None:  # not asked for (or asked again since): not ours to run
+            _kill_child(pid)
+            return
+        if pid is None:
+            self.failed(order, str(reply["error"]))
+            return
+        try:
+            process = Process.adopt(pid)
+        except OSError as exc:
+            _kill_child(pid)
+            self.failed(order, f"worker {pid} could not be adopted: {exc}")
+            return
+        self.started(order, process)
+
+
+def _kill_child(pid: int | None) -> None:
+    """Kill ``pid`` if it is a child of this process, not reaped yet (so not a reused pid)."""
+    if pid is None:
+        return
+    with contextlib.suppress(ChildProcessError, ProcessLookupError):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # ours, or it raises
+        os.kill(pid, signal.SIGKILL)

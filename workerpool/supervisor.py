@@ -99,9 +99,11 @@ class Supervisor:
         self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
         self.watcher: reload.Watcher
         self._next_watch = 0.0
+        self.surplus = 0  # workers on the way that SIGTTOU asked for one fewer of
         self.starter: Starter = (
-            TemplateStarter(self._started, self._start_failed, model=config.model,
-                            log_level=config.log_level, known=lambda: set(self.children))
+            TemplateStarter(self._started, self._start_failed, log_level=config.log_level,
+                            model=lambda: self.config.model or self.watcher.current.model,
+                            workers=lambda: set(self.children))
             if config.start == "fork" else SpawnStarter(self._started))
 
     def run(self) -> int:
@@ -113,7 +115,8 @@ class Supervisor:
         self._check_memory_limit()
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
-            self.starter.open(self.loop, cleanup)  # first: a template is forked before any thread
+            self.starter.open(self.loop)  # first: a template is forked before any thread
+            cleanup.callback(self.starter.close)
             self.role.open(self, cleanup)
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self._signals())
@@ -146,6 +149,7 @@ class Supervisor:
         return self.stopping and not self.children and self.kill_deadline is not None
 
     def _kill_all(self) -> None:
+        self.starter.close()  # first, or it could start a worker after the others are gone
         for child in list(self.children.values()):
             child.kill()
             child.reap()
@@ -184,10 +188,16 @@ class Supervisor:
         self.loop.read(child.pidfd, lambda: self._reap(child))
         log.debug("started worker %d", child.pid)
         self.role.child_started(child)
+        if self.surplus:
+            self.surplus -= 1
+            self.stop_child(child)
 
     def _start_failed(self, order: StartOrder, why: str) -> None:
         order.abandon()
         if self.stopping:
+            return
+        if self.surplus:  # one fewer was asked for meanwhile: this one need not be retried
+            self.surplus -= 1
             return
         delay = self.start_failures.fail()
         log.error("cannot start a worker: %s; trying again in %.1fs", why, delay)
@@ -344,7 +354,10 @@ class Supervisor:
             self.spawn_at.pop()
             return
         candidates = [c for c in self.children.values() if not c.stopping]
-        self.stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
+        if candidates:
+            self.stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
+        elif self.starter.pending > self.surplus:  # all on their way: the next to arrive is stopped
+            self.surplus += 1
 
     def handle_chld(self) -> None:
         """A child exited: workers are reaped through their pidfds; this reaps the others."""

@@ -19,25 +19,29 @@ host's ready pipe), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import linux, models, worker
+from . import linux, models, worker, worker_spec
 from .logs import LEVELS, setup_logging
-from .worker_spec import TOKEN_ENV, WorkerSpec
+from .worker_spec import TOKEN_ENV
 
 log = logging.getLogger("workerpool.template")
 
 MAX_ORDER_BYTES = 64 * 1024  # a worker's command line, as JSON
 REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's child
+# The supervisor's control signals: it handles them; a template or worker that shares its command
+# line (so ``pkill -HUP -f 'workerpool serve'`` reaches it) must not die or stop on them.
+CONTROL_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTTIN, signal.SIGTTOU)
 
 
 def run(sock: socket.socket, parent: int) -> NoReturn:
@@ -48,10 +52,14 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         if not linux.die_with_parent(parent):
             os._exit(1)
         _close_all_but(sock.fileno())  # what the supervisor inherited is not the workers' business
-        for signum in (signal.SIGINT, signal.SIGTERM):  # only the supervisor stops the template:
-            signal.signal(signum, signal.SIG_IGN)  # it closes the socket, or kills it
-        worker.thread_pools()  # found once here, not in every worker
-        WorkerSpec.from_argv(["-", "--backend", "-"])  # the same for the parser
+        devnull = os.open(os.devnull, os.O_RDONLY)  # as a spawned worker's stdin
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        for signum in CONTROL_SIGNALS:  # only the supervisor stops the template: it closes the
+            signal.signal(signum, signal.SIG_IGN)  # socket, or kills it
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a model's import may have ignored it
+        worker.thread_pools()  # built here once, for all the workers, rather than in each
+        worker_spec.build_parser()
         gc.collect()
         gc.freeze()  # what is here now is never traversed again: its pages stay shared
         sock.send(json.dumps({"ready": True}).encode())
@@ -93,7 +101,12 @@ def _fork_order(data: bytes, fds: list[int], sock: socket.socket) -> dict[str, A
 def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
     """Fork a worker for ``argv`` through an intermediate that exits at once; its pid."""
     report_r, report_w = os.pipe()
-    intermediate = os.fork()
+    try:
+        intermediate = os.fork()
+    except OSError:
+        os.close(report_r)
+        os.close(report_w)
+        raise
     if intermediate == 0:
         try:
             os.close(report_r)
@@ -110,7 +123,8 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
         reported = os.read(report_r, 32)
     finally:
         os.close(report_r)
-        os.waitpid(intermediate, 0)
+        with contextlib.suppress(ChildProcessError):  # reaped already: the pid is the answer
+            os.waitpid(intermediate, 0)
     if not reported:
         raise OSError("the second fork failed")
     return int(reported)
@@ -121,24 +135,35 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
     code = 1
     try:
         sock.close()
-        for signum in signal.valid_signals():  # handlers are the template's, not the worker's
-            if callable(signal.getsignal(signum)) or signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in signal.valid_signals():  # the template's handlers, as a fresh interpreter has them
+            if callable(signal.getsignal(signum)) or signum in CONTROL_SIGNALS:
                 signal.signal(signum, signal.SIG_DFL)
         if "numpy.random" in sys.modules:  # the random module reseeds itself after a fork
             sys.modules["numpy.random"].seed()  # numpy's global generator does not
-        deadline = time.monotonic() + REPARENT_TIMEOUT
-        while os.getppid() == intermediate and time.monotonic() < deadline:
-            time.sleep(0.0002)  # the intermediate is exiting; then the supervisor adopts us
+        _wait_until_adopted(intermediate)
         os.environ[TOKEN_ENV] = token
         code = worker.main(argv)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except BaseException:
         log.exception("worker %d failed", os.getpid())
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _wait_until_adopted(intermediate: int) -> None:
+    """Wait for the intermediate to exit: the kernel reparents its child (us) to the supervisor
+    before it reports the exit, which makes the pidfd readable."""
+    try:
+        pidfd = os.pidfd_open(intermediate)
+    except ProcessLookupError:
+        return  # gone, and reaped: adopted already
+    try:
+        select.select([pidfd], [], [], REPARENT_TIMEOUT)
+    finally:
+        os.close(pidfd)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -151,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                         help="the served model (package.module:factory): its module is imported now")
     parser.add_argument("--log-level", choices=LEVELS, default="info")
     args = parser.parse_args(argv)
+    os.environ.pop("OPENBLAS_NUM_THREADS", None)  # read when numpy loaded; not the workers' setting
     setup_logging(args.log_level)
     if args.model:
         try:

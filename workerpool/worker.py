@@ -189,10 +189,14 @@ class Worker:
         router_seen = last_beat = time.monotonic()
         leave_by: float | None = None
         registered = self._register(router)
+        watching = zmq.POLLIN
         while True:
             # Until registered, also wake when the connection completes (IMMEDIATE holds the
             # READY back until then), not a poll interval later.
-            poller.modify(router, zmq.POLLIN if registered else zmq.POLLIN | zmq.POLLOUT)
+            wanted = zmq.POLLIN if registered else zmq.POLLIN | zmq.POLLOUT
+            if wanted != watching:
+                poller.modify(router, wanted)
+                watching = wanted
             events = dict(poller.poll(int(interval * MS_PER_SECOND / POLLS_PER_HEARTBEAT)))
             now = time.monotonic()
             if events.get(router, 0) & zmq.POLLIN:
@@ -399,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parent = spec.parent if spec.parent is not None else os.getppid()
     linux.set_name("wp-worker")
     orphan = not linux.die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides how to stop
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(signum, signal.SIG_IGN)  # the supervisor's to handle, not the workers'
     setup_logging(spec.log_level)
     if orphan:
         log.warning("worker %d: supervisor %d is gone before this worker started, exiting",

@@ -76,7 +76,7 @@ class WorkerSpec:
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> WorkerSpec:
-        parser = _parser()
+        parser = build_parser()
         args = parser.parse_args(argv)
         if bool(args.curve_key) != bool(args.curve_server_key):
             parser.error("--curve-key and --curve-server-key go together")
@@ -84,7 +84,7 @@ class WorkerSpec:
 
 
 @functools.cache  # built once in a template, shared by the workers it forks
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workerpool-worker",
                                      description="One worker process; started by a supervisor.")
     parser.add_argument("path")
