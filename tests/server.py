@@ -46,8 +46,8 @@ class Server(ServerProcess):
         """Everything the server logged so far (kept after stop())."""
         return super().log() if self._final_log is None else self._final_log
 
-    def status(self, timeout: float = 10.0) -> dict:
-        return control.call(self.control, "status", timeout=timeout)
+    def status(self, timeout: float = 10.0, *, memory: bool = True) -> dict:
+        return control.call(self.control, "status", timeout=timeout, memory=memory)
 
     def worker_pids(self) -> list[int]:
         return [w["pid"] for w in self.status()["workers"]]

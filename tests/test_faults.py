@@ -53,9 +53,9 @@ MiB = 1024 * 1024
 
 
 def test_kill_9_workers_under_load(small_model, local_model):
-    """200 requests from 4 threads while two workers are SIGKILLed: every request gets the
+    """600 requests from 4 threads while two workers are SIGKILLed: every request gets the
     right answer or a typed error, nothing hangs, and the pool is back to 3 ready workers."""
-    threads, per_thread = 4, 50
+    threads, per_thread = 4, 150
     outcomes: list[tuple[str, Any]] = []
     lock = threading.Lock()
 
@@ -87,7 +87,7 @@ def test_kill_9_workers_under_load(small_model, local_model):
             while len(outcomes) < threshold and time.monotonic() < deadline:
                 time.sleep(0.002)
             assert len(outcomes) >= threshold, f"load stalled at {len(outcomes)} requests"
-            status = server.status()
+            status = server.status(memory=False)
             candidates = [
                 p
                 for p in busy_pids(status) + [w["pid"] for w in registered(status)]
