@@ -30,6 +30,7 @@ from test_hosts import free_backend
 
 import workerpool
 from workerpool.units import MS_PER_SECOND, KiB, MiB
+from workerpool.worker_spec import STOP_SIGNAL
 
 HOSTILE = ("--model", "hostile_models:factory")
 POISON_SHAPES = [
@@ -139,15 +140,15 @@ def test_a_base_exception_from_the_model_is_an_internal_error(hostile_server, co
     assert pids(hostile_server.status()) == before
 
 
-def test_sigterm_still_makes_a_busy_worker_leave_after_its_answer(small_model):
+def test_the_stop_signal_makes_a_busy_worker_leave_after_its_answer(small_model):
     with Server(small_model, *SLOW, workers=1) as server:
         pid = server.wait_for(pool_ready(1))["workers"][0]["pid"]
         call = slow_request(server.endpoint, 1.0)
         server.wait_for(lambda s: busy_pids(s) == [pid])
-        psutil.Process(pid).terminate()
+        psutil.Process(pid).send_signal(STOP_SIGNAL)
         assert call.join(20).worker_pid == pid
         server.wait_for(pool_ready(1, without=(pid,)))
-        assert f"worker {pid}: SIGTERM, leaving the pool" in server.log()
+        assert f"worker {pid}: asked to stop (SIGUSR1), leaving the pool" in server.log()
 
 
 # Finding 3: output that breaks the model's declaration.

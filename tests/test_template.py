@@ -86,8 +86,7 @@ def test_the_supervisors_control_signals_leave_the_template_and_workers_alone(sm
         for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTTIN, signal.SIGTTOU):
             os.kill(template, signum)
             for pid in workers:
-                if signum != signal.SIGTERM:  # a worker leaves on SIGTERM, as it always has
-                    os.kill(pid, signum)
+                os.kill(pid, signum)
         server.signal(signal.SIGTTIN)
         status = server.wait_for(pool_ready(3))
         assert status["template"]["pid"] == template and status["template"]["restarts"] == 0
@@ -123,14 +122,21 @@ def test_sigttou_while_every_worker_is_on_its_way_stops_the_first_to_arrive(smal
     assert "Traceback" not in server.log()
 
 
-def test_a_model_module_that_ignores_sigchld_and_starts_a_thread_gets_exactly_its_workers(small_model):
+def test_what_a_model_module_does_when_imported_holds_in_every_forked_worker(
+        small_model, tmp_path, monkeypatch):
+    """It ignores SIGCHLD, starts a thread and opens a file: each worker gets its own start, and
+    writes through the file its module opened."""
+    log = tmp_path / "careless.log"
+    monkeypatch.setenv("CARELESS_LOG", str(log))
     with Server(small_model, "--model", "careless_import_model:factory", workers=2) as server:
         status = server.wait_for(pool_ready(2))
         names = [c.name() for c in psutil.Process(server.proc.pid).children()]
         assert sorted(names) == ["wp-template", "wp-worker", "wp-worker"]
         with workerpool.Client(server.endpoint, timeout=10) as client:
-            assert client.infer(np.ones((1, 4), np.float32)).tolist() == [[2.0] * 4]
+            pids = {client.request(np.ones((1, 4), np.float32)).worker_pid for _ in range(20)}
         assert status["template"]["restarts"] == 0
+    assert pids == {w["pid"] for w in status["workers"]}
+    assert set(map(int, log.read_text().split())) == pids
 
 
 def test_kill_9_of_the_supervisor_leaves_no_template_or_worker_behind(small_model):

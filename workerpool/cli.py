@@ -230,7 +230,7 @@ def _print_status(status: dict[str, Any]) -> None:
                            worker["served"], worker["errors"], worker.get("memory"))
     totals = status["totals"]
     model_size = "-" if totals["model_size"] is None else format_size(totals["model_size"])
-    processes = "supervisor, template and" if template is not None else "supervisor and"
+    processes = "supervisor, template and" if template and template["pid"] else "supervisor and"
     print(f"total PSS of the {processes} {totals['workers']} workers: {format_size(totals['pss'])} "
           f"(workers alone {format_size(totals['workers_pss'])}; model file {model_size})")
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .worker_spec import STOP_SIGNAL
+
 
 @dataclass(eq=False)
 class Process:
@@ -96,9 +98,9 @@ class Child(Process):
     stopping: bool = False
 
     def terminate(self) -> None:
-        """SIGTERM: the worker says goodbye to its router and leaves once its request is done."""
+        """The worker says goodbye to its router and leaves once its request is done."""
         self.stopping = True
-        self.send(signal.SIGTERM)
+        self.send(STOP_SIGNAL)
 
     def close_ready_pipe(self) -> None:
         if self.ready_pipe is not None:

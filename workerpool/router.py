@@ -166,9 +166,9 @@ class Router:
         if worker is None:
             return
         if local and not self.events.started_here(worker.token):
-            log.warning("refused local worker %d: this pool did not start it (its token is unknown)",
-                        worker.pid)
-            send_to_peer(link, address, [protocol.REFUSE, b"this pool did not start this worker"])
+            log.warning("refused local worker %d: it is not one this pool runs or is starting (its "
+                        "token is unknown)", worker.pid)
+            send_to_peer(link, address, [protocol.REFUSE, b"not a worker this pool runs or is starting"])
             return
         if worker.key in self._workers:
             self.lose(worker.key, "re-registered")

@@ -231,8 +231,12 @@ class ServingRole:
             return dict(self.status())
         # Reading every worker's smaps takes tens of milliseconds: do it beside the loop,
         # which keeps routing meanwhile, and answer when it is done.
-        memory = self._memory_reader.submit(metrics.pool_memory, list(self.pool.children), self.config.path,
-                                            [os.getpid(), *self.pool.helper_pids()])
+        try:
+            memory = self._memory_reader.submit(metrics.pool_memory, list(self.pool.children),
+                                                self.config.path, [os.getpid(), *self.pool.helper_pids()])
+        except RuntimeError as exc:  # no thread to read them with (a process limit): answer without
+            log.warning("status without memory figures: %s", exc)
+            return dict(self.status())
         self.status_waiters.append((client, memory))
         return None
 

@@ -205,7 +205,7 @@ class TemplateStarter:
         worker refused by the router, a model's orphaned subprocess. Not while orders are out:
         a worker reported but not adopted yet keeps its exit status for its adoption."""
         if not self._orders:
-            self._strays(kill=False)
+            self._strays()
 
     def status(self, memory: Mapping[int, Any]) -> TemplateStatus | None:
         pid = self.template.pid if self.template else None
@@ -215,7 +215,9 @@ class TemplateStarter:
         """Stop the template (no worker needs it) and drop the open orders."""
         self._restart_at = None
         if self.template is not None:
-            self._detach().kill()
+            template = self._detach()
+            template.kill()
+            template.reap()
         for order in [*(order for order, _ in self._orders.values()), *self._waiting]:
             order.abandon()
         self._orders.clear()
@@ -281,13 +283,14 @@ class TemplateStarter:
             order.renew()
             self._waiting.append(order)
         self._orders.clear()
-        self._strays(kill=True)
+        self._strays()
         self._template_failed(str(template.pid), why)
 
     def _template_failed(self, pid: str, why: str) -> None:
         delay = self._backoff.fail()
+        waiting = f"; {len(self._waiting)} workers wait for it" if self._waiting else ""
         log.error("worker template %s %s; starting another in %.1fs (running workers are not "
-                  "affected)", pid, why, delay)
+                  "affected%s)", pid, why, delay, waiting)
         self._restart_at = time.monotonic() + delay
 
     def _duties(self) -> None:
@@ -314,26 +317,18 @@ class TemplateStarter:
         self._killed = True
         self.template.kill()  # its exit is handled as any other
 
-    def _strays(self, *, kill: bool) -> None:
-        """Reap this process's exited children that are neither workers nor the template; with
-        ``kill``, stop a live one named wp-worker first: the dead template forked it but could
-        not report it (the router would refuse it anyway, as its token is unknown)."""
+    def _strays(self) -> None:
+        """Reap this process's exited children that are neither workers nor the template. (A
+        worker a dying template forked but could not report is not one of ours: the router
+        refuses it, as its token is unknown, and it exits.)"""
         ours = self.workers() | ({self.template.pid} if self.template else set())
         try:
-            strays = [c for c in psutil.Process().children() if c.pid not in ours]
+            strays = [c.pid for c in psutil.Process().children() if c.pid not in ours]
         except psutil.Error:
             return
-        for stray in strays:
-            try:
-                if kill and stray.status() != psutil.STATUS_ZOMBIE and stray.name() == "wp-worker":
-                    log.warning("stopping worker %d: forked by the template that died, never reported",
-                                stray.pid)
-                    stray.kill()
-                    stray.wait(timeout=1)
-                else:
-                    os.waitpid(stray.pid, os.WNOHANG)
-            except (psutil.Error, ChildProcessError):
-                pass
+        for pid in strays:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
     # Orders and answers.
 
@@ -369,7 +364,7 @@ class TemplateStarter:
                 self._kill_hung("answered nonsense")
                 return
         if not self._orders:
-            self._strays(kill=False)
+            self._strays()
 
     def _on_reply(self, reply: dict[str, Any]) -> None:
         if reply.get("ready") is True:

@@ -314,7 +314,10 @@ class Supervisor:
         }
         for signum in handlers:
             signal.signal(signum, lambda *_: None)
-        self.loop.read(wakeup_r, lambda: self._dispatch_signals(handlers, os.read(wakeup_r, 256)))
+        def on_signals() -> None:
+            self._dispatch_signals(handlers, os.read(wakeup_r, 256))
+
+        self.loop.read(wakeup_r, on_signals)
         restore = ExitStack()
         restore.callback(os.close, wakeup_w)
         restore.callback(os.close, wakeup_r)

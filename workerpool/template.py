@@ -33,15 +33,12 @@ from typing import Any, NoReturn
 
 from . import linux, models, worker, worker_spec
 from .logs import LEVELS, setup_logging
-from .worker_spec import TOKEN_ENV
+from .worker_spec import CONTROL_SIGNALS, TOKEN_ENV
 
 log = logging.getLogger("workerpool.template")
 
 MAX_ORDER_BYTES = 64 * 1024  # a worker's command line, as JSON
 REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's child
-# The supervisor's control signals: it handles them; a template or worker that shares its command
-# line (so ``pkill -HUP -f 'workerpool serve'`` reaches it) must not die or stop on them.
-CONTROL_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTTIN, signal.SIGTTOU)
 
 
 def run(sock: socket.socket, parent: int) -> NoReturn:
@@ -51,7 +48,6 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         linux.set_name("wp-template")
         if not linux.die_with_parent(parent):
             os._exit(1)
-        _close_all_but(sock.fileno())  # what the supervisor inherited is not the workers' business
         devnull = os.open(os.devnull, os.O_RDONLY)  # as a spawned worker's stdin
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -80,12 +76,6 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         os._exit(code)
 
 
-def _close_all_but(keep: int) -> None:
-    """Close every descriptor above the standard streams but ``keep``."""
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-
-
 def _fork_order(data: bytes, fds: list[int], sock: socket.socket) -> dict[str, Any]:
     order = json.loads(data)
     argv = [str(arg) for arg in order["argv"]]
@@ -111,7 +101,12 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
         try:
             os.close(report_r)
             me = os.getpid()
-            pid = os.fork()
+            linux.die_with_parent(os.getppid())  # a stopped intermediate must not outlive the pool
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                os.write(report_w, f"!{exc.errno}".encode())
+                raise
             if pid == 0:
                 os.close(report_w)
                 _become_worker(argv, token, sock, me)
@@ -125,8 +120,11 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
         os.close(report_r)
         with contextlib.suppress(ChildProcessError):  # reaped already: the pid is the answer
             os.waitpid(intermediate, 0)
+    if reported.startswith(b"!"):  # the second fork failed: its errno
+        errno = int(reported[1:])
+        raise OSError(errno, os.strerror(errno))
     if not reported:
-        raise OSError("the second fork failed")
+        raise OSError("the intermediate process died before it forked")
     return int(reported)
 
 
@@ -148,6 +146,7 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
     except BaseException:
         log.exception("worker %d failed", os.getpid())
     finally:
+        logging.shutdown()  # os._exit skips what exit would do: at least flush the logs
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -176,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                         help="the served model (package.module:factory): its module is imported now")
     parser.add_argument("--log-level", choices=LEVELS, default="info")
     args = parser.parse_args(argv)
+    linux.set_name("wp-template")
+    if not linux.die_with_parent(args.parent):  # first: a model's import may hang
+        sys.exit(1)
     os.environ.pop("OPENBLAS_NUM_THREADS", None)  # read when numpy loaded; not the workers' setting
     setup_logging(args.log_level)
     if args.model:

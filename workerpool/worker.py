@@ -31,10 +31,12 @@ from .models.loaded import LoadedModel
 from .transport import NOBLOCK, send_parts, transport_heartbeats
 from .units import MS_PER_SECOND, KiB, format_size
 from .worker_spec import (
+    CONTROL_SIGNALS,
     EXIT_FILE_CHANGED,
     EXIT_LOAD_FAILED,
     EXIT_RECYCLED,
     EXIT_REFUSED,
+    STOP_SIGNAL,
     TOKEN_ENV,
     WorkerSpec,
 )
@@ -72,7 +74,7 @@ def _infer(
     except models.ModelOutputError as exc:
         return reply.error(request_id, "internal", _misfit(loaded, str(exc)))
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit from a model too
-        # Signals never raise here (SIGTERM only wakes the loop, SIGINT is ignored), so this
+        # Signals never raise here (STOP_SIGNAL only wakes the loop, the rest are ignored), so this
         # swallows no request to leave: only what the model itself raised.
         return reply.error(request_id, "internal", _model_failed(request_id, exc))
     try:
@@ -165,7 +167,7 @@ class Worker:
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
-        signal.signal(signal.SIGTERM, lambda *_: None)
+        signal.signal(STOP_SIGNAL, lambda *_: None)
         if spec.max_memory is not None:  # last: sockets and their threads are in the baseline
             self.memory = MemoryBound(spec.max_memory)
         try:
@@ -210,7 +212,7 @@ class Worker:
                 registered = self._register(router)
             if events.get(wakeup):
                 os.read(wakeup, 64)
-                self._leave(0, "SIGTERM")
+                self._leave(0, f"asked to stop ({STOP_SIGNAL.name})")
             if self.leaving and leave_by is None:
                 # Say goodbye and wait for the router's STOP: a request it sent meanwhile is
                 # still answered, so leaving loses nothing. No router connected: just go.
@@ -403,8 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parent = spec.parent if spec.parent is not None else os.getppid()
     linux.set_name("wp-worker")
     orphan = not linux.die_with_parent(parent)
-    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
-        signal.signal(signum, signal.SIG_IGN)  # the supervisor's to handle, not the workers'
+    for signum in CONTROL_SIGNALS:  # the supervisor's to handle, not the workers'
+        signal.signal(signum, signal.SIG_IGN)
     setup_logging(spec.log_level)
     if orphan:
         log.warning("worker %d: supervisor %d is gone before this worker started, exiting",

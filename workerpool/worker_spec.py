@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,13 @@ EXIT_FILE_CHANGED = 4  # the file was replaced while the worker started: validat
 EXIT_REFUSED = 5  # the router refused the worker: its model does not fit
 TOKEN_ENV = "WORKERPOOL_WORKER_TOKEN"  # the secret a local worker registers with
 EXIT_RECYCLED = 6  # the worker's private memory passed --max-worker-memory: replace it
+# How a supervisor tells a worker to leave the pool. Not SIGTERM: a forked worker shares the
+# supervisor's command line, and ``pkill -f`` or a service manager's SIGTERM to every process
+# must drain the pool through the supervisor, not make each worker walk away from its queue.
+STOP_SIGNAL = signal.SIGUSR1
+# The supervisor's own control signals: a template or worker that shares its command line (so
+# ``pkill -HUP -f 'workerpool serve'`` reaches it) must neither die nor stop on them.
+CONTROL_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTTIN, signal.SIGTTOU)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,7 +71,7 @@ def resolve(name_or_spec: str) -> Factory:
         raise ModelError(f"model spec {name_or_spec!r} is not of the form package.module:factory")
     try:
         target: Any = importlib.import_module(module_name)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a module that exits when imported is just as broken
         raise ModelError(
             f"model {name_or_spec!r}: cannot import {module_name}: {_one_line(exc)}"
         ) from exc
