@@ -33,11 +33,12 @@ from typing import Any, NoReturn
 
 from . import linux, models, worker, worker_spec
 from .logs import LEVELS, setup_logging
+from .units import KiB
 from .worker_spec import CONTROL_SIGNALS, TOKEN_ENV
 
 log = logging.getLogger("workerpool.template")
 
-MAX_ORDER_BYTES = 64 * 1024  # a worker's command line, as JSON
+MAX_ORDER_BYTES = 64 * KiB  # a worker's command line, as JSON
 REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's child
 
 
