@@ -82,6 +82,14 @@ def summary(in_flight: int, latencies: list[float], elapsed: float) -> dict:
     }
 
 
+def demo_model(directory: str, size: int, rows: int = 1) -> tuple[str, models.GeneratedMlp, np.ndarray]:
+    """A generated mlp of ``size`` bytes in ``directory``, and a ``rows``-row input for it."""
+    path = os.path.join(directory, "model.bpk")
+    generated = models.generate_mlp(path, size)
+    x = np.random.default_rng(0).standard_normal((rows, generated.dims[0]), dtype=np.float32)
+    return path, generated, x
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages, for the reader to judge a run by."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -175,9 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(k) for k in args.in_flight.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "bench.bpk")
-        generated = models.generate_mlp(model, 1024 * 1024)
-        x = np.random.default_rng(0).standard_normal((1, generated.dims[0]), dtype=np.float32)
+        model, _, x = demo_model(tmp, 1024 * 1024)
         frames = protocol.encode_request(0, x)
         bare = run_bare(args.workers, frames, levels, args.seconds, tmp)
         same = run_bare(args.workers, frames, levels, args.seconds, tmp, model_path=model)

@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 import zmq
-from bench import drive, load_average, summary
+from bench import demo_model, drive, load_average, summary
 from server_memory import tree_memory
 from threadpoolctl import threadpool_limits
 
-from workerpool import models, protocol
+from workerpool import protocol
 from workerpool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.models.loaded import LoadedModel
 from workerpool.units import format_size, parse_size
@@ -515,9 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     start_load = load_average()
     blas_threads = max(1, len(os.sched_getaffinity(0)) // args.workers)
     with tempfile.TemporaryDirectory(prefix="wp-compare-") as directory:
-        model = os.path.join(directory, "model.bpk")
-        generated = models.generate_mlp(model, args.size)
-        row = np.random.default_rng(0).standard_normal((1, generated.dims[0]), dtype=np.float32)
+        model, generated, row = demo_model(directory, args.size)
         load = Load(model, args.workers, blas_threads, args.gunicorn_threads, row, args.levels,
                     args.seconds, directory)
         try:

@@ -13,10 +13,9 @@ import os
 import statistics
 import tempfile
 
-import numpy as np
-from bench import drive
+from bench import demo_model, drive
 
-from workerpool import models, protocol
+from workerpool import protocol
 from workerpool.launcher import ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
 
@@ -35,9 +34,7 @@ def main() -> None:
     setups = {"budget": [], "all cpus": ["--threads-per-worker", str(cpus)]}
     rates: dict[tuple[str, int], list[float]] = {(name, k): [] for name in setups for k in levels}
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "model.bpk")
-        generated = models.generate_mlp(model, args.size)
-        x = np.random.default_rng(0).standard_normal((args.rows, generated.dims[0]), dtype=np.float32)
+        model, _, x = demo_model(tmp, args.size, args.rows)
         frames = protocol.encode_request(0, x)
         for _ in range(args.repeat):
             for name, extra in setups.items():

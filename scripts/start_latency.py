@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import zmq
-from bench import load_average
+from bench import demo_model, load_average
 
 from workerpool import models, protocol
 from workerpool.launcher import NotReady, ServerProcess, serve_args
@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
     start_load = load_average()
     with tempfile.TemporaryDirectory(prefix="wp-start-") as directory:
-        model = os.path.join(directory, "model.bpk")
-        generated = models.generate_mlp(model, args.size)
-        row = np.random.default_rng(0).standard_normal((1, generated.dims[0]), dtype=np.float32)
+        model, generated, row = demo_model(directory, args.size)
         try:
             runs = run_alternating(model, args.workers, args.adds, args.repeat, row, directory)
         except (RuntimeError, OSError) as exc:
