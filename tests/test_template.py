@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import psutil
@@ -165,3 +167,17 @@ def test_a_template_that_hangs_is_killed_and_replaced(small_model):
         status = server.wait_for(pool_ready(2), timeout=60)
         assert status["template"]["pid"] != template and status["template"]["restarts"] == 1
     assert f"worker template {template} did not fork a worker in" in server.log()
+
+
+def test_a_worker_being_started_is_not_stopped_by_the_supervisors_signals(small_model):
+    """``pkill -HUP -f 'workerpool serve'`` while a worker is being forked must not kill it."""
+    with Server(small_model, workers=1) as server:
+        for now in range(2, 8):
+            server.signal(signal.SIGTTIN)
+            deadline = time.monotonic() + 10
+            while not pool_ready(now)(server.status(memory=False)):
+                assert time.monotonic() < deadline, server.log()
+                for child in psutil.Process(server.proc.pid).children():
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        child.send_signal(signal.SIGHUP)
+    assert "killed by SIGHUP" not in server.log()

@@ -37,6 +37,7 @@ MAX_REPLY_BYTES = 4096
 TEMPLATE_READY_TIMEOUT = 120.0  # seconds a template may take to import everything (a big model library)
 ORDER_TIMEOUT = 10.0  # seconds a ready template may take to fork one worker (it takes milliseconds)
 TEMPLATE_STABLE = 30.0  # seconds of life after which a template's earlier deaths are forgiven
+MAX_PID = 1 << 22  # the kernel's limit (pid_max): a reply naming more is nonsense
 
 
 @dataclass(eq=False)
@@ -226,7 +227,11 @@ class TemplateStarter:
     # The template's life.
 
     def _launch(self, *, fork: bool) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:
+            self._template_failed("-", f"could not be started: {exc}")
+            return
         try:
             self.template = self._fork(ours, theirs) if fork else self._spawn(theirs)
         except OSError as exc:
@@ -275,14 +280,17 @@ class TemplateStarter:
         """The template died: its answers so far still count, its open orders are asked again
         of the next one, and it comes back after a back-off."""
         self._on_replies()
-        if self.template is None:  # the replies were malformed: it is being replaced already
-            return
         template = self._detach()
         why = describe_exit(template.reap())
-        for order, _ in self._orders.values():
-            order.renew()
-            self._waiting.append(order)
+        orders = [order for order, _ in self._orders.values()]
         self._orders.clear()
+        for order in orders:
+            try:
+                order.renew()
+            except OSError as exc:  # no descriptors for its new pipe
+                self.failed(order, f"cannot ask again for a worker: {exc}")
+            else:
+                self._waiting.append(order)
         self._strays()
         self._template_failed(str(template.pid), why)
 
@@ -355,16 +363,29 @@ class TemplateStarter:
                 return
             if not data:
                 return
-            try:
-                self._on_reply(json.loads(data))
-            except (ValueError, KeyError, TypeError) as exc:
-                assert self.template is not None
-                log.error("worker template %d answered %r (%s); replacing it", self.template.pid,
-                          data[:100], exc)
-                self._kill_hung("answered nonsense")
+            reply = self._checked(data)
+            if reply is None:
+                self._kill_hung(f"answered {data[:100]!r}")  # its open orders are asked again
                 return
+            self._on_reply(reply)
         if not self._orders:
             self._strays()
+
+    def _checked(self, data: bytes) -> dict[str, Any] | None:
+        """The template's reply if it is one it could send: ready, or an id with a pid that is
+        no process of ours yet (and could be a pid at all), or with an error."""
+        try:
+            reply = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(reply, dict):
+            return None
+        if reply.get("ready") is True:
+            return reply
+        pid, ours = reply.get("pid"), self.workers() | {self.template.pid if self.template else 0}
+        good_pid = type(pid) is int and 0 < pid <= MAX_PID and pid not in ours
+        good_error = pid is None and isinstance(reply.get("error"), str)
+        return reply if type(reply.get("id")) is int and (good_pid or good_error) else None
 
     def _on_reply(self, reply: dict[str, Any]) -> None:
         if reply.get("ready") is True:
@@ -372,13 +393,11 @@ class TemplateStarter:
             return
         order, _ = self._orders.pop(reply["id"], (None, 0.0))
         pid = reply.get("pid")
-        if pid is not None and type(pid) is not int:
-            raise TypeError("pid is not an integer")
         if order is None:  # not asked for (or asked again since): not ours to run
             _kill_child(pid)
             return
         if pid is None:
-            self.failed(order, str(reply["error"]))
+            self.failed(order, reply["error"])
             return
         try:
             process = Process.adopt(pid)
@@ -393,6 +412,6 @@ def _kill_child(pid: int | None) -> None:
     """Kill ``pid`` if it is a child of this process, not reaped yet (so not a reused pid)."""
     if pid is None:
         return
-    with contextlib.suppress(ChildProcessError, ProcessLookupError):
+    with contextlib.suppress(OSError):
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # ours, or it raises
         os.kill(pid, signal.SIGKILL)

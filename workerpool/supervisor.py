@@ -23,7 +23,7 @@ from .loop import Loop
 from .process import Backoff, Child, Process, describe_exit
 from .starters import SpawnStarter, Starter, StartOrder, TemplateStarter
 from .units import format_size
-from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
+from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, STOP_SIGNAL, WorkerSpec
 
 log = logging.getLogger("workerpool.supervisor")
 
@@ -116,7 +116,7 @@ class Supervisor:
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
             self.starter.open(self.loop)  # first: a template is forked before any thread
-            cleanup.callback(self.starter.close)
+            cleanup.callback(self.starter.close)  # in case the role cannot open; else _kill_all
             self.role.open(self, cleanup)
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self._signals())
@@ -269,7 +269,7 @@ class Supervisor:
         self.announce_if_ready()
 
     def announce_if_ready(self) -> None:
-        ready = sum(1 for child in self.children.values() if child.ready)
+        ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
         if not self.announced and ready >= self.target:
             self.announced = True
             current = self.watcher.current
@@ -311,9 +311,11 @@ class Supervisor:
             signal.SIGTTIN: self.handle_ttin,
             signal.SIGTTOU: self.handle_ttou,
             signal.SIGCHLD: self.handle_chld,
+            STOP_SIGNAL: self.handle_usr1,
         }
         for signum in handlers:
             signal.signal(signum, lambda *_: None)
+
         def on_signals() -> None:
             self._dispatch_signals(handlers, os.read(wakeup_r, 256))
 
@@ -343,7 +345,10 @@ class Supervisor:
             return
         self.target += 1
         log.info("SIGTTIN: adding a worker (now %d)", self.target)
-        self.spawn()
+        if self.surplus:  # a worker on its way was to be stopped: keep it instead
+            self.surplus -= 1
+        else:
+            self.spawn()
 
     def handle_ttou(self) -> None:
         if self.stopping:
@@ -361,6 +366,10 @@ class Supervisor:
             self.stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
         elif self.starter.pending > self.surplus:  # all on their way: the next to arrive is stopped
             self.surplus += 1
+
+    def handle_usr1(self) -> None:
+        log.info("%s ignored: it is the signal that tells a worker, not the supervisor, to leave "
+                 "(to remove a worker, send SIGTTOU)", STOP_SIGNAL.name)
 
     def handle_chld(self) -> None:
         """A child exited: workers are reaped through their pidfds; this reaps the others."""

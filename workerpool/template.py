@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 from . import linux, models, worker, worker_spec
 from .logs import LEVELS, setup_logging
 from .units import KiB
-from .worker_spec import CONTROL_SIGNALS, TOKEN_ENV
+from .worker_spec import CONTROL_SIGNALS, STOP_SIGNAL, TOKEN_ENV
 
 log = logging.getLogger("workerpool.template")
 
@@ -52,8 +52,7 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         devnull = os.open(os.devnull, os.O_RDONLY)  # as a spawned worker's stdin
         os.dup2(devnull, 0)
         os.close(devnull)
-        for signum in CONTROL_SIGNALS:  # only the supervisor stops the template: it closes the
-            signal.signal(signum, signal.SIG_IGN)  # socket, or kills it
+        _ignore_the_supervisors_signals()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a model's import may have ignored it
         worker.thread_pools()  # built here once, for all the workers, rather than in each
         worker_spec.build_parser()
@@ -134,9 +133,10 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
     code = 1
     try:
         sock.close()
-        for signum in signal.valid_signals():  # the template's handlers, as a fresh interpreter has them
-            if callable(signal.getsignal(signum)) or signum in CONTROL_SIGNALS:
+        for signum in signal.valid_signals():  # Python handlers are the template's (the control
+            if callable(signal.getsignal(signum)):  # signals stay ignored: see worker.main)
                 signal.signal(signum, signal.SIG_DFL)
+        signal.signal(STOP_SIGNAL, signal.SIG_DFL)  # stops a worker that has no handler for it yet
         if "numpy.random" in sys.modules:  # the random module reseeds itself after a fork
             sys.modules["numpy.random"].seed()  # numpy's global generator does not
         _wait_until_adopted(intermediate)
@@ -151,6 +151,13 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _ignore_the_supervisors_signals() -> None:
+    """Only the supervisor stops the template (it closes the socket, or kills it): ``pkill -f``
+    and the like must not reach it through a shared command line."""
+    for signum in (*CONTROL_SIGNALS, STOP_SIGNAL):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _wait_until_adopted(intermediate: int) -> None:
@@ -179,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     linux.set_name("wp-template")
     if not linux.die_with_parent(args.parent):  # first: a model's import may hang
         sys.exit(1)
+    _ignore_the_supervisors_signals()
     os.environ.pop("OPENBLAS_NUM_THREADS", None)  # read when numpy loaded; not the workers' setting
     setup_logging(args.log_level)
     if args.model:

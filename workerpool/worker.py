@@ -154,8 +154,14 @@ class Worker:
             return EXIT_FILE_CHANGED
         log.debug("mapped %s and built model %s", spec.path, self.loaded.name)
         if spec.ready_fd is not None:  # tell a worker host's supervisor: loaded, now connecting
-            os.write(spec.ready_fd, b"ready")
-            os.close(spec.ready_fd)
+            try:
+                os.write(spec.ready_fd, b"ready")
+            except BrokenPipeError:  # it gave up on this start and asked for another worker
+                log.warning("worker %d: the supervisor no longer waits for this worker; exiting",
+                            os.getpid())
+                return 1
+            finally:
+                os.close(spec.ready_fd)
         context = zmq.Context()
         router = context.socket(zmq.DEALER)
         router.setsockopt(zmq.IDENTITY, self.identity)
