@@ -181,3 +181,14 @@ def test_a_worker_being_started_is_not_stopped_by_the_supervisors_signals(small_
                     with contextlib.suppress(psutil.NoSuchProcess):
                         child.send_signal(signal.SIGHUP)
     assert "killed by SIGHUP" not in server.log()
+
+
+def test_a_worker_that_ignores_its_stop_signal_is_killed_after_its_patience(small_model):
+    with Server(small_model, "--model", "deaf_model:factory", "--request-timeout", "1",
+                workers=2) as server:
+        with workerpool.Client(server.endpoint, timeout=10) as client:
+            answered = {client.request(np.ones((1, 4), np.float32)).worker_pid for _ in range(6)}
+        assert len(answered) == 2  # both have answered, so both ignore the stop signal now
+        server.signal(signal.SIGTTOU)
+        server.wait_for(pool_ready(1), timeout=20)
+    assert "did not leave within 6s of being told to; killing it" in server.log()

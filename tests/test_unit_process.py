@@ -66,6 +66,7 @@ class IdleRole:
 
     requests = None
     leave_timeout = 1.0
+    stop_patience = 1.0
     backend = "ipc:///nonexistent"
     ready_pipe = False
 

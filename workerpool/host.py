@@ -54,6 +54,10 @@ class HostRole:
 
     ready_pipe = True  # no router here to hear that a worker is ready
 
+    @property
+    def stop_patience(self) -> float:
+        return self.leave_timeout  # the remote router's request timeout is not known here
+
     def prepare(self, spec: WorkerSpec) -> WorkerSpec:
         keys = self.config.keys
         return replace(spec, remote=True,

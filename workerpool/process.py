@@ -96,10 +96,12 @@ class Child(Process):
     ready_pipe: int | None = None  # read end: the worker writes once its model is built
     ready: bool = False
     stopping: bool = False
+    told_to_stop: float = 0.0  # monotonic time of terminate()
 
     def terminate(self) -> None:
         """The worker says goodbye to its router and leaves once its request is done."""
         self.stopping = True
+        self.told_to_stop = time.monotonic()
         self.send(STOP_SIGNAL)
 
     def close_ready_pipe(self) -> None:

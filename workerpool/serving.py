@@ -179,6 +179,10 @@ class ServingRole:
     def prepare(self, spec: WorkerSpec) -> WorkerSpec:
         return spec
 
+    @property
+    def stop_patience(self) -> float:
+        return self.config.request_timeout + self.leave_timeout
+
     def child_started(self, child: Child) -> None:
         """A forked worker may register before the template's report of it arrives."""
         if any(w.local and w.token == child.token for w in self.router.workers):

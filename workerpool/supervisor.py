@@ -55,6 +55,11 @@ class Role(Protocol):
         """Seconds stopped workers get to leave before they are killed."""
 
     @property
+    def stop_patience(self) -> float:
+        """Seconds a worker told to stop while the pool serves on (SIGTTOU, a rolling reload)
+        may take: its request, then its goodbye. Past it the worker is killed."""
+
+    @property
     def backend(self) -> str:
         """Where this role's workers connect to their router."""
 
@@ -144,6 +149,19 @@ class Supervisor:
         self._watch()
         if self.stopping:
             self._shutdown_step()
+        else:
+            self._kill_overdue()
+
+    def _kill_overdue(self) -> None:
+        """A worker told to stop that is still here long after (its model ignores the stop
+        signal, say) would keep the pool one worker over its target for good."""
+        deadline = time.monotonic() - self.role.stop_patience
+        for child in self.children.values():
+            if child.stopping and child.told_to_stop < deadline:
+                log.warning("worker %d did not leave within %gs of being told to; killing it",
+                            child.pid, self.role.stop_patience)
+                child.told_to_stop = float("inf")  # once: its exit is on the way
+                child.kill()
 
     def _finished(self) -> bool:
         return self.stopping and not self.children and self.kill_deadline is not None
