@@ -21,7 +21,8 @@ from . import reload
 from .config import POLLS_PER_HEARTBEAT, PoolConfig
 from .loop import Loop
 from .process import Backoff, Child, Process, describe_exit
-from .starters import SpawnStarter, Starter, StartOrder, TemplateStarter
+from .starters import SpawnStarter, Starter, StartOrder
+from .template_starter import TemplateStarter
 from .units import format_size
 from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, STOP_SIGNAL, WorkerSpec
 
