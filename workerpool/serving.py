@@ -204,14 +204,15 @@ class ServingRole:
     def _local_child(self, worker: WorkerRecord) -> Child | None:
         """The process behind a registered worker, known by the token it was started with:
         never by the pid it reports, so no peer can make the supervisor signal a process."""
-        if not worker.local or worker.token is None:
+        return self._child_with(worker.token) if worker.local else None
+
+    def _child_with(self, token: str | None) -> Child | None:
+        if token is None:
             return None
-        return next((c for c in self.pool.children.values() if c.token == worker.token), None)
+        return next((c for c in self.pool.children.values() if c.token == token), None)
 
     def started_here(self, token: str | None) -> bool:
-        children = self.pool.children.values()
-        return token is not None and (any(c.token == token for c in children)
-                                      or token in self.pool.starter.tokens())
+        return self._child_with(token) is not None or token in self.pool.starter.tokens()
 
     def worker_ready(self, worker: WorkerRecord) -> None:
         child = self._local_child(worker)

@@ -102,18 +102,10 @@ class TemplateStarter:
 
     def _launch(self, *, fork: bool) -> None:
         try:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.template, ours = self._start(fork=fork)
         except OSError as exc:
             self._template_failed("-", f"could not be started: {exc}")
             return
-        try:
-            self.template = self._fork(ours, theirs) if fork else self._spawn(theirs)
-        except OSError as exc:
-            ours.close()
-            self._template_failed("-", f"could not be started: {exc}")
-            return
-        finally:
-            theirs.close()
         ours.setblocking(False)
         self._sock = ours
         self._loop.read(ours.fileno(), self._on_replies)
@@ -121,6 +113,17 @@ class TemplateStarter:
         self._launched, self._ready, self._killed = time.monotonic(), 0.0, False
         log.debug("template %d started (%s)", self.template.pid, "forked" if fork else "spawned")
         self._send_waiting()
+
+    def _start(self, *, fork: bool) -> tuple[Process, socket.socket]:
+        """The template and the supervisor's end of the socket pair to it."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            return (self._fork(ours, theirs) if fork else self._spawn(theirs)), ours
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
 
     def _fork(self, ours: socket.socket, theirs: socket.socket) -> Process:
         supervisor = os.getpid()
