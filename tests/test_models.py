@@ -26,6 +26,7 @@ from workerpool.models import (
     recognise,
     resolve,
 )
+from workerpool.models.loaded import LoadedModel
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared/fixtures/burn-mnist.bpk"
 MiB = 1024 * 1024
@@ -487,3 +488,18 @@ def test_generate_mlp_refuses_bad_arguments(tmp_path):
         generate_mlp(tmp_path / "x.bpk", 0)
     with pytest.raises(ValueError, match="width"):
         generate_mlp(tmp_path / "x.bpk", MiB, width=0)
+
+
+def test_a_stacked_batch_answers_each_input_as_it_would_alone(tmp_path):
+    path = tmp_path / "m.bpk"
+    generate_mlp(path, 1 << 20)
+    loaded = LoadedModel(str(path), None)
+    width = loaded.describe()["input_shape"][1]
+    rng = np.random.default_rng(0)
+    inputs = [rng.random((2, width), np.float32), rng.random(width, dtype=np.float32),
+              np.zeros((1, 3), np.float32), {"input": rng.random((3, width), np.float32)}]
+    results = loaded.infer_batch(inputs)
+    assert loaded.batching
+    assert isinstance(results[2], ModelInputError)  # fails alone
+    for one, result in zip(inputs[:2] + inputs[3:], results[:2] + results[3:], strict=True):
+        np.testing.assert_allclose(result, loaded.infer(one), rtol=1e-5, atol=1e-6)

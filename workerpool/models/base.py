@@ -66,6 +66,8 @@ class Model:
     also_accepted: tuple[np.dtype, ...] = ()
     # Every tensor the model reads: recognition requires a file to hold exactly these.
     tensor_names: frozenset[str]
+    # Rows are independent: inputs stacked along the batch axis give the stacked outputs.
+    batching = True
 
     @property
     def input_description(self) -> str:

@@ -79,6 +79,19 @@ class Contract:
         except (TypeError, ValueError) as exc:
             raise ModelError(f"model {name!r} declares an unreadable signature: {exc}") from exc
 
+    @property
+    def batched(self) -> bool:
+        """The input has a declared batch axis, so requests can be stacked along it."""
+        return self.input is not None and self.input.shape is not None and self.input.has_batch
+
+    def as_batch(self, inputs: Any) -> np.ndarray:
+        """The input array of a model with a batch axis, with that axis (a bare row gets one);
+        :class:`ModelInputError` as :meth:`check_input` raises it."""
+        self.check_input(inputs)
+        assert self.input is not None and self.input.shape is not None
+        array: np.ndarray = inputs[INPUT_NAME] if isinstance(inputs, Mapping) else inputs
+        return array if array.ndim == len(self.input.shape) else array[np.newaxis]
+
     def check_input(self, inputs: Any) -> int | None:
         """The batch size of an input that fits the declaration (None: no batch axis declared).
 
