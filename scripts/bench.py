@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 import zmq
@@ -26,8 +27,10 @@ from workerpool import burnpack, models, protocol
 from workerpool.launcher import NotReady, ServerProcess, serve_args
 
 
-def drive(endpoint: str, frames: list, in_flight: int, seconds: float) -> dict:
-    """Keep ``in_flight`` requests outstanding for ``seconds``; return rate and latencies."""
+def drive(endpoint: str, frames: list, in_flight: int, seconds: float,
+          warmed: Callable[[], None] | None = None) -> dict:
+    """Keep ``in_flight`` requests outstanding for ``seconds``; return rate and latencies.
+    ``warmed`` is called after the warm-up requests, before the timed ones."""
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -47,6 +50,8 @@ def drive(endpoint: str, frames: list, in_flight: int, seconds: float) -> dict:
         next_id += 1
         sock.recv_multipart()
     sent.clear()
+    if warmed is not None:
+        warmed()
     for _ in range(in_flight):
         send(next_id)
         next_id += 1

@@ -46,7 +46,7 @@ from bench import demo_model, drive, load_average, summary
 from server_memory import tree_memory
 from threadpoolctl import threadpool_limits
 
-from workerpool import protocol
+from workerpool import control, protocol
 from workerpool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.models.loaded import LoadedModel
 from workerpool.units import format_size, parse_size
@@ -66,11 +66,14 @@ class Server:
     label: str
     root: str  # the process the others descend from
     helper: str | None  # the one process that is neither the root nor a worker, if any
+    options: tuple[str, ...] = ()  # workerpool serve's options
 
 
 SERVERS = {
-    "fork": Server("workerpool fork", "supervisor", "template"),
-    "spawn": Server("workerpool spawn", "supervisor", None),
+    "fork": Server("workerpool fork", "supervisor", "template", ("--start", "fork")),
+    "unbatched": Server("workerpool fork --max-batch 1", "supervisor", "template",
+                        ("--start", "fork", "--max-batch", "1")),
+    "spawn": Server("workerpool spawn", "supervisor", None, ("--start", "spawn")),
     "gunicorn": Server("gunicorn --preload", "arbiter", None),
 }
 
@@ -120,24 +123,37 @@ def warm_workerpool(endpoint: str, frames: list, workers: int) -> set[int]:
     return seen
 
 
-def run_workerpool(load: Load, start: str) -> dict[str, Any]:
-    """``workerpool serve --start START`` with its own control socket (never the default one,
-    which another server on this machine may hold)."""
+def run_workerpool(load: Load, name: str) -> dict[str, Any]:
+    """``workerpool serve`` with the server's options and its own control socket (never the
+    default one, which another server on this machine may hold)."""
     frames = protocol.encode_request(0, load.row)
-    args = serve_args(load.model, load.workers, "--start", start,
+    control_endpoint = f"ipc://{load.directory}/control-{name}.sock"
+    args = serve_args(load.model, load.workers, *SERVERS[name].options,
                       "--threads-per-worker", str(load.blas_threads),
-                      "--control", f"ipc://{load.directory}/control-{start}.sock",
-                      "--log-level", "warning")
-    log_path = os.path.join(load.directory, f"workerpool-{start}.log")
+                      "--control", control_endpoint, "--log-level", "warning")
+    log_path = os.path.join(load.directory, f"workerpool-{name}.log")
     try:
         with ServerProcess(args, log_path=log_path) as server:
             assert server.proc is not None
             workers = warm_workerpool(server.endpoint, frames, load.workers)
             memory = tree_memory(server.proc.pid, load.model, workers)
-            levels = [drive(server.endpoint, frames, k, load.seconds) for k in load.levels]
+            levels = []
+            for k in load.levels:
+                before: list[tuple[int, int]] = []
+                level = drive(server.endpoint, frames, k, load.seconds,
+                              warmed=lambda before=before: before.append(batch_counts(control_endpoint)))
+                batches, rows = (after - earlier for after, earlier in
+                                 zip(batch_counts(control_endpoint), before[0], strict=True))
+                levels.append({**level, "rows_per_batch": rows / batches if batches else 0.0})
     except NotReady as exc:
         raise RuntimeError(str(exc)) from None
     return {**memory, "levels": levels}
+
+
+def batch_counts(endpoint: str) -> tuple[int, int]:
+    """The forward passes the server's workers were sent, and the rows in them (so far)."""
+    workers = control.call(endpoint, "status", timeout=10.0, memory=False)["workers"]
+    return sum(w["batches"] for w in workers), sum(w["rows"] for w in workers)
 
 
 # gunicorn
@@ -356,7 +372,7 @@ def run_in_process(load: Load) -> dict[str, Any]:
 
 def run_alternating(load: Load, servers: list[str],
                     repeat: int) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """in-process, fork, spawn, gunicorn, in-process, fork, spawn, gunicorn...: ``repeat`` runs
+    """in-process, fork, unbatched, spawn, gunicorn, in-process, fork, ...: ``repeat`` runs
     of each server, and as many of the in-process forward pass."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
     in_process: list[dict[str, Any]] = []
@@ -377,11 +393,14 @@ MEMORY_ROWS = ("pss", "root_pss", "others_pss", "workers_pss")
 
 def medians(runs: list[dict[str, Any]], levels: list[int]) -> dict[str, float]:
     """Median over the runs of each figure: ``pss`` (every process), ``root_pss``,
-    ``others_pss`` (the template), ``workers_pss``, then ``rps@K``, ``p50_us@K``, ``p99_us@K``."""
+    ``others_pss`` (the template), ``workers_pss``, then ``rps@K``, ``p50_us@K``, ``p99_us@K``
+    and, for workerpool, ``rows_per_batch@K``."""
     figures = {key: statistics.median(r[key] for r in runs) for key in MEMORY_ROWS}
     for i, k in enumerate(levels):
-        for key in ("rps", "p50_us", "p99_us"):
-            figures[f"{key}@{k}"] = statistics.median(r["levels"][i][key] for r in runs)
+        for key in ("rps", "p50_us", "p99_us", "rows_per_batch"):
+            values = [r["levels"][i][key] for r in runs if key in r["levels"][i]]
+            if values:  # gunicorn has no batches
+                figures[f"{key}@{k}"] = statistics.median(values)
     return figures
 
 
@@ -405,11 +424,15 @@ def least_resident(runs: list[dict[str, Any]]) -> str:
     return format_size(min(min(r["weights_resident"]) for r in runs))
 
 
-def reference(servers: list[str]) -> str | None:
-    """The column the others are divided by: gunicorn, else spawn (for fork), else none."""
+def ratios(servers: list[str]) -> list[tuple[str, str]]:
+    """The columns divided by others: fork by unbatched (what batching gains), every workerpool
+    server by gunicorn, else fork by spawn."""
+    pairs = [("fork", "unbatched")] if {"fork", "unbatched"} <= set(servers) else []
     if "gunicorn" in servers:
-        return "gunicorn"
-    return "spawn" if {"fork", "spawn"} <= set(servers) else None
+        pairs += [(name, "gunicorn") for name in servers if name != "gunicorn"]
+    elif {"fork", "spawn"} <= set(servers):
+        pairs.append(("fork", "spawn"))
+    return pairs
 
 
 def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, Any]]],
@@ -442,21 +465,19 @@ def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, A
         print(f"  {processes(name, runs[name])}; the least of the model any worker had "
               f"resident: {least_resident(runs[name])}")
     print()
-    base = reference(servers)
-    divided = [name for name in servers if base is not None and name not in (base, "gunicorn")]
+    divided = ratios(servers)
     head = [SERVERS[name].label for name in servers]
-    head += [f"{name} / {base}" for name in divided]
+    head += [f"{a} / {b}" for a, b in divided]
     print("| figure | " + " | ".join(head) + " |")
     print("| --- |" + " ---: |" * len(head))
 
     def row(label: str, key: str, unit: str, scale: float = 1.0, digits: int = 0) -> None:
         values: dict[str, float | None] = {
-            name: figures[name][key] if key != "others_pss" or SERVERS[name].helper else None
+            name: figures[name].get(key) if key != "others_pss" or SERVERS[name].helper else None
             for name in servers}
         cells = ["—" if v is None else f"{v / scale:.{digits}f}{unit}" for v in values.values()]
-        for name in divided:
-            a, b = values[name], values[base] if base else None
-            cells.append(f"{a / b:.2f}x" if a and b else "—")
+        for a, b in divided:
+            cells.append(f"{values[a] / values[b]:.2f}x" if values[a] and values[b] else "—")
         print(f"| {label} | " + " | ".join(cells) + " |")
 
     roots = " / ".join(dict.fromkeys(SERVERS[name].root for name in servers))
@@ -468,6 +489,8 @@ def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, A
         row(f"req/s, {k} in flight", f"rps@{k}", "")
         row(f"p50, {k} in flight", f"p50_us@{k}", " µs")
         row(f"p99, {k} in flight", f"p99_us@{k}", " µs")
+        if any(name != "gunicorn" for name in servers):
+            row(f"rows per forward pass, {k} in flight", f"rows_per_batch@{k}", "", digits=1)
     if 1 in load.levels:
         cells = [f"{figures[name]['p50_us@1'] / forward:.1f}x" for name in servers]
         print("| p50, 1 in flight / in-process forward pass | "
@@ -497,8 +520,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=2,
                         help="runs of each server, alternating (default: 2)")
     parser.add_argument("--servers", type=server_list, default=list(SERVERS),
-                        help="comma-separated servers to compare, among fork, spawn (workerpool "
-                        "--start fork or spawn) and gunicorn (default: all three)")
+                        help="comma-separated servers to compare, among fork (workerpool --start "
+                        "fork), unbatched (the same with --max-batch 1), spawn (--start spawn) and "
+                        "gunicorn (default: all four)")
     parser.add_argument("--gunicorn-threads", type=int, default=1,
                         help="gthread threads per gunicorn worker (default: 1)")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")

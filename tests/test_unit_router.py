@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from workerpool import protocol
+from workerpool.batching import BatchPolicy
 from workerpool.registry import WorkerRecord
 from workerpool.router import Router
 
@@ -89,8 +90,8 @@ class Pool:
         return {w.pid for w in self.router.workers}
 
 
-def request(client: zmq.Socket, request_id: int, **kwargs) -> None:
-    client.send_multipart(protocol.encode_request(request_id, np.zeros((1, 4), np.float32), **kwargs))
+def request(client: zmq.Socket, request_id: int, rows: int = 1, **kwargs) -> None:
+    client.send_multipart(protocol.encode_request(request_id, np.zeros((rows, 4), np.float32), **kwargs))
 
 
 def received(sock: zmq.Socket) -> Callable[[], bool]:
@@ -109,6 +110,14 @@ def reply_to(worker: zmq.Socket) -> int:
 def answer(client: zmq.Socket) -> dict:
     frames = client.recv_multipart()
     return protocol.decode_reply(frames[1:]).header
+
+
+def answers(pool: Pool, client: zmq.Socket, count: int) -> list[dict]:
+    replies = []
+    for _ in range(count):
+        pool.pump(received(client))
+        replies.append(answer(client))
+    return replies
 
 
 def test_a_request_goes_to_a_free_worker_and_the_reply_comes_back(context):
@@ -155,10 +164,10 @@ def test_a_lost_worker_request_is_retried_once_then_fails(context):
     client = pool.client()
     request(client, 9)
     pool.pump(lambda: pool.router.in_flight == 1)
-    busy = next(w for w in pool.router.workers if w.inflight is not None)
+    busy = next(w for w in pool.router.workers if w.inflight)
     pool.router.lose(busy.key, "test")
     pool.pump(lambda: pool.router.in_flight == 1)
-    retried = next(w for w in pool.router.workers if w.inflight is not None)
+    retried = next(w for w in pool.router.workers if w.inflight)
     assert retried.pid != busy.pid
     pool.router.lose(retried.key, "test")
     pool.pump(received(client))
@@ -239,3 +248,207 @@ def test_fail_all_answers_queued_and_in_flight_requests(context):
     pool.pump(lambda: client.poll(0) and pool.router.unfinished == 0)
     codes = {answer(client)["error"]["code"] for _ in range(2)}
     assert codes == {"shutting_down"}
+
+
+# Batching: what a free worker is sent when requests wait.
+
+
+def batched_pool(context: zmq.Context, max_rows: int = 8, **policy) -> Pool:
+    return Pool(context, max_queue=64, batching=BatchPolicy(max_rows=max_rows, **policy))
+
+
+def queued(pool: Pool, count: int) -> Callable[[], bool]:
+    return lambda: pool.router.queue_depth == count
+
+
+def next_message(pool: Pool, worker: zmq.Socket) -> list[bytes]:
+    """The next message a fake worker is sent, heartbeats skipped."""
+    while True:
+        pool.pump(received(worker))
+        frames = worker.recv_multipart()
+        if frames[0] != protocol.HEARTBEAT:
+            return frames
+
+
+def batch_ids(pool: Pool, worker: zmq.Socket) -> list[int]:
+    """The ids of the next message a fake worker is sent: one for a REQUEST, all of a BATCH."""
+    frames = next_message(pool, worker)
+    if frames[0] == protocol.REQUEST:
+        return [protocol.decode_header(frames[2])["id"]]
+    assert frames[0] == protocol.BATCH and len(frames) % 3 == 1
+    return [protocol.decode_header(frames[i + 1])["id"] for i in range(1, len(frames), 3)]
+
+
+def busy_with_one(pool: Pool, client: zmq.Socket, **ready) -> zmq.Socket:
+    """A batching worker, busy with request 0 while the test queues more."""
+    worker = pool.worker(1, batching=True, **ready)
+    pool.pump(lambda: pool.registered() == {1})
+    request(client, 0)
+    assert batch_ids(pool, worker) == [0]
+    return worker
+
+
+def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch_answered_in_order(context):
+    pool = batched_pool(context)
+    client, other = pool.client(), pool.client()
+    worker = busy_with_one(pool, client)
+    for request_id in (1, 2):
+        request(client, request_id)
+    request(other, 3)
+    pool.pump(queued(pool, 3))
+    assert sorted(batch_ids_after_reply(pool, worker)) == [1, 2, 3]
+    assert pool.router.in_flight == 3
+    for pending in list(pool.router.workers[0].inflight):
+        worker.send_multipart([protocol.REPLY, pending.client, b"ok",
+                               *protocol.encode_reply(protocol.decode_header(pending.frames[0])["id"])])
+    pool.pump(lambda: pool.router.in_flight == 0 and client.poll(0) and other.poll(0))
+    assert [answer(client)["id"] for _ in range(3)] == [0, 1, 2]
+    assert answer(other)["id"] == 3
+    record = pool.router.workers[0]
+    assert (record.served, record.batches, record.rows, record.batch_sizes) == (4, 2, 4, {1: 1, 4: 1})
+
+
+def test_max_batch_bounds_rows_and_a_larger_request_goes_alone_unsplit(context):
+    pool = batched_pool(context, max_rows=4)
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    for request_id, rows in ((1, 1), (2, 2), (3, 2), (4, 6)):
+        request(client, request_id, rows)
+    pool.pump(queued(pool, 4))
+    assert [batch_ids_after_reply(pool, worker) for _ in range(3)] == [[1, 2], [3], [4]]
+    assert pool.router.workers[0].batch_sizes == {1: 1, 4: 1, 2: 1, 8: 1}
+
+
+def test_a_request_that_does_not_fit_ends_the_batch_and_waits_its_turn(context):
+    pool = batched_pool(context)
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    request(client, 1)
+    client.send_multipart(protocol.encode_request(2, np.zeros((1, 4), np.float64)))  # another dtype
+    request(client, 3)
+    pool.pump(queued(pool, 3))
+    assert batch_ids_after_reply(pool, worker) == [1]
+    assert batch_ids_after_reply(pool, worker) == [2]
+    assert batch_ids_after_reply(pool, worker) == [3]
+
+
+def batch_ids_after_reply(pool: Pool, worker: zmq.Socket) -> list[int]:
+    """Answer everything the fake worker holds; the ids of what it is sent next."""
+    record = pool.router.workers[0]
+    held = record.inflight
+    while held and record.inflight is held:
+        count = len(held)
+        worker.send_multipart([protocol.REPLY, held[0].client, b"ok", *protocol.encode_reply(0)])
+        pool.pump(lambda count=count: len(held) != count)
+    return batch_ids(pool, worker)
+
+
+def test_a_worker_that_does_not_batch_is_sent_one_request_at_a_time(context):
+    pool = batched_pool(context)
+    client = pool.client()
+    worker = pool.worker(1)  # says nothing of batching
+    pool.pump(lambda: pool.registered() == {1})
+    for request_id in range(4):
+        request(client, request_id)
+    pool.pump(lambda: pool.router.queue_depth == 3)
+    assert batch_ids(pool, worker) == [0]
+    assert [batch_ids_after_reply(pool, worker) for _ in range(3)] == [[1], [2], [3]]
+
+
+def test_a_queued_request_past_its_deadline_is_answered_not_batched(context):
+    pool = batched_pool(context)
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    request(client, 1, deadline_ms=30)
+    request(client, 2)
+    pool.pump(queued(pool, 2))
+    expired = time.monotonic() + 0.05
+    pool.pump(lambda: time.monotonic() > expired or pool.router.queue_depth < 2)
+    assert batch_ids_after_reply(pool, worker) == [2]
+    replies = {h["id"]: h for h in answers(pool, client, 2)}
+    assert replies[0]["status"] == "ok" and replies[1]["error"]["code"] == "deadline_exceeded"
+
+
+def test_a_lost_batch_is_retried_request_by_request_without_blaming_its_client(context):
+    pool = batched_pool(context)
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    for request_id in (1, 2, 3):
+        request(client, request_id)
+    pool.pump(queued(pool, 3))
+    assert batch_ids_after_reply(pool, worker) == [1, 2, 3]
+    spare = pool.worker(2, batching=True)
+    pool.pump(lambda: pool.registered() == {1, 2})
+    pool.router.lose(next(w for w in pool.router.workers if w.pid == 1).key, "test")
+    sent = []
+    for _ in range(3):  # each alone, in the order they had
+        frames = next_message(pool, spare)
+        assert frames[0] == protocol.REQUEST
+        sent.append(protocol.decode_header(frames[2])["id"])
+        spare.send_multipart([protocol.REPLY, frames[1], b"ok", *protocol.encode_reply(sent[-1])])
+    assert sent == [1, 2, 3]
+    pool.pump(lambda: pool.router.in_flight == 0)
+    assert not pool.router.quarantine  # three requests in one lost batch are not three kills
+    assert sorted(h["id"] for h in answers(pool, client, 4)) == [0, 1, 2, 3]
+
+
+def test_a_batch_holds_only_clients_that_may_see_the_worker_generation(context):
+    pool = batched_pool(context)
+    client, newer, third = pool.client(), pool.client(), pool.client()
+    worker = busy_with_one(pool, client, remote=True)  # a worker host: the rollout leaves it be
+    local = pool.worker(2)  # kept busy, so that the rollout stays under way
+    pool.pump(lambda: pool.registered() == {1, 2})
+    request(third, 9)
+    pool.pump(lambda: pool.router.in_flight == 2)
+    pool.router.begin_rollout(2, [0, 0, 0])
+    request(client, 1)
+    request(newer, 2)
+    pool.pump(queued(pool, 2))
+    newcomer = next(p.client for p in pool.router.intake.queue._everything() if p.client != worker_client(pool))
+    pool.router.rollout.answered(newcomer, 2)  # this client already saw generation 2
+    assert batch_ids_after_reply(pool, worker) == [1]
+    assert pool.router.queue_depth == 1  # request 2 waits for a worker of generation 2
+    local.close(0)
+
+
+def worker_client(pool: Pool) -> bytes:
+    return pool.router.workers[0].inflight[0].client
+
+
+def test_local_workers_past_the_running_cap_wait_and_the_queue_goes_as_one_batch(context):
+    pool = batched_pool(context, running_cap=1)
+    pool.router.batching.service = 60.0  # a run "takes" a minute: nothing is released early
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    idle = pool.worker(2, batching=True)
+    pool.pump(lambda: pool.registered() == {1, 2})
+    for request_id in (1, 2, 3):
+        request(client, request_id)
+    pool.pump(queued(pool, 3))
+    settled = time.monotonic() + 0.05
+    pool.pump(lambda: time.monotonic() > settled)
+    assert not idle.poll(0)  # free, but one local worker already uses the only core
+    worker.send_multipart([protocol.REPLY, worker_client(pool), b"ok", *protocol.encode_reply(0)])
+    pool.pump(lambda: pool.router.in_flight == 3)
+    assert sorted(len(w.inflight) for w in pool.router.workers) == [0, 3]  # one batch of all three
+
+
+def test_a_request_held_past_a_typical_run_goes_to_an_idle_worker(context):
+    pool = batched_pool(context, running_cap=1)
+    pool.router.batching.service = 0.05
+    client = pool.client()
+    busy_with_one(pool, client)  # and never answers
+    idle = pool.worker(2, batching=True)
+    pool.pump(lambda: pool.registered() == {1, 2})
+    request(client, 1)
+    assert batch_ids(pool, idle) == [1]
+
+
+def test_batch_wait_lets_requests_arriving_together_share_a_pass(context):
+    pool = batched_pool(context, wait=0.2)
+    client = pool.client()
+    worker = pool.worker(1, batching=True)
+    pool.pump(lambda: pool.registered() == {1})
+    for request_id in (1, 2, 3):
+        request(client, request_id)
+    assert batch_ids(pool, worker) == [1, 2, 3]

@@ -21,6 +21,7 @@ from .config import (
     DEFAULT_START,
     GRACEFUL_TIMEOUT_SECONDS,
     LOAD_MODES,
+    MAX_BATCH,
     MAX_CONNECTIONS,
     MAX_QUEUE,
     RELOAD_TIMEOUT_SECONDS,
@@ -33,7 +34,7 @@ from .config import (
     default_max_queue_bytes,
 )
 from .logs import LEVELS, setup_logging
-from .units import format_size, parse_size
+from .units import MS_PER_SECOND, format_size, parse_size
 
 if TYPE_CHECKING:
     from .client import Outputs
@@ -216,18 +217,20 @@ def _print_status(status: dict[str, Any]) -> None:
           f"generation {model['generation']}, {model['load']})")
     print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
           f"{status['threads_per_worker']} BLAS threads per worker")
+    _print_batches(status["workers"])
     print(f"{'pid':>8}  {'role':<10} {'host':<16} {'state':<10} {'gen':>4} {'served':>8} {'errors':>6} "
-          + " ".join(f"{_MEMORY_COLUMNS[k]:>10}" for k in _MEMORY_COLUMNS))
+          f"{'batches':>8} {'rows':>8} " + " ".join(f"{_MEMORY_COLUMNS[k]:>10}" for k in _MEMORY_COLUMNS))
     host = os.uname().nodename
     helpers = [("supervisor", status["supervisor_pid"], status.get("supervisor_memory"))]
     template = status.get("template")
     if template is not None:
         helpers.append(("template", template["pid"], template["memory"]))
     for role, pid, memory in helpers:
-        _print_process_row(pid, role, host, "restarting" if pid is None else "-", "-", "-", "-", memory)
+        _print_process_row(pid, role, host, "restarting" if pid is None else "-", ("-",) * 5, memory)
     for worker in status["workers"]:
-        _print_process_row(worker["pid"], "worker", worker["host"], worker["state"], worker["generation"],
-                           worker["served"], worker["errors"], worker.get("memory"))
+        counts = (worker["generation"], worker["served"], worker["errors"], worker["batches"], worker["rows"])
+        _print_process_row(worker["pid"], "worker", worker["host"], worker["state"], counts,
+                           worker.get("memory"))
     totals = status["totals"]
     model_size = "-" if totals["model_size"] is None else format_size(totals["model_size"])
     processes = "supervisor, template and" if template and template["pid"] else "supervisor and"
@@ -235,11 +238,26 @@ def _print_status(status: dict[str, Any]) -> None:
           f"(workers alone {format_size(totals['workers_pss'])}; model file {model_size})")
 
 
-def _print_process_row(pid: int | None, role: str, host: str, state: str, generation: Any, served: Any,
-                       errors: Any, memory: dict[str, int] | None) -> None:
+def _print_batches(workers: list[dict[str, Any]]) -> None:
+    """The pool's batch sizes, e.g. ``batches: 310 carrying 4,960 rows; by rows 1: 10, 3-4: 20``."""
+    sizes: dict[int, int] = {}
+    for worker in workers:
+        for size, count in worker["batch_sizes"].items():
+            sizes[int(size)] = sizes.get(int(size), 0) + count
+    batches, rows = sum(sizes.values()), sum(w["rows"] for w in workers)
+    if not batches:
+        return
+    buckets = ", ".join(f"{size // 2 + 1 if size > 2 else size}"
+                        f"{f'-{size}' if size > 2 else ''}: {count:,}" for size, count in sorted(sizes.items()))
+    print(f"batches: {batches:,} carrying {rows:,} rows; batches by rows {buckets}")
+
+
+def _print_process_row(pid: int | None, role: str, host: str, state: str, counts: tuple[Any, ...],
+                       memory: dict[str, int] | None) -> None:
     sizes = [format_size(memory[k]) if memory and k in memory else "-" for k in _MEMORY_COLUMNS]
+    generation, served, errors, batches, rows = counts
     print(f"{pid or '-':>8}  {role:<10} {host[:16]:<16} {state:<10} {generation:>4} {served:>8} {errors:>6} "
-          + " ".join(f"{s:>10}" for s in sizes))
+          f"{batches:>8} {rows:>8} " + " ".join(f"{s:>10}" for s in sizes))
 
 
 def _print_memory_legend() -> None:
@@ -443,6 +461,12 @@ def _add_serve(sub: Subcommands) -> None:
                         help="seconds a request may run on a worker; past it the client gets "
                         "'request_timeout' and the worker is replaced. Keep it below your clients' "
                         "timeout (default: %(default)s)")
+    parser.add_argument("--max-batch", type=_positive_count, default=MAX_BATCH, metavar="ROWS",
+                        help="rows of the model's batch axis that queued requests may share in one "
+                        "forward pass; 1 turns batching off (default: %(default)s)")
+    parser.add_argument("--batch-wait", type=_milliseconds, default=0.0, metavar="MS",
+                        help="milliseconds a request may wait for others to share its forward pass "
+                        "when fewer than --max-batch rows are queued (default: 0, never wait)")
     parser.add_argument("--max-connections", type=_positive_count, default=MAX_CONNECTIONS, metavar="N",
                         help="client connections served at once; more are closed at once "
                         "(default: %(default)s)")
@@ -606,12 +630,21 @@ def _positive_or_zero(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
+    return _amount(text, "seconds")
+
+
+def _milliseconds(text: str) -> float:
+    """Milliseconds on the command line, seconds in the config."""
+    return _amount(text, "milliseconds") / MS_PER_SECOND
+
+
+def _amount(text: str, unit: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+        raise argparse.ArgumentTypeError(f"invalid number of {unit} {text!r}") from None
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds from 0 up")
+        raise argparse.ArgumentTypeError(f"{text} is not a number of {unit} from 0 up")
     return value
 
 

@@ -32,6 +32,7 @@ RELOAD_TIMEOUT_SECONDS = 120.0
 # resends it to a second worker.
 REQUEST_TIMEOUT_SECONDS = 20.0
 MAX_CONNECTIONS = 1024
+MAX_BATCH = 32  # rows of the batch axis one forward pass may take; 1 turns batching off
 QUEUE_BYTES_CAP = 1 << 30  # queued requests may hold at most this, or 1/8 of the memory
 
 
@@ -76,6 +77,8 @@ class ServeConfig(PoolConfig):
     max_queue_bytes: int = field(default_factory=default_max_queue_bytes)
     max_connections: int = MAX_CONNECTIONS
     request_timeout: float = REQUEST_TIMEOUT_SECONDS
+    max_batch: int = MAX_BATCH
+    batch_wait: float = 0.0  # seconds a batch's first request may wait for more to join it
     max_message_size: int | None = None  # None: sized to the model's input
     reload_timeout: float = RELOAD_TIMEOUT_SECONDS
     backend: str | None = None  # None: a private ipc socket

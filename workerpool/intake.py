@@ -30,13 +30,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from . import protocol
 from .transport import NOBLOCK, receive_batch, send_parts
 from .units import MS_PER_SECOND, KiB
+
+if TYPE_CHECKING:
+    from .batching import BatchShape
 
 log = logging.getLogger("workerpool.router")
 
@@ -60,14 +63,25 @@ class Pending:
     expires: float | None = None
     attempts: int = 0
     size: int = 0  # bytes of the message, counted against the queue's byte limit
+    solo: bool = False  # sent alone from now on: it was in flight on a worker that was lost
+    shape: BatchShape | None = None  # how it batches, once ``shaped``
+    shaped: bool = False
+
+    def header(self) -> dict[str, Any] | None:
+        """The decoded header, None when malformed (the worker's to answer in full)."""
+        try:
+            return protocol.decode_header(self.frames[0])
+        except protocol.ProtocolError:
+            return None
 
     def read_deadline(self) -> None:
         """Set ``expires`` from the header: done only when the request has to wait, off the
-        fast path; a malformed header is the worker's to answer in full."""
+        fast path."""
         if self.expires is not None:
             return
+        header = self.header()
         try:
-            budget = protocol.deadline_of(protocol.decode_header(self.frames[0]))
+            budget = None if header is None else protocol.deadline_of(header)
         except protocol.ProtocolError:
             return
         if budget is not None:
@@ -130,6 +144,12 @@ class RequestQueue:
             line.nbytes += pending.size
         self._count += 1
         self.nbytes += pending.size
+
+    def peek(self) -> Pending:
+        """The request :meth:`take` would return, left in place."""
+        if self._retried:
+            return self._retried[0]
+        return self._lines[self._turns[0]].requests[0]
 
     def take(self) -> Pending:
         """The next request: a retried one, else the oldest of the client whose turn it is."""

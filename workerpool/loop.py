@@ -9,6 +9,7 @@ watching the weight file) runs as duties between polls.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,7 @@ class Loop:
         self._readers: dict[Any, Callable[[], None]] = {}
         self._duties: list[Callable[[], None]] = []
         self._urgent: list[Callable[[], bool]] = []
+        self._due: list[Callable[[], float | None]] = []
         self._next_duties = 0.0
 
     def read(self, source: Any, handler: Callable[[], None]) -> None:
@@ -43,22 +45,29 @@ class Loop:
         if self._readers.pop(source, None) is not None:
             self._poller.unregister(source)
 
-    def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None) -> None:
-        """Run ``duty`` between polls; while ``urgent()`` is true, poll at the duty interval."""
+    def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None,
+                   due: Callable[[], float | None] | None = None) -> None:
+        """Run ``duty`` between polls; while ``urgent()`` is true, poll at the duty interval;
+        also run it at the monotonic time ``due()`` returns, to the millisecond."""
         self._duties.append(duty)
         if urgent is not None:
             self._urgent.append(urgent)
+        if due is not None:
+            self._due.append(due)
 
     def turn(self) -> None:
         """Wait for events, handle them, then run the duties if they are due."""
         urgent = any(check() for check in self._urgent)
         timeout = 2 * DUTY_INTERVAL if urgent else self.idle_timeout
-        for source, _ in self._poller.poll(int(timeout * MS_PER_SECOND)):
+        due = min((at for at in (check() for check in self._due) if at is not None), default=None)
+        if due is not None:
+            timeout = max(0.0, min(timeout, due - time.monotonic()))
+        for source, _ in self._poller.poll(math.ceil(timeout * MS_PER_SECOND)):
             handler = self._readers.get(source)
             if handler is not None:
                 _survive(handler)
         now = time.monotonic()
-        if now >= self._next_duties:
+        if now >= self._next_duties or (due is not None and now >= due):
             self._next_duties = now + DUTY_INTERVAL
             for duty in self._duties:
                 _survive(duty)

@@ -35,6 +35,7 @@ METHODS = (METHOD_INFER, METHOD_INFO)
 READY = b"READY"
 HEARTBEAT = b"HB"
 REQUEST = b"REQ"
+BATCH = b"BATCH"  # router: several requests (client, header, array each) for one forward pass
 REPLY = b"REP"
 STOP = b"STOP"
 RELOAD = b"RELOAD"

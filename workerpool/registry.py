@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from . import models, protocol
+from .batching import size_bucket
 from .intake import Pending
 from .transport import NOBLOCK, send_parts
 
@@ -34,11 +35,25 @@ class WorkerRecord:
     token: str | None  # a local worker's proof that this supervisor started it
     started: float
     last_seen: float
+    batching: bool = False  # its model stacks requests along the batch axis (what it says)
     state: str = "ready"  # ready, busy, reloading or stopping
     served: int = 0
     errors: int = 0
-    inflight: Pending | None = None
+    batches: int = 0  # messages of requests sent to it, one forward pass each
+    rows: int = 0  # rows of the batch axis in them
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # size_bucket(rows) -> batches
+    inflight: list[Pending] = field(default_factory=list)  # answered in this order
     busy_since: float = 0.0
+
+    def took(self, batch: list[Pending], rows: int) -> None:
+        """It was sent ``batch`` (``rows`` rows) to run as one forward pass."""
+        self.state = "busy"
+        self.busy_since = time.monotonic()
+        self.inflight = batch
+        self.batches += 1
+        self.rows += rows
+        bucket = size_bucket(rows)
+        self.batch_sizes[bucket] = self.batch_sizes.get(bucket, 0) + 1
 
     @property
     def key(self) -> WorkerKey:
@@ -64,6 +79,7 @@ class WorkerRecord:
             model=str(info["model"]),
             local=local,
             token=token if local else None,
+            batching=info.get("batching") is True,
             started=time.time(),
             last_seen=time.monotonic(),
         )

@@ -2,9 +2,12 @@
 
 A request goes only to a worker that has said it is free (the ZeroMQ guide's load-balancing
 broker), so a slow request never holds up others that a free worker could take. Requests wait
-in a bounded queue; past ``max_queue`` they are refused at once. A request in flight on a worker
-that dies is retried once on another worker (inference is idempotent); one that runs past
-``request_timeout`` is answered ``request_timeout`` and its worker given up (see quarantine.py).
+in a bounded queue; past ``max_queue`` they are refused at once. A worker that takes a request
+takes the compatible ones queued behind it too, as one batch (see batching.py); it answers
+them in the order sent. A request in flight on a worker that dies is retried once on another
+worker, alone (inference is idempotent); one that runs past ``request_timeout`` is answered
+``request_timeout`` and its worker given up (see quarantine.py). A batch that dies or runs out
+of time tells nothing about which of its requests is to blame: each is retried alone.
 
 Local workers connect to a private ipc backend; worker hosts on other machines to an optional
 TCP one. Which socket a worker registered on, never what it says, decides whether it is local.
@@ -21,6 +24,7 @@ from typing import Any, Protocol
 import zmq
 
 from . import protocol
+from .batching import BatchPolicy, BatchShape
 from .config import HEARTBEAT_SECONDS, LIVENESS_BEATS
 from .intake import Intake, Pending
 from .quarantine import Quarantine
@@ -75,8 +79,14 @@ class Router:
         signature: dict[str, Any] | None = None,
         secure: Callable[[zmq.Socket, str], None] | None = None,
         request_timeout: float | None = None,
+        batching: BatchPolicy | None = None,
     ) -> None:
         self.signature = signature or {}
+        self.batching = batching or BatchPolicy()
+        declared = self.signature.get("input_shape")
+        if declared and declared[0] is None:  # a batch axis: requests can be stacked along it
+            self.batching.rank = len(declared)
+        self.wake_at: float | None = None  # when a held request is due to be released
         self.request_timeout = request_timeout
         self.quarantine = Quarantine()
         self.heartbeat = heartbeat
@@ -85,6 +95,7 @@ class Router:
         self.rollout = Rollout()
         self._workers: dict[WorkerKey, WorkerRecord] = {}
         self._free: deque[WorkerKey] = deque()
+        self._running_here: set[WorkerKey] = set()  # local workers with requests in flight
         self.frontend = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
                               read_ahead=CLIENT_READ_AHEAD)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -110,7 +121,7 @@ class Router:
 
     @property
     def in_flight(self) -> int:
-        return sum(1 for worker in self._workers.values() if worker.inflight is not None)
+        return sum(len(worker.inflight) for worker in self._workers.values())
 
     @property
     def unfinished(self) -> int:
@@ -150,16 +161,19 @@ class Router:
             log.warning("unexpected %r message from worker %r ignored", command[:16], address)
 
     def _reply(self, worker: WorkerRecord, client: bytes, ok: bool, frames: list[zmq.Frame]) -> None:
-        pending = worker.inflight
-        if pending is None or pending.client != client:  # already answered, e.g. shutting down
+        inflight = worker.inflight
+        if not inflight or inflight[0].client != client:  # already answered, e.g. shutting down
             log.debug("late reply from worker %d dropped", worker.pid)
             return
+        inflight.pop(0)
         worker.served += 1
         worker.errors += not ok
-        worker.inflight = None
         self.rollout.answered(client, worker.generation)
         self.intake.send(client, frames)
-        self._worker_free(worker)
+        if not inflight:
+            self._running_here.discard(worker.key)
+            self.batching.finished(time.monotonic() - worker.busy_since)
+            self._worker_free(worker)
 
     def _register(self, link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame]) -> None:
         worker = admit(link, local, address, frames, self.signature)
@@ -234,28 +248,91 @@ class Router:
                 break
 
     def _dispatch(self, pending: Pending) -> bool:
-        """Hand a request to the least recently used free worker that may answer its client;
-        True when it is handled (sent, or refused as a known killer)."""
+        """Hand a request, with the compatible ones queued behind it, to the least recently used
+        free worker that may answer its client; True when it is handled (sent, or refused as a
+        known killer). Local workers may be held back for a batch to form (batching.py)."""
         if self.quarantine:
             refusal = self.quarantine.refusal(pending.client, pending.frames)
             if refusal is not None:
                 self.intake.fail(pending, "worker_failed", refusal)
                 return True
         floor = self.rollout.floor(pending.client)
+        held = self._held(pending)
         for _ in range(len(self._free)):
             worker = self._workers.get(self._free.popleft())
             if worker is None or worker.state != "ready":
                 continue
-            if worker.generation < floor:
+            if worker.generation < floor or (held and worker.local):
                 self._free.append(worker.key)
                 continue
-            if self._send(worker, [protocol.REQUEST, pending.client, *pending.frames]):
-                worker.state = "busy"
-                worker.busy_since = time.monotonic()
-                worker.inflight = pending
-                pending.attempts += 1
+            if self._send_batch(worker, pending):
                 return True
         return False
+
+    def _held(self, pending: Pending) -> bool:
+        """Whether local workers wait before taking ``pending`` (and then when to look again)."""
+        until = self.batching.hold_until(pending.received, len(self.queue), len(self._running_here))
+        if until is None or time.monotonic() >= until:
+            return False
+        self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
+        return True
+
+    def _send_batch(self, worker: WorkerRecord, first: Pending) -> bool:
+        batch, rows = self._gather(worker, first)
+        if len(batch) == 1:
+            sent = self._send(worker, [protocol.REQUEST, first.client, *first.frames])
+        else:
+            sent = self._send(worker, [protocol.BATCH, *(f for p in batch for f in (p.client, *p.frames))])
+        if not sent:
+            for pending in reversed(batch[1:]):
+                self.queue.put(pending, first=True)
+            return False
+        worker.took(batch, rows)
+        for pending in batch:
+            pending.attempts += 1
+        if worker.local:
+            self._running_here.add(worker.key)
+        log.debug("worker %d: batch of %d requests, %d rows", worker.pid, len(batch), rows)
+        return True
+
+    def _gather(self, worker: WorkerRecord, first: Pending) -> tuple[list[Pending], int]:
+        """``first`` and the requests queued next that fit with it, and their rows: same
+        method, dtype and shape past the batch axis, at most ``max_rows`` rows together, for
+        clients that may see the worker's generation. A request past its deadline is answered."""
+        shape = self._shape(first)
+        rows = 1 if shape is None else shape.rows
+        batch = [first]
+        policy = self.batching
+        if shape is None or first.solo or not worker.batching or rows >= policy.max_rows:
+            return batch, rows
+        now = time.monotonic()
+        while self.queue:
+            candidate = self.queue.peek()
+            if candidate.expired(now):
+                self.intake.expire(self.queue.take())
+                continue
+            fits = self._shape(candidate)
+            if candidate.solo or fits is None or fits.key != shape.key \
+                    or rows + fits.rows > policy.max_rows \
+                    or self.rollout.floor(candidate.client) > worker.generation:
+                break
+            self.queue.take()
+            refusal = self.quarantine.refusal(candidate.client, candidate.frames) if self.quarantine else None
+            if refusal is not None:
+                self.intake.fail(candidate, "worker_failed", refusal)
+                continue
+            batch.append(candidate)
+            rows += fits.rows
+        return batch, rows
+
+    def _shape(self, pending: Pending) -> BatchShape | None:
+        """How ``pending`` batches (read once); None for a request that goes alone, which is
+        any but a header and one array frame."""
+        if not pending.shaped:
+            pending.shaped = True
+            if len(pending.frames) == 2:
+                pending.shape = self.batching.shape_of(pending.header())
+        return pending.shape
 
     def _send(self, worker: WorkerRecord, frames: list[Any]) -> bool:
         try:
@@ -268,20 +345,25 @@ class Router:
     # Losing and stopping workers.
 
     def lose(self, key: WorkerKey, why: str) -> None:
-        """Forget a worker; retry its request once elsewhere, else answer ``worker_failed``."""
+        """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``."""
         worker = self._workers.pop(key, None)
         if worker is None:
             return
         if key in self._free:
             self._free.remove(key)
         self.rollout.forget(key)
-        pending, worker.inflight = worker.inflight, None
-        if pending is None:
+        inflight = self._take_inflight(worker)
+        pending = inflight[0] if len(inflight) == 1 else None
+        if not inflight:
             log.info("worker %d lost (%s)", worker.pid, why)
+        elif pending is None:
+            log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
+                        "alone", worker.pid, why, len(inflight))
+            self._retry_alone(inflight)
         elif pending.attempts < MAX_ATTEMPTS:
             log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
             self.quarantine.killed(pending.client, pending.frames, proven=False)
-            self.intake.enqueue(pending, first=True)
+            self._retry_alone(inflight)
         else:
             log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
             self.quarantine.killed(pending.client, pending.frames, proven=True)
@@ -289,6 +371,19 @@ class Router:
                              f"worker {worker.pid} failed while running the request, twice")
         self.events.worker_lost(worker, why)
         self._advance_rollout()
+
+    def _take_inflight(self, worker: WorkerRecord) -> list[Pending]:
+        """What ``worker`` was running, now no longer its to answer."""
+        inflight, worker.inflight = worker.inflight, []
+        self._running_here.discard(worker.key)
+        return inflight
+
+    def _retry_alone(self, batch: list[Pending]) -> None:
+        """Queue ``batch`` again before everything else, each request to go alone: a request in
+        a batch that failed is no more to blame than its batch-mates until it fails alone."""
+        for pending in reversed(batch):
+            pending.solo = True
+            self.intake.enqueue(pending, first=True)
 
     def worker_exited(self, token: str, why: str) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it)."""
@@ -303,7 +398,7 @@ class Router:
         worker.state = "stopping"
         if key in self._free:
             self._free.remove(key)
-        if worker.inflight is None and self.rollout.switching != key:
+        if not worker.inflight and self.rollout.switching != key:
             self._worker_free(worker)
 
     # Time-driven duties.
@@ -311,6 +406,9 @@ class Router:
     def tick(self) -> None:
         self.intake.expire_due()
         now = time.monotonic()
+        if self.wake_at is not None and now >= self.wake_at:
+            self.wake_at = None
+            self._drain()
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat
             self._beat(now)
@@ -321,32 +419,37 @@ class Router:
         for key, worker in list(self._workers.items()):
             # A busy worker runs the model instead of beating; libzmq's transport heartbeats
             # still close its connection if it dies or freezes, and then this send fails.
-            if worker.inflight is None and worker.state != "reloading" \
+            if not worker.inflight and worker.state != "reloading" \
                     and now - worker.last_seen > deadline:
                 self.lose(key, f"no heartbeat for {now - worker.last_seen:.1f}s")
-            elif worker.inflight is not None and self.request_timeout is not None \
+            elif worker.inflight and self.request_timeout is not None \
                     and now - worker.busy_since > self.request_timeout:
                 self._time_out(worker)
             else:
                 self._send(worker, [protocol.HEARTBEAT])
 
     def _time_out(self, worker: WorkerRecord) -> None:
-        """Answer a request that ran too long and give up its worker (a local one is killed)."""
-        pending, worker.inflight = worker.inflight, None
-        assert pending is not None
+        """Answer a request that ran too long and give up its worker (a local one is killed);
+        the requests of a batch that ran too long are retried alone."""
+        inflight = self._take_inflight(worker)
+        limit = f"--request-timeout {self.request_timeout:g}s"
+        if len(inflight) > 1:
+            self._retry_alone(inflight)
+            self.lose(worker.key, f"its batch of {len(inflight)} requests ran past {limit}; "
+                      "retrying each alone")
+            return
+        pending = inflight[0]
         self.quarantine.killed(pending.client, pending.frames, proven=True)
-        self.intake.fail(pending, "request_timeout",
-                         f"the request ran past --request-timeout {self.request_timeout:g}s on worker "
+        self.intake.fail(pending, "request_timeout", f"the request ran past {limit} on worker "
                          f"{worker.pid}; that worker is being replaced")
-        self.lose(worker.key, f"its request ran past --request-timeout {self.request_timeout:g}s")
+        self.lose(worker.key, f"its request ran past {limit}")
 
     def fail_all(self, code: str, message: str) -> None:
         """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
         self.intake.fail_queued(code, message)
         for worker in self._workers.values():
-            if worker.inflight is not None:
-                self.intake.fail(worker.inflight, code, message)
-                worker.inflight = None
+            for pending in self._take_inflight(worker):
+                self.intake.fail(pending, code, message)
 
 
 def _in_domain(secure: Callable[[zmq.Socket, str], None] | None,

@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 
 from . import metrics, models, reload, runtime, security
+from .batching import BatchPolicy
 from .config import STOP_TIMEOUT_SECONDS, ServeConfig
 from .connections import ConnectionLimit
 from .control_server import ControlServer
@@ -121,10 +122,16 @@ class ServingRole:
                 max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
                 max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
                 signature=current.signature, secure=secure, request_timeout=config.request_timeout,
+                batching=BatchPolicy(max_rows=config.max_batch, wait=config.batch_wait,
+                                     running_cap=self._running_cap()),
             )
         except zmq.ZMQError as exc:
             endpoints = " and ".join(e for e in (config.bind, config.backend or backend) if e)
             raise StartupError(f"cannot bind {endpoints}: {exc}") from exc
+
+    def _running_cap(self) -> int:
+        """Local workers that can run at once: the cores this pool may use, each worker's share."""
+        return max(1, len(os.sched_getaffinity(0)) // self.pool.threads_per_worker)
 
     def _read_sockets(self, loop: Loop) -> None:
         router = self.router
@@ -134,7 +141,8 @@ class ServingRole:
         remote = router.remote
         if remote is not None:
             loop.read(remote, lambda: router.on_remote_backend(remote))
-        loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.status_waiters))
+        loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.status_waiters),
+                        due=lambda: router.wake_at)
 
     def _secure(self, context: zmq.Context, cleanup: ExitStack) -> Callable[[zmq.Socket, str], None] | None:
         """Start CURVE when keys are given; warn about endpoints open to the network without."""

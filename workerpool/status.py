@@ -30,6 +30,9 @@ class WorkerStatus(TypedDict):
     generation: int
     served: int
     errors: int
+    batches: int  # forward passes it was sent (a request alone is a batch of one)
+    rows: int  # rows of the batch axis in them
+    batch_sizes: dict[str, int]  # batches by rows, in power-of-two buckets: "1", "2", "4" (3-4), ...
     started: float  # Unix time
     memory: MemoryFigures | None  # None: not read (remote, or status without memory)
 
@@ -83,7 +86,8 @@ def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord], g
                 row["state"] = "stopping"
         else:
             row = {"pid": child.pid, "host": os.uname().nodename, "generation": generation,
-                   "served": 0, "errors": 0, "started": child.started,
+                   "served": 0, "errors": 0, "batches": 0, "rows": 0, "batch_sizes": {},
+                   "started": child.started,
                    "state": "stopping" if child.stopping else "starting",
                    "memory": memory.get(child.pid) if memory else None}
         rows.append(row)
@@ -94,4 +98,6 @@ def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord], g
 def _row(worker: WorkerRecord, memory: MemoryFigures | None) -> WorkerStatus:
     return {"pid": worker.pid, "host": worker.host, "state": worker.state,
             "generation": worker.generation, "served": worker.served, "errors": worker.errors,
+            "batches": worker.batches, "rows": worker.rows,
+            "batch_sizes": {str(size): count for size, count in sorted(worker.batch_sizes.items())},
             "started": worker.started, "memory": memory}

@@ -1,8 +1,10 @@
 """A worker process: maps the weights itself, builds the model on the views, serves requests.
 
-The router gives a worker one request at a time and runs it inline: no thread hand-off on the
-hot path. While the model runs, libzmq's I/O thread keeps answering the router's transport
-heartbeats, so a busy worker is never mistaken for a dead one.
+The router gives a worker one request, or a batch of compatible ones, at a time and runs it
+inline: no thread hand-off on the hot path. A batch is validated request by request, stacked
+into one forward pass and answered request by request, in the order it came. While the model
+runs, libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker
+is never mistaken for a dead one.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .worker_spec import (
 log = logging.getLogger("workerpool.worker")
 
 BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
+BATCH_STRIDE = 3  # frames per request in a BATCH: client, header, the one array
 
 
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
@@ -62,23 +65,45 @@ def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, li
     return _infer(loaded, message, reply)
 
 
+def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> list[tuple[bool, list[Any]]]:
+    """Answer each request of a batch as :func:`handle_request` would, the ones that decode
+    as ``infer`` requests run as one forward pass."""
+    answers: list[tuple[bool, list[Any]] | None] = [None] * len(requests)
+    runnable: list[tuple[int, protocol.Message]] = []
+    reply = _Replies(loaded.generation)
+    for index, frames in enumerate(requests):
+        try:
+            message = protocol.decode_request(frames)
+        except Exception:  # noqa: BLE001 - handle_request answers it alone, as any request
+            answers[index] = handle_request(loaded, frames)
+            continue
+        if message.header["method"] == protocol.METHOD_INFER:
+            runnable.append((index, message))
+        else:
+            answers[index] = handle_request(loaded, frames)
+    outcomes = loaded.infer_batch([message.payload() for _, message in runnable])
+    for (index, message), outcome in zip(runnable, outcomes, strict=True):
+        answers[index] = _answer(loaded, message.id, reply, outcome)
+    return [answer for answer in answers if answer is not None]
+
+
 def _infer(
     loaded: LoadedModel, message: protocol.Message, reply: _Replies
 ) -> tuple[bool, list[Any]]:
     """Run the model on a decoded request: input and output checked, whatever it raises caught."""
-    request_id = message.id
+    return _answer(loaded, message.id, reply, loaded.outcome(message.payload()))
+
+
+def _answer(loaded: LoadedModel, request_id: Any, reply: _Replies, outcome: Any) -> tuple[bool, list[Any]]:
+    """The reply for what the model returned or raised (see :meth:`LoadedModel.outcome`)."""
+    if isinstance(outcome, models.ModelInputError):
+        return reply.error(request_id, "bad_request", str(outcome))
+    if isinstance(outcome, models.ModelOutputError):
+        return reply.error(request_id, "internal", _misfit(loaded, str(outcome)))
+    if isinstance(outcome, BaseException):
+        return reply.error(request_id, "internal", _model_failed(request_id, outcome))
     try:
-        outputs = loaded.infer(message.payload())
-    except models.ModelInputError as exc:
-        return reply.error(request_id, "bad_request", str(exc))
-    except models.ModelOutputError as exc:
-        return reply.error(request_id, "internal", _misfit(loaded, str(exc)))
-    except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit from a model too
-        # Signals never raise here (STOP_SIGNAL only wakes the loop, the rest are ignored), so this
-        # swallows no request to leave: only what the model itself raised.
-        return reply.error(request_id, "internal", _model_failed(request_id, exc))
-    try:
-        return reply.ok(request_id, outputs)
+        return reply.ok(request_id, outcome)
     except protocol.ProtocolError as exc:  # an undeclared output that cannot cross the wire
         problem = f"model {loaded.name}'s output cannot be sent: {exc}"
         return reply.error(request_id, "internal", _misfit(loaded, problem))
@@ -111,7 +136,7 @@ def _misfit(loaded: LoadedModel, problem: str) -> str:
 
 
 def _model_failed(request_id: Any, exc: BaseException) -> str:
-    """Log what the model raised; the reply's message.
+    """Log what the model raised (with its traceback); the reply's message.
 
     A MemoryError's traceback holds the frames, and so the buffers, of the call that failed:
     it is dropped first, so that logging has memory to work with.
@@ -120,7 +145,7 @@ def _model_failed(request_id: Any, exc: BaseException) -> str:
         exc.__traceback__ = None
         log.error("request %r failed: %s", request_id, _one_line(exc))
     else:
-        log.exception("request %r failed", request_id)
+        log.error("request %r failed", request_id, exc_info=exc)
     return _one_line(exc)
 
 
@@ -250,9 +275,12 @@ class Worker:
         """Handle one message from the router; True when a reply was sent."""
         command = frames[0].bytes
         if command == protocol.REQUEST and len(frames) >= 2:
-            ok, reply = handle_request(self.loaded, frames[2:])
-            _send_now(router, [protocol.REPLY, frames[1], b"ok" if ok else b"err", *reply])
-            self._check_memory()
+            self._answer(router, [frames[1]], [handle_request(self.loaded, frames[2:])])
+            return True
+        if command == protocol.BATCH and len(frames) % BATCH_STRIDE == 1:
+            batch = [frames[i:i + BATCH_STRIDE] for i in range(1, len(frames), BATCH_STRIDE)]
+            answers = handle_batch(self.loaded, [request[1:] for request in batch])
+            self._answer(router, [request[0] for request in batch], answers)
             return True
         if command == protocol.RELOAD and len(frames) >= 2:
             outcome = self._reload(frames[1].bytes)
@@ -267,6 +295,11 @@ class Worker:
             log.error("worker %d: the router refuses this worker: %s", os.getpid(), reason)
             raise Refused(reason)
         return False
+
+    def _answer(self, router: zmq.Socket, clients: list[Any], answers: list[tuple[bool, list[Any]]]) -> None:
+        for client, (ok, reply) in zip(clients, answers, strict=True):
+            _send_now(router, [protocol.REPLY, client, b"ok" if ok else b"err", *reply])
+        self._check_memory()
 
     def _leave(self, code: int, why: str) -> None:
         """Leave the pool once the router lets go (the first reason given is the exit code)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,8 @@ class LoadedModel:
         forward pass, whose outputs are split back; a pass that raises is run again input by
         input, so that the good ones still get answers.
         """
+        if not self.batching:
+            return [self.outcome(one) for one in inputs]
         results: list[Any] = [None] * len(inputs)
         rows: dict[int, np.ndarray] = {}
         for i, one in enumerate(inputs):
@@ -66,27 +69,29 @@ class LoadedModel:
 
     def _run_stacked(self, arrays: list[np.ndarray], originals: list[Any]) -> list[Any]:
         if len(arrays) == 1:
-            return [self._outcome(originals[0])]
-        counts = [len(a) for a in arrays]
-        try:
-            outputs = self.infer(np.concatenate(arrays))
-        except Exception as exc:  # noqa: BLE001 - the model's own failure: try one by one
+            return [self.outcome(originals[0])]
+        bounds = np.cumsum([len(a) for a in arrays])
+        stacked = self.outcome(np.concatenate(arrays))
+        if isinstance(stacked, BaseException) or not _split_along(stacked, int(bounds[-1])):
             if not self.batch_failure_logged:
                 self.batch_failure_logged = True
-                log.error("model %s failed on a stacked batch of %d requests (%s: %s); running "
-                          "such batches request by request (logged once)", self.name, len(arrays),
-                          type(exc).__name__, exc)
-            return [self._outcome(one) for one in originals]
-        bounds = np.cumsum(counts)[:-1]
-        if isinstance(outputs, dict):
-            parts = {name: np.split(value, bounds) for name, value in outputs.items()}
+                failure = (f"{type(stacked).__name__}: {stacked}" if isinstance(stacked, BaseException)
+                           else "outputs without the batch axis")
+                log.error("model %s failed on a stacked batch of %d requests (%s); such a batch "
+                          "is answered request by request (logged once)", self.name, len(arrays), failure)
+            return [self.outcome(one) for one in originals]
+        if isinstance(stacked, Mapping):
+            parts = {name: np.split(value, bounds[:-1]) for name, value in stacked.items()}
             return [{name: parts[name][k] for name in parts} for k in range(len(arrays))]
-        return np.split(outputs, bounds)
+        return np.split(stacked, bounds[:-1])
 
-    def _outcome(self, one: Any) -> Any:
+    def outcome(self, inputs: Any) -> Any:
+        """The outputs for ``inputs``, or the exception that fails them (not raised)."""
         try:
-            return self.infer(one)
-        except Exception as exc:  # noqa: BLE001 - each request's own answer
+            return self.infer(inputs)
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit from a model too
+            # Signals never raise here (the worker's stop signal only wakes its loop, the others
+            # are ignored), so this swallows no request to leave: only what the model raised.
             return exc
 
     def describe(self) -> dict[str, Any]:
@@ -97,5 +102,12 @@ class LoadedModel:
             "size": self.pack.identity.size,
             "inode": self.pack.identity.inode,
             "generation": self.generation,
+            "batching": self.batching,
             **signature(self.model),
         }
+
+
+def _split_along(outputs: Any, rows: int) -> bool:
+    """Whether every output array has the batch axis of a ``rows``-row input."""
+    arrays = outputs.values() if isinstance(outputs, Mapping) else [outputs]
+    return all(isinstance(a, np.ndarray) and a.ndim >= 1 and len(a) == rows for a in arrays)

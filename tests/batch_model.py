@@ -1,0 +1,51 @@
+"""Test models for batching: a factory model that opts in, one that does not, one that fails on
+stacks. Each doubles a float32 ``[B, 4]`` input; a first element below zero means "sleep that
+many seconds first", to hold a worker busy with a batch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+WIDTH = 4
+
+
+class Doubling:
+    input_shape = (None, WIDTH)
+    input_dtype = np.float32
+    output_shape = (None, WIDTH)
+    output_dtype = np.float32
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim == 1:
+            x = x[np.newaxis]
+        if x.size and x.flat[0] < 0:
+            time.sleep(float(-x.flat[0]))
+        return x * 2
+
+
+class Stacking(Doubling):
+    batching = True
+
+
+class NoStacks(Stacking):
+    """Says it batches, then raises on any stacked batch."""
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim == 2 and len(x) > 1:
+            raise ValueError("this model cannot take more than one row")
+        return super().__call__(x)
+
+
+def stacking(weights, metadata) -> Stacking:
+    return Stacking()
+
+
+def unbatched(weights, metadata) -> Doubling:
+    return Doubling()
+
+
+def no_stacks(weights, metadata) -> NoStacks:
+    return NoStacks()
