@@ -7,6 +7,9 @@ with workers that run the model ("bare+model") separates the model's cost from w
 All are driven by the same client loop: one DEALER socket keeping K requests in flight.
 
     python scripts/bench.py                     # 1 MiB mlp, 2 workers, K = 1, 4, 16
+    python scripts/bench.py --max-batch 1       # workerpool without batching, as the bare brokers
+
+Batching against --max-batch 1 and gunicorn, same run: scripts/compare.py.
     python scripts/bench.py --workers 4 --seconds 5 --json bench.json
 """
 
@@ -170,8 +173,9 @@ def run_bare(workers: int, frames: list, levels: list[int], seconds: float, tmp:
             proc.join()
 
 
-def run_workerpool(model: str, workers: int, frames: list, levels: list[int], seconds: float, tmp: str) -> list[dict]:
-    args = serve_args(model, workers, "--control", f"ipc://{tmp}/control", "--log-level", "warning")
+def run_workerpool(model: str, workers: int, frames: list, levels: list[int], seconds: float, tmp: str,
+                   *options: str) -> list[dict]:
+    args = serve_args(model, workers, "--control", f"ipc://{tmp}/control", "--log-level", "warning", *options)
     try:
         with ServerProcess(args) as server:
             return [drive(server.endpoint, frames, k, seconds) for k in levels]
@@ -184,6 +188,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--in-flight", default="1,4,16", help="comma-separated levels (default: 1,4,16)")
     parser.add_argument("--seconds", type=float, default=3.0, help="per level (default: 3)")
+    parser.add_argument("--max-batch", type=int, metavar="ROWS",
+                        help="workerpool's --max-batch (default: the server's); the bare brokers "
+                        "never batch, so --max-batch 1 compares like with like")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
     args = parser.parse_args()
     levels = [int(k) for k in args.in_flight.split(",")]
@@ -192,7 +199,8 @@ def main() -> None:
         frames = protocol.encode_request(0, x)
         bare = run_bare(args.workers, frames, levels, args.seconds, tmp)
         same = run_bare(args.workers, frames, levels, args.seconds, tmp, model_path=model)
-        pool = run_workerpool(model, args.workers, frames, levels, args.seconds, tmp)
+        options = () if args.max_batch is None else ("--max-batch", str(args.max_batch))
+        pool = run_workerpool(model, args.workers, frames, levels, args.seconds, tmp, *options)
     print(f"{args.workers} workers, 1 MiB mlp, one-row float32 input; {args.seconds:g}s per level")
     print("bare: echo broker and echo workers; bare+model: the same broker, workers running the model")
     print(f"{'in flight':>9} | {'bare req/s':>10} {'p50 us':>7} | {'bare+model':>10} {'p50 us':>7} | "

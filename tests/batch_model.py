@@ -1,5 +1,5 @@
 """Test models for batching: a factory model that opts in, one that does not, one that fails on
-stacks. Each doubles a float32 ``[B, 4]`` input; a first element below zero means "sleep that
+stacks, one that declares no output. Each doubles a float32 ``[B, 4]`` input; a first element below zero means "sleep that
 many seconds first", to hold a worker busy with a batch.
 """
 
@@ -30,6 +30,17 @@ class Stacking(Doubling):
     batching = True
 
 
+class UndeclaredOutput:
+    """Batches, declares its input only, and answers a bare row without the batch axis."""
+
+    input_shape = (None, WIDTH)
+    input_dtype = np.float32
+    batching = True
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x * 2
+
+
 class NoStacks(Stacking):
     """Says it batches, then raises on any stacked batch."""
 
@@ -49,3 +60,7 @@ def unbatched(weights, metadata) -> Doubling:
 
 def no_stacks(weights, metadata) -> NoStacks:
     return NoStacks()
+
+
+def undeclared_output(weights, metadata) -> UndeclaredOutput:
+    return UndeclaredOutput()

@@ -70,3 +70,15 @@ def test_help_explains_every_command():
     assert done.returncode == 0
     for command in ("serve", "status", "infer", "new-model", "inspect"):
         assert command in done.stdout
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--max-batch", "0", "must be at least 1"),
+    ("--max-batch", "many", "invalid count 'many'"),
+    ("--batch-wait", "-1", "not a number of milliseconds from 0 up"),
+    ("--batch-wait", "soon", "invalid number of milliseconds 'soon'"),
+])
+def test_batching_options_refuse_nonsense_before_starting(small_model, option, value, message):
+    done = cli("serve", small_model, option, value)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr

@@ -503,3 +503,13 @@ def test_a_stacked_batch_answers_each_input_as_it_would_alone(tmp_path):
     assert isinstance(results[2], ModelInputError)  # fails alone
     for one, result in zip(inputs[:2] + inputs[3:], results[:2] + results[3:], strict=True):
         np.testing.assert_allclose(result, loaded.infer(one), rtol=1e-5, atol=1e-6)
+
+
+
+def test_a_bare_row_keeps_its_own_output_shape_when_the_output_is_undeclared(tmp_path):
+    path = tmp_path / "m.bpk"
+    generate_mlp(path, 1 << 20)
+    loaded = LoadedModel(str(path), "batch_model:undeclared_output")
+    bare, row = np.ones(4, np.float32), np.ones((1, 4), np.float32)
+    results = loaded.infer_batch([bare, row, bare, row])
+    assert [r.shape for r in results] == [(4,), (1, 4), (4,), (1, 4)]

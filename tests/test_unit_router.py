@@ -369,14 +369,15 @@ def test_a_queued_request_past_its_deadline_is_answered_not_batched(context):
     assert replies[0]["status"] == "ok" and replies[1]["error"]["code"] == "deadline_exceeded"
 
 
-def test_a_lost_batch_is_retried_request_by_request_without_blaming_its_client(context):
+def test_a_lost_batch_is_retried_request_by_request_without_blaming_its_clients(context):
     pool = batched_pool(context)
-    client = pool.client()
+    client, other = pool.client(), pool.client()
     worker = busy_with_one(pool, client)
-    for request_id in (1, 2, 3):
+    for request_id in (1, 2):
         request(client, request_id)
+    request(other, 3)
     pool.pump(queued(pool, 3))
-    assert batch_ids_after_reply(pool, worker) == [1, 2, 3]
+    assert batch_ids_after_reply(pool, worker) == [1, 3, 2]  # the clients' lines in turn
     spare = pool.worker(2, batching=True)
     pool.pump(lambda: pool.registered() == {1, 2})
     pool.router.lose(next(w for w in pool.router.workers if w.pid == 1).key, "test")
@@ -386,10 +387,25 @@ def test_a_lost_batch_is_retried_request_by_request_without_blaming_its_client(c
         assert frames[0] == protocol.REQUEST
         sent.append(protocol.decode_header(frames[2])["id"])
         spare.send_multipart([protocol.REPLY, frames[1], b"ok", *protocol.encode_reply(sent[-1])])
-    assert sent == [1, 2, 3]
+    assert sent == [1, 3, 2]
     pool.pump(lambda: pool.router.in_flight == 0)
-    assert not pool.router.quarantine  # three requests in one lost batch are not three kills
-    assert sorted(h["id"] for h in answers(pool, client, 4)) == [0, 1, 2, 3]
+    assert not pool.router.quarantine  # nothing tells which of the two clients killed it
+    assert sorted(h["id"] for h in answers(pool, client, 3)) == [0, 1, 2]
+    assert answers(pool, other, 1)[0]["id"] == 3
+
+
+def test_a_lost_batch_of_one_clients_requests_counts_one_kill_against_it(context):
+    pool = batched_pool(context)
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    request(client, 1)
+    request(client, 2)
+    pool.pump(queued(pool, 2))
+    assert batch_ids_after_reply(pool, worker) == [1, 2]
+    record = pool.router.workers[0]
+    sender = record.inflight[0].client
+    pool.router.lose(record.key, "test")
+    assert len(pool.router.quarantine._kills[sender]) == 1
 
 
 def test_a_batch_holds_only_clients_that_may_see_the_worker_generation(context):
@@ -452,3 +468,29 @@ def test_batch_wait_lets_requests_arriving_together_share_a_pass(context):
     for request_id in (1, 2, 3):
         request(client, request_id)
     assert batch_ids(pool, worker) == [1, 2, 3]
+
+
+def test_empty_requests_count_as_a_row_each_against_max_batch(context):
+    pool = batched_pool(context, max_rows=2)
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    for request_id in (1, 2, 3):
+        request(client, request_id, rows=0)
+    pool.pump(queued(pool, 3))
+    assert batch_ids_after_reply(pool, worker) == [1, 2]
+    assert batch_ids_after_reply(pool, worker) == [3]
+
+
+@pytest.mark.parametrize("case", ["worker does not batch", "info request", "deadline before the wait ends",
+                                  "more rows than max-batch"])
+def test_a_request_that_cannot_share_a_pass_is_not_held_for_one(context, case):
+    pool = batched_pool(context, max_rows=4, wait=60.0)  # a held request would wait a minute
+    client = pool.client()
+    worker = pool.worker(1, batching=case != "worker does not batch")
+    pool.pump(lambda: pool.registered() == {1})
+    if case == "info request":
+        client.send_multipart(protocol.encode_request(1, None, method="info"))
+    else:
+        request(client, 1, rows=8 if case == "more rows than max-batch" else 1,
+                deadline_ms=1000 if case == "deadline before the wait ends" else None)
+    assert batch_ids(pool, worker) == [1]

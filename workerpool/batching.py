@@ -62,8 +62,8 @@ class BatchPolicy:
                 or not isinstance(dtype, str) or not isinstance(shape, list) \
                 or not all(type(size) is int and size >= 0 for size in shape):
             return None
-        if len(shape) == self.rank:
-            return BatchShape((dtype, *shape[1:]), shape[0])
+        if len(shape) == self.rank:  # an empty request counts as a row: it costs a reply
+            return BatchShape((dtype, *shape[1:]), max(shape[0], 1))
         if len(shape) == self.rank - 1:  # a bare row: a batch of one
             return BatchShape((dtype, *shape), 1)
         return None

@@ -44,9 +44,12 @@ class WorkerRecord:
     batch_sizes: dict[int, int] = field(default_factory=dict)  # size_bucket(rows) -> batches
     inflight: list[Pending] = field(default_factory=list)  # answered in this order
     busy_since: float = 0.0
+    batchable: bool = False  # what it runs now could have shared a pass
 
-    def took(self, batch: list[Pending], rows: int) -> None:
-        """It was sent ``batch`` (``rows`` rows) to run as one forward pass."""
+    def took(self, batch: list[Pending], rows: int, *, batchable: bool) -> None:
+        """It was sent ``batch`` (``rows`` rows) to run as one forward pass; ``batchable``: of
+        requests that may share one, whose run times tell how long a batch takes."""
+        self.batchable = batchable
         self.state = "busy"
         self.busy_since = time.monotonic()
         self.inflight = batch

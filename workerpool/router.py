@@ -171,8 +171,10 @@ class Router:
         self.rollout.answered(client, worker.generation)
         self.intake.send(client, frames)
         if not inflight:
-            self._running_here.discard(worker.key)
-            self.batching.finished(time.monotonic() - worker.busy_since)
+            if worker.key in self._running_here:
+                self._running_here.discard(worker.key)
+                if worker.batchable:
+                    self.batching.finished(time.monotonic() - worker.busy_since)
             self._worker_free(worker)
 
     def _register(self, link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame]) -> None:
@@ -259,10 +261,12 @@ class Router:
         floor = self.rollout.floor(pending.client)
         held = self._held(pending)
         for _ in range(len(self._free)):
+            if not self._free:  # a failed send below lost workers
+                break
             worker = self._workers.get(self._free.popleft())
             if worker is None or worker.state != "ready":
                 continue
-            if worker.generation < floor or (held and worker.local):
+            if worker.generation < floor or (held and worker.local and worker.batching):
                 self._free.append(worker.key)
                 continue
             if self._send_batch(worker, pending):
@@ -270,9 +274,18 @@ class Router:
         return False
 
     def _held(self, pending: Pending) -> bool:
-        """Whether local workers wait before taking ``pending`` (and then when to look again)."""
+        """Whether local batching workers wait for company before taking ``pending`` (and then
+        when to look again): only a request that could share a pass, never past its deadline."""
+        if not self.batching.on or pending.solo:
+            return False
         until = self.batching.hold_until(pending.received, len(self.queue), len(self._running_here))
         if until is None or time.monotonic() >= until:
+            return False
+        shape = self._shape(pending)
+        if shape is None or shape.rows >= self.batching.max_rows:
+            return False
+        pending.read_deadline()
+        if pending.expires is not None and pending.expires <= until:
             return False
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
         return True
@@ -287,7 +300,7 @@ class Router:
             for pending in reversed(batch[1:]):
                 self.queue.put(pending, first=True)
             return False
-        worker.took(batch, rows)
+        worker.took(batch, rows, batchable=self._shape(first) is not None and rows <= self.batching.max_rows)
         for pending in batch:
             pending.attempts += 1
         if worker.local:
@@ -359,6 +372,9 @@ class Router:
         elif pending is None:
             log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
                         "alone", worker.pid, why, len(inflight))
+            clients = {p.client for p in inflight}
+            if len(clients) == 1:  # whichever request it was, it was this client's
+                self.quarantine.killed(inflight[0].client, inflight[0].frames, proven=False)
             self._retry_alone(inflight)
         elif pending.attempts < MAX_ATTEMPTS:
             log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)

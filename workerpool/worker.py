@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import zmq
@@ -84,7 +84,8 @@ def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> list
     outcomes = loaded.infer_batch([message.payload() for _, message in runnable])
     for (index, message), outcome in zip(runnable, outcomes, strict=True):
         answers[index] = _answer(loaded, message.id, reply, outcome)
-    return [answer for answer in answers if answer is not None]
+    assert all(answer is not None for answer in answers)
+    return cast(list[tuple[bool, list[Any]]], answers)
 
 
 def _infer(

@@ -84,13 +84,14 @@ class Contract:
         """The input has a declared batch axis, so requests can be stacked along it."""
         return self.input is not None and self.input.shape is not None and self.input.has_batch
 
-    def as_batch(self, inputs: Any) -> np.ndarray:
-        """The input array of a model with a batch axis, with that axis (a bare row gets one);
-        :class:`ModelInputError` as :meth:`check_input` raises it."""
+    def as_batch(self, inputs: Any) -> tuple[np.ndarray, bool]:
+        """The input array of a model with a batch axis, with that axis, and whether it was a
+        bare row (which gets one); :class:`ModelInputError` as :meth:`check_input` raises it."""
         self.check_input(inputs)
         assert self.input is not None and self.input.shape is not None
         array: np.ndarray = inputs[INPUT_NAME] if isinstance(inputs, Mapping) else inputs
-        return array if array.ndim == len(self.input.shape) else array[np.newaxis]
+        bare = array.ndim < len(self.input.shape)
+        return (array[np.newaxis] if bare else array), bare
 
     def check_input(self, inputs: Any) -> int | None:
         """The batch size of an input that fits the declaration (None: no batch axis declared).

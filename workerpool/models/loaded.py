@@ -53,11 +53,20 @@ class LoadedModel:
             return [self.outcome(one) for one in inputs]
         results: list[Any] = [None] * len(inputs)
         rows: dict[int, np.ndarray] = {}
+        # Without a declared output shape, a bare row's output need not have the batch axis
+        # that a stacked pass gives it: such a row runs alone, so its reply never depends on
+        # whether it came in a batch.
+        bare_alone = self.contract.outputs is None
         for i, one in enumerate(inputs):
             try:
-                rows[i] = self.contract.as_batch(one)
+                array, bare = self.contract.as_batch(one)
             except ModelInputError as exc:
                 results[i] = exc
+                continue
+            if bare and bare_alone:
+                results[i] = self.outcome(one)
+            else:
+                rows[i] = array
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, array in rows.items():
             groups.setdefault((array.dtype, array.shape[1:]), []).append(i)
@@ -71,7 +80,7 @@ class LoadedModel:
         if len(arrays) == 1:
             return [self.outcome(originals[0])]
         bounds = np.cumsum([len(a) for a in arrays])
-        stacked = self.outcome(np.concatenate(arrays))
+        stacked = self._outcome_stacked(arrays)
         if isinstance(stacked, BaseException) or not _split_along(stacked, int(bounds[-1])):
             if not self.batch_failure_logged:
                 self.batch_failure_logged = True
@@ -79,11 +88,23 @@ class LoadedModel:
                            else "outputs without the batch axis")
                 log.error("model %s failed on a stacked batch of %d requests (%s); such a batch "
                           "is answered request by request (logged once)", self.name, len(arrays), failure)
+            del stacked  # and what it holds, before the requests run again
             return [self.outcome(one) for one in originals]
         if isinstance(stacked, Mapping):
             parts = {name: np.split(value, bounds[:-1]) for name, value in stacked.items()}
             return [{name: parts[name][k] for name in parts} for k in range(len(arrays))]
         return np.split(stacked, bounds[:-1])
+
+    def _outcome_stacked(self, arrays: list[np.ndarray]) -> Any:
+        """:meth:`outcome` of the stacked ``arrays``; an exception comes without its traceback,
+        whose frames would keep the stacked input and the pass's buffers alive."""
+        try:
+            outcome = self.outcome(np.concatenate(arrays))
+        except MemoryError as exc:  # stacking needs a copy that no request alone needs
+            outcome = exc
+        if isinstance(outcome, BaseException):
+            outcome.__traceback__ = None
+        return outcome
 
     def outcome(self, inputs: Any) -> Any:
         """The outputs for ``inputs``, or the exception that fails them (not raised)."""
