@@ -100,23 +100,15 @@ def test_a_model_that_fails_on_a_stack_answers_each_request_alone(small_model, c
     assert server.log().count("failed on a stacked batch") == 1
 
 
-def test_a_factory_model_that_does_not_opt_in_gets_one_request_at_a_time(small_model, context):
+@pytest.mark.parametrize(("factory", "sizes"), [("unbatched", {1: 8}), ("stacking", {8: 1})])
+def test_a_factory_model_is_batched_only_when_it_opts_in(small_model, context, factory, sizes):
     inputs = [np.full((1, WIDTH), i, np.float32) for i in range(8)]
-    with Server(small_model, "--model", "batch_model:unbatched", *WAIT, workers=1) as server, \
+    with Server(small_model, "--model", f"batch_model:{factory}", *WAIT, workers=1) as server, \
             dealer(context, server.endpoint) as sock:
         replies = send_all(sock, inputs)
-        assert batch_sizes(server) == {1: 8}
+        assert batch_sizes(server) == sizes
         with workerpool.Client(server.endpoint) as client:
-            assert client.info()["batching"] is False
-    assert all(replies[i]["status"] == "ok" for i in replies)
-
-
-def test_a_factory_model_that_opts_in_is_batched(small_model, context):
-    inputs = [np.full((1, WIDTH), i, np.float32) for i in range(8)]
-    with Server(small_model, "--model", "batch_model:stacking", *WAIT, workers=1) as server, \
-            dealer(context, server.endpoint) as sock:
-        replies = send_all(sock, inputs)
-        assert batch_sizes(server) == {8: 1}
+            assert client.info()["batching"] is (factory == "stacking")
     for request_id, x in enumerate(inputs):
         np.testing.assert_array_equal(replies[request_id]["outputs"], x * 2)
 

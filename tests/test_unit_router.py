@@ -288,14 +288,20 @@ def busy_with_one(pool: Pool, client: zmq.Socket, **ready) -> zmq.Socket:
     return worker
 
 
-def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch_answered_in_order(context):
-    pool = batched_pool(context)
+def three_queued(pool: Pool) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
+    """Requests 1 and 2 of one client and 3 of another, queued behind a busy batching worker."""
     client, other = pool.client(), pool.client()
     worker = busy_with_one(pool, client)
     for request_id in (1, 2):
         request(client, request_id)
     request(other, 3)
     pool.pump(queued(pool, 3))
+    return client, other, worker
+
+
+def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch_answered_in_order(context):
+    pool = batched_pool(context)
+    client, other, worker = three_queued(pool)
     assert sorted(batch_ids_after_reply(pool, worker)) == [1, 2, 3]
     assert pool.router.in_flight == 3
     for pending in list(pool.router.workers[0].inflight):
@@ -371,12 +377,7 @@ def test_a_queued_request_past_its_deadline_is_answered_not_batched(context):
 
 def test_a_lost_batch_is_retried_request_by_request_without_blaming_its_clients(context):
     pool = batched_pool(context)
-    client, other = pool.client(), pool.client()
-    worker = busy_with_one(pool, client)
-    for request_id in (1, 2):
-        request(client, request_id)
-    request(other, 3)
-    pool.pump(queued(pool, 3))
+    client, other, worker = three_queued(pool)
     assert batch_ids_after_reply(pool, worker) == [1, 3, 2]  # the clients' lines in turn
     spare = pool.worker(2, batching=True)
     pool.pump(lambda: pool.registered() == {1, 2})
