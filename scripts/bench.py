@@ -33,18 +33,22 @@ from workerpool.launcher import NotReady, ServerProcess, serve_args
 def drive(endpoint: str, frames: list, in_flight: int, seconds: float,
           warmed: Callable[[], None] | None = None) -> dict:
     """Keep ``in_flight`` requests outstanding for ``seconds``; return rate and latencies.
-    ``warmed`` is called after the warm-up requests, before the timed ones."""
+    ``frames`` is one request's frames, or a list of requests sent in turn. ``warmed`` is
+    called after the warm-up requests, before the timed ones."""
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     sent: dict[int, float] = {}
     latencies: list[float] = []
-    header = json.loads(frames[1])
+    requests = frames if isinstance(frames[0], list) else [frames]
+    headers = [json.loads(request[1]) for request in requests]
 
     def send(request_id: int) -> None:
+        turn = request_id % len(requests)
+        header = headers[turn]
         header["id"] = request_id
-        sock.send_multipart([b"", protocol.encode_header(header), *frames[2:]], copy=False)
+        sock.send_multipart([b"", protocol.encode_header(header), *requests[turn][2:]], copy=False)
         sent[request_id] = time.perf_counter()
 
     next_id = 0

@@ -41,7 +41,7 @@ class Pool:
         self.router = Router(
             context, self, frontend=f"inproc://front-{n}", backend=f"inproc://back-{n}",
             remote_backend=f"inproc://remote-{n}", max_queue=options.pop("max_queue", 8),
-            max_message_size=1 << 20, signature=SIGNATURE, **options,
+            max_message_size=1 << 20, signature=options.pop("signature", SIGNATURE), **options,
         )
         self.remote_endpoint = f"inproc://remote-{n}"
         self.poller = zmq.Poller()
@@ -82,7 +82,7 @@ class Pool:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"w{pid}".encode())
         sock.connect(self.remote_endpoint if remote else self.router.backend_endpoint)
-        info = {"pid": pid, "host": "h", "generation": 1, "model": "m", **SIGNATURE, **ready}
+        info = {"pid": pid, "host": "h", "generation": 1, "model": "m", **self.router.signature, **ready}
         sock.send_multipart([protocol.READY, json.dumps(info).encode()])
         return sock
 
@@ -275,8 +275,8 @@ def batch_ids(pool: Pool, worker: zmq.Socket) -> list[int]:
     frames = next_message(pool, worker)
     if frames[0] == protocol.REQUEST:
         return [protocol.decode_header(frames[2])["id"]]
-    assert frames[0] == protocol.BATCH and len(frames) % 3 == 1
-    return [protocol.decode_header(frames[i + 1])["id"] for i in range(1, len(frames), 3)]
+    assert frames[0] == protocol.BATCH and frames[1] == b"3" and len(frames) % 3 == 2
+    return [protocol.decode_header(frames[i + 1])["id"] for i in range(2, len(frames), 3)]
 
 
 def busy_with_one(pool: Pool, client: zmq.Socket, **ready) -> zmq.Socket:
@@ -495,3 +495,19 @@ def test_a_request_that_cannot_share_a_pass_is_not_held_for_one(context, case):
         request(client, 1, rows=8 if case == "more rows than max-batch" else 1,
                 deadline_ms=1000 if case == "deadline before the wait ends" else None)
     assert batch_ids(pool, worker) == [1]
+
+
+def test_texts_batch_as_one_list_of_texts_with_their_own_stride(context):
+    pool = Pool(context, max_queue=64, signature={"accepts_text": True},
+                batching=BatchPolicy(max_rows=4))
+    client = pool.client()
+    worker = busy_with_one(pool, client)  # request 0: an array, which a text model refuses alone
+    for request_id, texts in ((1, ["a", "b"]), (2, ["c"]), (3, ["d", "e"])):
+        client.send_multipart(protocol.encode_request(request_id, texts))
+    pool.pump(queued(pool, 3))
+    record = pool.router.workers[0]
+    worker.send_multipart([protocol.REPLY, record.inflight[0].client, b"ok", *protocol.encode_reply(0)])
+    frames = next_message(pool, worker)
+    assert frames[:2] == [protocol.BATCH, b"2"] and len(frames) == 6  # client and header each
+    assert [protocol.decode_header(frames[i])["text"] for i in (3, 5)] == [["a", "b"], ["c"]]
+    assert record.rows == 1 + 3  # request 0's row, then three texts; ["d", "e"] would make five

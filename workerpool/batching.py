@@ -27,6 +27,9 @@ SERVICE_SMOOTHING = 0.2  # weight of the newest run in the moving average of run
 OUTLIER_FACTOR = 4.0  # a run is counted as at most this many times the average
 
 
+TEXT_KEY = ("text",)
+
+
 class BatchShape(NamedTuple):
     """What must match for two requests to be stacked, and the rows a request brings."""
 
@@ -42,16 +45,25 @@ class BatchPolicy:
     wait: float = 0.0  # seconds the first request of a batch may wait for more (--batch-wait)
     running_cap: int | None = None  # local workers that can run at once; None: no cap
     rank: int | None = None  # axes of the model's declared input with its batch axis; None: none
+    text: bool = False  # the model takes texts, which batch as one list
     service: float = 0.0  # moving average of a worker's time from sending a batch to its last reply
 
     @property
     def on(self) -> bool:
-        return self.max_rows > 1 and self.rank is not None
+        return self.max_rows > 1 and (self.rank is not None or self.text)
 
-    def shape_of(self, header: dict[str, Any] | None) -> BatchShape | None:
-        """The batch shape of an ``infer`` request of one array, None for any other request
-        (it goes alone). Only the header is read: the worker validates the array itself."""
-        if self.rank is None or header is None or header.get("method") != protocol.METHOD_INFER:
+    def shape_of(self, header: dict[str, Any] | None, frames: int) -> BatchShape | None:
+        """The batch shape of an ``infer`` request of one array (``frames`` 2: the header and
+        the array) or of texts (``frames`` 1), None for any other request (it goes alone).
+        Only the header is read: the worker validates the request itself."""
+        if header is None or header.get("method") != protocol.METHOD_INFER:
+            return None
+        if "text" in header:
+            text = header["text"]
+            if not self.text or frames != 1 or not isinstance(text, list) or not text:
+                return None
+            return BatchShape(TEXT_KEY, len(text))
+        if self.rank is None or frames != 2:
             return None
         arrays = header.get("arrays")
         if not isinstance(arrays, list) or len(arrays) != 1 or not isinstance(arrays[0], dict):

@@ -105,9 +105,20 @@ def _print_inspect_table(pack: burnpack.Burnpack, model: str | None) -> None:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         print("  " + "  ".join(cells).rstrip())
     print(f"total: {pack.total_bytes} bytes ({format_size(pack.total_bytes)}) of tensor data")
-    _print_pairs("metadata", pack.metadata, str)
+    _print_pairs("metadata", pack.metadata, _shortened)
     _print_pairs("scalars", pack.scalars, repr)
     print(f"model: {model or '(not recognised as a built-in model)'}")
+
+
+_SHOWN_TEXT = 100  # characters of a metadata value the table shows; --json has them all
+
+
+def _shortened(value: object) -> str:
+    """A long value (a config.json, a tokenizer.json) on one line: its start and its size."""
+    text = " ".join(str(value).split())
+    if len(text) <= _SHOWN_TEXT:
+        return text
+    return f"{text[:_SHOWN_TEXT]}... ({format_size(len(str(value).encode()))})"
 
 
 def _print_pairs(title: str, pairs: Mapping[str, object], show: Callable[[object], str]) -> None:
@@ -299,26 +310,68 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_infer(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .client import Client
-    from .errors import WorkerpoolError
 
     try:
         x = np.load(args.input, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise CommandError(f"{args.input}: cannot load a .npy array: {exc}") from exc
-    try:
-        with Client(args.endpoint, timeout=args.timeout, retries=args.retries,
-                    keys=_client_keys(args)) as client:
-            result = client.request(x)
-    except WorkerpoolError as exc:
-        raise CommandError(f"{args.endpoint}: {type(exc).__name__}: {exc}") from exc
-    except (security.KeysError, zmq.ZMQError, ValueError) as exc:
-        raise CommandError(f"{args.endpoint}: {exc}") from exc
+    result = _request(args, x)
     if args.output:
         _save(args.output, result.outputs)
         print(f"workerpool: wrote {args.output} (worker {result.worker_pid}, generation {result.generation})")
     else:
         print(result.outputs)
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    outputs = _request(args, list(args.texts)).outputs
+    embedding = outputs.get("embedding") if isinstance(outputs, dict) else None
+    if not isinstance(embedding, np.ndarray):
+        raise CommandError(f"{args.endpoint}: the server's model returned no 'embedding' for texts")
+    if args.output:
+        np.save(args.output, embedding)
+        print(f"workerpool: wrote {args.output} ({embedding.shape[0]} embeddings of {embedding.shape[1]})")
+    else:
+        for row in embedding:
+            print(json.dumps([round(float(v), 7) for v in row]))
+    return 0
+
+
+def _request(args: argparse.Namespace, payload: Any) -> Any:
+    """One request to ``args.endpoint`` with the client options; its result, or one line."""
+    from .client import Client
+    from .errors import WorkerpoolError
+
+    try:
+        with Client(args.endpoint, timeout=args.timeout, retries=args.retries,
+                    keys=_client_keys(args)) as client:
+            return client.request(payload)
+    except WorkerpoolError as exc:
+        raise CommandError(f"{args.endpoint}: {type(exc).__name__}: {exc}") from exc
+    except (security.KeysError, zmq.ZMQError, ValueError) as exc:
+        raise CommandError(f"{args.endpoint}: {exc}") from exc
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import ConvertError, convert
+
+    metadata = {}
+    for pair in args.metadata:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise CommandError(f"--metadata {pair!r}: expected KEY=VALUE", exit_code=2)
+        metadata[key] = value
+    try:
+        done = convert(args.source, args.destination, model=args.model, metadata=metadata,
+                       include=args.include, exclude=args.exclude)
+    except ConvertError as exc:
+        raise CommandError(str(exc)) from exc
+    model = f", model {done.model}" if done.model else ""
+    print(f"workerpool: wrote {args.destination}: {done.tensors} tensors, "
+          f"{format_size(done.nbytes)}{model}")
     return 0
 
 
@@ -339,8 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
         "memory-mapped copy of its Burnpack (.bpk) weights.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_command in (_add_inspect, _add_new_model, _add_serve, _add_reload, _add_publish, _add_status,
-                        _add_infer, _add_workers, _add_keys):
+    for add_command in (_add_inspect, _add_new_model, _add_convert, _add_serve, _add_reload, _add_publish,
+                        _add_status, _add_infer, _add_embed, _add_workers, _add_keys):
         add_command(sub)
     return parser
 
@@ -402,6 +455,18 @@ _COMMAND_HELP = {
     "infer": _Help(
         summary="send one request from a .npy file",
         description="Send the array in a .npy file to a server and print or save the output.",
+    ),
+    "convert": _Help(
+        summary="convert .safetensors, .npz or a Hugging Face model folder to a .bpk",
+        description="Write the tensors of SRC (a .safetensors file, an .npz archive read without "
+        "pickle, or a model folder with config.json, whose config.json and tokenizer.json travel "
+        "in the metadata) to DEST.bpk, names, dtypes and shapes unchanged, one tensor at a time.",
+    ),
+    "embed": _Help(
+        summary="embed texts with a server's sentence-embedding model",
+        description="Send the texts to a server whose model takes texts (such as 'bert' converted "
+        "from a model folder with its tokenizer) and print one JSON list per text, or save them "
+        "as one .npy array.",
     ),
     "workers": _Help(
         summary="run N workers on this host for a router on another host",
@@ -505,13 +570,38 @@ def _add_status(sub: Subcommands) -> None:
 
 def _add_infer(sub: Subcommands) -> None:
     parser = _command(sub, "infer", cmd_infer)
-    parser.add_argument("--endpoint", default=DEFAULT_BIND, help="default: %(default)s")
     parser.add_argument("--input", required=True, metavar="X.npy", help="input array (.npy)")
     parser.add_argument("--output", metavar="Y.npy",
                         help="write the output here (.npy; .npz for named outputs) instead of printing it")
+    _add_client_options(parser)
+
+
+def _add_convert(sub: Subcommands) -> None:
+    parser = _command(sub, "convert", cmd_convert)
+    parser.add_argument("source", metavar="SRC", help="a .safetensors file, an .npz archive or a model folder")
+    parser.add_argument("destination", metavar="DEST.bpk", help="the Burnpack file to write (replaced atomically)")
+    _add_model(parser, "record this model in the metadata (default: 'bert' for a BERT model folder, "
+               "else none)")
+    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
+                        help="add a metadata pair (repeatable)")
+    parser.add_argument("--include", action="append", default=[], metavar="GLOB",
+                        help="only tensors whose name matches (repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                        help="leave out tensors whose name matches (repeatable)")
+
+
+def _add_embed(sub: Subcommands) -> None:
+    parser = _command(sub, "embed", cmd_embed)
+    parser.add_argument("texts", nargs="+", metavar="TEXT", help="the texts to embed")
+    parser.add_argument("--output", metavar="E.npy", help="save the embeddings here instead of printing them")
+    _add_client_options(parser)
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    """Where a one-request command sends its request, how long it waits, and its keys."""
+    parser.add_argument("--endpoint", default=DEFAULT_BIND, help="default: %(default)s")
     _add_timeout(parser, 30.0, "seconds per attempt")
-    parser.add_argument("--retries", type=int, default=2,
-                        help="retries after a timeout (default: %(default)s)")
+    parser.add_argument("--retries", type=int, default=2, help="retries after a timeout (default: %(default)s)")
     _add_client_key_options(parser)
 
 

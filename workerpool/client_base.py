@@ -90,7 +90,10 @@ class Call:
     def result(self) -> Result:
         message = self.message()
         header = message.header
-        return Result(message.payload(), header.get("worker_pid"), header.get("generation"))
+        outputs = message.payload()
+        if isinstance(outputs, list):
+            raise ProtocolError("a reply carries arrays, not texts")
+        return Result(outputs, header.get("worker_pid"), header.get("generation"))
 
     def info(self) -> dict[str, Any]:
         header = self.message().header

@@ -35,7 +35,7 @@ METHODS = (METHOD_INFER, METHOD_INFO)
 READY = b"READY"
 HEARTBEAT = b"HB"
 REQUEST = b"REQ"
-BATCH = b"BATCH"  # router: several requests (client, header, array each) for one forward pass
+BATCH = b"BATCH"  # router: stride, then several requests (client, header, arrays) for one pass
 REPLY = b"REP"
 STOP = b"STOP"
 RELOAD = b"RELOAD"
@@ -49,7 +49,8 @@ ALLOWED_DTYPES = {
     for code in ("<f2", "<f4", "<f8", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?")
 }
 
-Inputs = np.ndarray | Mapping[str, np.ndarray]
+MAX_TEXTS = 1024  # texts in one request; their bytes are bounded by the header's limit
+Inputs = np.ndarray | Mapping[str, np.ndarray] | Sequence[str]
 
 
 class ProtocolError(ValueError):
@@ -76,8 +77,10 @@ class Message:
     def id(self) -> Any:
         return self.header.get("id")
 
-    def payload(self) -> np.ndarray | dict[str, np.ndarray] | None:
-        """One unnamed array as itself, named arrays as a dict, nothing as None."""
+    def payload(self) -> np.ndarray | dict[str, np.ndarray] | list[str] | None:
+        """Texts as a list, one unnamed array as itself, named arrays as a dict, nothing as None."""
+        if "text" in self.header:
+            return list(self.header["text"])
         if not self.arrays:
             return None
         if len(self.arrays) == 1 and self.names[0] is None:
@@ -135,6 +138,8 @@ def pack_arrays(payload: Inputs | None) -> tuple[list[dict[str, Any]], list[Any]
     """Descriptors and C-contiguous little-endian buffers for a payload (no copy when possible)."""
     if payload is None:
         return [], []
+    if is_text(payload):
+        raise ProtocolError("texts are sent in the request header (encode_request), not as arrays")
     items = payload.items() if isinstance(payload, Mapping) else [(None, payload)]
     descriptors, buffers = [], []
     for name, value in items:
@@ -224,12 +229,20 @@ def extent(shape: Sequence[int], itemsize: int) -> int:
 def encode_request(
     request_id: Any, payload: Inputs | None, *, method: str = METHOD_INFER, deadline_ms: float | None = None
 ) -> list[Any]:
-    """The frames a client sends, starting with the empty delimiter a DEALER needs for REQ peers."""
-    descriptors, buffers = pack_arrays(payload)
+    """The frames a client sends, starting with the empty delimiter a DEALER needs for REQ peers.
+    A list of strings is sent as texts (``"text"`` in the header)."""
+    text = is_text(payload)
+    descriptors, buffers = pack_arrays(None if text else payload)
     header: dict[str, Any] = {"v": VERSION, "id": request_id, "method": method, "arrays": descriptors}
+    if text:
+        header["text"] = _checked_text(list(cast(Sequence[str], payload)))
     if deadline_ms is not None:
         header["deadline_ms"] = deadline_ms
-    return [b"", encode_header(header), *buffers]
+    encoded = encode_header(header)
+    if len(encoded) > MAX_HEADER_BYTES:  # the server could not even read its id to answer it
+        raise ProtocolError(f"the request header would be {len(encoded)} bytes, over the "
+                            f"{MAX_HEADER_BYTES}-byte limit (texts travel in it: send fewer or shorter)")
+    return [b"", encoded, *buffers]
 
 
 def decode_request(frames: Sequence[Any]) -> Message:
@@ -249,9 +262,25 @@ def decode_request(frames: Sequence[Any]) -> Message:
     try:
         deadline_of(header)
         arrays, names = unpack_arrays(header.get("arrays", []), frames[1:])
+        if "text" in header:
+            _checked_text(header["text"])
+            if arrays:
+                raise ProtocolError("a request carries texts or arrays, not both")
     except ProtocolError as exc:
         raise ProtocolError(str(exc), request_id) from None
     return Message(header, arrays, names)
+
+
+def is_text(payload: Any) -> bool:
+    """Whether ``payload`` is texts: a list or tuple whose items are all strings."""
+    return isinstance(payload, list | tuple) and all(isinstance(item, str) for item in payload)
+
+
+def _checked_text(text: Any) -> list[str]:
+    if not isinstance(text, list) or not 0 < len(text) <= MAX_TEXTS \
+            or not all(isinstance(item, str) for item in text):
+        raise ProtocolError(f"'text' must be a list of 1 to {MAX_TEXTS} strings")
+    return text
 
 
 def deadline_of(header: Mapping[str, Any]) -> float | None:

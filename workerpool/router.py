@@ -86,6 +86,7 @@ class Router:
         declared = self.signature.get("input_shape")
         if declared and declared[0] is None:  # a batch axis: requests can be stacked along it
             self.batching.rank = len(declared)
+        self.batching.text = self.signature.get("accepts_text") is True
         self.wake_at: float | None = None  # when a held request is due to be released
         self.request_timeout = request_timeout
         self.quarantine = Quarantine()
@@ -294,8 +295,9 @@ class Router:
         batch, rows = self._gather(worker, first)
         if len(batch) == 1:
             sent = self._send(worker, [protocol.REQUEST, first.client, *first.frames])
-        else:
-            sent = self._send(worker, [protocol.BATCH, *(f for p in batch for f in (p.client, *p.frames))])
+        else:  # every request of a batch has as many frames as the first
+            stride = str(1 + len(first.frames)).encode()
+            sent = self._send(worker, [protocol.BATCH, stride, *(f for p in batch for f in (p.client, *p.frames))])
         if not sent:
             for pending in reversed(batch[1:]):
                 self.queue.put(pending, first=True)
@@ -339,12 +341,11 @@ class Router:
         return batch, rows
 
     def _shape(self, pending: Pending) -> BatchShape | None:
-        """How ``pending`` batches (read once); None for a request that goes alone, which is
-        any but a header and one array frame."""
+        """How ``pending`` batches (read once); None for a request that goes alone."""
         if not pending.shaped:
             pending.shaped = True
-            if len(pending.frames) == 2:
-                pending.shape = self.batching.shape_of(pending.header())
+            if len(pending.frames) <= 2:
+                pending.shape = self.batching.shape_of(pending.header(), len(pending.frames))
         return pending.shape
 
     def _send(self, worker: WorkerRecord, frames: list[Any]) -> bool:

@@ -46,7 +46,7 @@ from .worker_spec import (
 log = logging.getLogger("workerpool.worker")
 
 BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
-BATCH_STRIDE = 3  # frames per request in a BATCH: client, header, the one array
+BATCH_STRIDES = (b"2", b"3")  # frames per request in a BATCH: client, header, then its one array
 
 
 def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
@@ -278,11 +278,15 @@ class Worker:
         if command == protocol.REQUEST and len(frames) >= 2:
             self._answer(router, [frames[1]], [handle_request(self.loaded, frames[2:])])
             return True
-        if command == protocol.BATCH and len(frames) % BATCH_STRIDE == 1:
-            batch = [frames[i:i + BATCH_STRIDE] for i in range(1, len(frames), BATCH_STRIDE)]
-            answers = handle_batch(self.loaded, [request[1:] for request in batch])
-            self._answer(router, [request[0] for request in batch], answers)
-            return True
+        if command == protocol.BATCH and len(frames) >= 2:
+            stride = frames[1].bytes
+            step = int(stride) if stride in BATCH_STRIDES else 0
+            if step and (len(frames) - 2) % step == 0:
+                batch = [frames[i:i + step] for i in range(2, len(frames), step)]
+                answers = handle_batch(self.loaded, [request[1:] for request in batch])
+                self._answer(router, [request[0] for request in batch], answers)
+                return True
+            log.error("worker %d: malformed BATCH of %d frames ignored", os.getpid(), len(frames))
         if command == protocol.RELOAD and len(frames) >= 2:
             outcome = self._reload(frames[1].bytes)
             _send_now(router, [protocol.RELOADED, json.dumps(outcome).encode()])

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mlp, mnist
+from . import bert, mlp, mnist
 from .base import MODEL_KEY, Model, ModelError, ModelInputError
 from .contract import Contract, ModelOutputError
 from .mlp import GeneratedMlp, Mlp, generate_mlp
@@ -30,7 +30,7 @@ Factory = Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Callable[..., 
 
 # Typed as making a Model, not any callable, so recognition can read its declared tensor names.
 BUILTIN_MODELS: Mapping[str, Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Model]] = (
-    MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist})
+    MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist, bert.NAME: bert.Bert})
 )
 
 __all__ = [
@@ -149,7 +149,8 @@ def _dtype_name(dtype: Any) -> str:
 
 # What a model may declare, and how each value reads in JSON.
 _DECLARED: Mapping[str, Callable[[Any], Any]] = MappingProxyType(
-    {"input_shape": list, "output_shape": list, "input_dtype": _dtype_name, "output_dtype": _dtype_name}
+    {"input_shape": list, "output_shape": list, "input_dtype": _dtype_name, "output_dtype": _dtype_name,
+     "accepts_text": bool}
 )
 
 

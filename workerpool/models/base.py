@@ -60,8 +60,8 @@ class Model:
     name: str
     input_shape: tuple[int | None, ...]
     output_shape: tuple[int | None, ...]
-    input_dtype = np.dtype(np.float32)
-    output_dtype = np.dtype(np.float32)
+    input_dtype: np.dtype | None = np.dtype(np.float32)  # None: not declared, the model checks
+    output_dtype: np.dtype | None = np.dtype(np.float32)
     # Dtypes accepted besides ``input_dtype`` and converted to it.
     also_accepted: tuple[np.dtype, ...] = ()
     # Every tensor the model reads: recognition requires a file to hold exactly these.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ from .contract import Contract
 
 log = logging.getLogger("workerpool.worker")
 
+_TEXTS = ("texts",)  # the stacking key of text inputs
+
 
 class LoadedModel:
     """The model of one generation, with the mapping it runs on and what it declares."""
@@ -27,7 +30,9 @@ class LoadedModel:
         self.contract = Contract.of(self.model, self.name)
         self.generation = generation
         self.misfit_logged = False  # whether this worker logged an output that broke the contract
-        self.batching = bool(getattr(self.model, "batching", False)) and self.contract.batched
+        self.accepts_text = bool(getattr(self.model, "accepts_text", False))
+        self.batching = bool(getattr(self.model, "batching", False)) and (
+            self.contract.batched or self.accepts_text)
         self.batch_failure_logged = False
 
     def infer(self, inputs: Any) -> Any:
@@ -45,62 +50,76 @@ class LoadedModel:
     def infer_batch(self, inputs: list[Any]) -> list[Any]:
         """Each input's outputs, or the exception that fails it alone.
 
-        The inputs that fit the declaration are stacked along the batch axis and run in one
-        forward pass, whose outputs are split back; a pass that raises is run again input by
-        input, so that the good ones still get answers.
+        The inputs that fit together are stacked along the batch axis (texts: joined into one
+        list) and run in one forward pass, whose outputs are split back; a pass that raises is
+        run again input by input, so that the good ones still get answers.
         """
         if not self.batching:
             return [self.outcome(one) for one in inputs]
         results: list[Any] = [None] * len(inputs)
-        rows: dict[int, np.ndarray] = {}
-        # Without a declared output shape, a bare row's output need not have the batch axis
-        # that a stacked pass gives it: such a row runs alone, so its reply never depends on
-        # whether it came in a batch.
-        bare_alone = self.contract.outputs is None
+        groups: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
         for i, one in enumerate(inputs):
             try:
-                array, bare = self.contract.as_batch(one)
+                part = self._part(one)
             except ModelInputError as exc:
                 results[i] = exc
                 continue
-            if bare and bare_alone:
+            if part is None:
                 results[i] = self.outcome(one)
             else:
-                rows[i] = array
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, array in rows.items():
-            groups.setdefault((array.dtype, array.shape[1:]), []).append(i)
-        for members in groups.values():
-            for i, outputs in zip(members, self._run_stacked([rows[i] for i in members],
-                                                              [inputs[i] for i in members]), strict=True):
-                results[i] = outputs
+                groups.setdefault(part[0], []).append((i, part[1]))
+        for key, members in groups.items():
+            parts = [part for _, part in members]
+            join = functools.partial(_joined_texts if key == _TEXTS else np.concatenate, parts)
+            outcomes = self._run_stacked([len(p) for p in parts], [inputs[i] for i, _ in members], join)
+            for (i, _), outcome in zip(members, outcomes, strict=True):
+                results[i] = outcome
         return results
 
-    def _run_stacked(self, arrays: list[np.ndarray], originals: list[Any]) -> list[Any]:
-        if len(arrays) == 1:
+    def _part(self, inputs: Any) -> tuple[tuple[Any, ...], Any] | None:
+        """What ``inputs`` brings to a stacked pass, under the key of those it stacks with; None
+        when it runs alone. Raises :class:`ModelInputError` for an input that does not fit.
+
+        Without a declared output shape, a bare row's output need not have the batch axis that
+        a stacked pass gives it: it runs alone, so that its reply never depends on its company.
+        """
+        if isinstance(inputs, list):
+            return (_TEXTS, inputs) if self.accepts_text else None
+        if not self.contract.batched:
+            return None
+        array, bare = self.contract.as_batch(inputs)
+        if bare and self.contract.outputs is None:
+            return None
+        return (array.dtype, array.shape[1:]), array
+
+    def _run_stacked(self, counts: list[int], originals: list[Any], join: Callable[[], Any]) -> list[Any]:
+        """The outputs of ``originals`` (``counts`` rows each) from one pass over ``join()``, or
+        of each alone when that pass fails."""
+        if len(originals) == 1:
             return [self.outcome(originals[0])]
-        bounds = np.cumsum([len(a) for a in arrays])
-        stacked = self._outcome_stacked(arrays)
+        bounds = np.cumsum(counts)
+        stacked = self._outcome_joined(join)
         if isinstance(stacked, BaseException) or not _split_along(stacked, int(bounds[-1])):
             if not self.batch_failure_logged:
                 self.batch_failure_logged = True
                 failure = (f"{type(stacked).__name__}: {stacked}" if isinstance(stacked, BaseException)
                            else "outputs without the batch axis")
                 log.error("model %s failed on a stacked batch of %d requests (%s); such a batch "
-                          "is answered request by request (logged once)", self.name, len(arrays), failure)
+                          "is answered request by request (logged once)", self.name, len(originals),
+                          failure)
             del stacked  # and what it holds, before the requests run again
             return [self.outcome(one) for one in originals]
         if isinstance(stacked, Mapping):
             parts = {name: np.split(value, bounds[:-1]) for name, value in stacked.items()}
-            return [{name: parts[name][k] for name in parts} for k in range(len(arrays))]
+            return [{name: parts[name][k] for name in parts} for k in range(len(originals))]
         return np.split(stacked, bounds[:-1])
 
-    def _outcome_stacked(self, arrays: list[np.ndarray]) -> Any:
-        """:meth:`outcome` of the stacked ``arrays``; an exception comes without its traceback,
-        whose frames would keep the stacked input and the pass's buffers alive."""
+    def _outcome_joined(self, join: Callable[[], Any]) -> Any:
+        """:meth:`outcome` of the joined inputs; an exception comes without its traceback,
+        whose frames would keep the joined input and the pass's buffers alive."""
         try:
-            outcome = self.outcome(np.concatenate(arrays))
-        except MemoryError as exc:  # stacking needs a copy that no request alone needs
+            outcome = self.outcome(join())
+        except MemoryError as exc:  # joining needs a copy that no request alone needs
             outcome = exc
         if isinstance(outcome, BaseException):
             outcome.__traceback__ = None
@@ -132,3 +151,7 @@ def _split_along(outputs: Any, rows: int) -> bool:
     """Whether every output array has the batch axis of a ``rows``-row input."""
     arrays = outputs.values() if isinstance(outputs, Mapping) else [outputs]
     return all(isinstance(a, np.ndarray) and a.ndim >= 1 and len(a) == rows for a in arrays)
+
+
+def _joined_texts(parts: list[list[str]]) -> list[str]:
+    return [text for texts in parts for text in texts]

@@ -105,6 +105,27 @@ def gelu(x: np.ndarray) -> np.ndarray:
         return (wide * 0.5 * (1.0 + erf(wide * _FRAC_1_SQRT_2))).astype(np.float32)
 
 
+# Numerical Recipes' erfcc: a Chebyshev fit of erfc over the whole line, fractional error below
+# 1.2e-7, which is float32's own precision; one formula, so no branches over the array.
+_ERFC_FIT = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+             -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+
+
+def gelu_float32(x: np.ndarray) -> np.ndarray:
+    """Exact GELU to float32 precision, computed in float32: what a float32 reference such as
+    PyTorch's gives, at a fraction of :func:`gelu`'s cost."""
+    z = np.abs(x) * np.float32(_FRAC_1_SQRT_2)
+    t = 1 / (1 + np.float32(0.5) * z)
+    poly = np.full_like(t, np.float32(_ERFC_FIT[-1]))
+    for coefficient in _ERFC_FIT[-2::-1]:
+        poly *= t
+        poly += np.float32(coefficient)
+    poly -= z * z
+    erfc = t * np.exp(poly)  # erfc(|x| / sqrt 2)
+    erf = np.copysign(1 - erfc, x)
+    return x * np.float32(0.5) * (1 + erf)
+
+
 def relu_(x: np.ndarray) -> np.ndarray:
     """ReLU in place: ``x`` is always a fresh activation, so no new buffer is needed."""
     return np.maximum(x, 0, out=x)

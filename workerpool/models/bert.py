@@ -1,0 +1,260 @@
+"""The BERT encoder family as Hugging Face stores it, in numpy, with sentence embeddings.
+
+Hyper-parameters come from the ``config.json`` that ``workerpool convert`` carries in the
+metadata; Linear weights are used as stored (``[out, in]``) through transposed views, never
+copied; exact GELU to float32 precision. The output ``embedding`` is the mean of the last hidden states over the attention
+mask, L2-normalised, as sentence-transformers computes it.
+
+Inputs are ``input_ids`` and ``attention_mask`` (and optionally ``token_type_ids``), int64
+``[B, L]``; or, when the file carries a ``tokenizer.json``, a list of texts, which the worker
+tokenizes with Hugging Face's ``tokenizers`` (imported only here).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..protocol import MAX_TEXTS
+from .base import Model, ModelError, ModelInputError, require_tensor
+from .ops import gelu_float32
+
+NAME = "bert"
+CONFIG_KEY = "workerpool.hf_config"  # config.json, as text
+TOKENIZER_KEY = "workerpool.tokenizer"  # tokenizer.json, as text
+MAX_LENGTH_KEY = "workerpool.max_seq_length"  # tokens kept per text; the rest is cut
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+NORM_EPS = 1e-12  # as torch.nn.functional.normalize
+MAX_TOKENS = 65_536  # input_ids per request: its last_hidden_state alone is 1.5 KiB a token here
+CHUNK_TOKENS = 4096  # rows run this many tokens at a time: attention grows with length squared
+
+
+class Bert(Model):
+    """A BERT encoder built on ``encoder.layer.{i}.*`` tensors without copying them."""
+
+    name = NAME
+    input_dtype = None  # named integer inputs or texts, checked here
+    output_dtype = None
+    accepts_text = True
+
+    def __init__(self, weights: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+        config = _config(metadata)
+        self.hidden, self.heads = config["hidden_size"], config["num_attention_heads"]
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        layers = config["num_hidden_layers"]
+
+        def tensor(name: str, *shape: int | str) -> np.ndarray:
+            return require_tensor(NAME, weights, name, shape)
+
+        hidden, inner = self.hidden, config["intermediate_size"]
+        self.words = tensor("embeddings.word_embeddings.weight", "vocab", hidden)
+        self.positions = tensor("embeddings.position_embeddings.weight", "positions", hidden)
+        self.types = tensor("embeddings.token_type_embeddings.weight", "types", hidden)
+        self.embedding_norm = _norm(tensor, "embeddings.LayerNorm", hidden)
+        self.layers = []
+        for i in range(layers):
+            prefix = f"encoder.layer.{i}"
+            self.layers.append({
+                "query": _linear(tensor, f"{prefix}.attention.self.query", hidden, hidden),
+                "key": _linear(tensor, f"{prefix}.attention.self.key", hidden, hidden),
+                "value": _linear(tensor, f"{prefix}.attention.self.value", hidden, hidden),
+                "attention_out": _linear(tensor, f"{prefix}.attention.output.dense", hidden, hidden),
+                "attention_norm": _norm(tensor, f"{prefix}.attention.output.LayerNorm", hidden),
+                "intermediate": _linear(tensor, f"{prefix}.intermediate.dense", inner, hidden),
+                "output": _linear(tensor, f"{prefix}.output.dense", hidden, inner),
+                "output_norm": _norm(tensor, f"{prefix}.output.LayerNorm", hidden),
+            })
+        self.tensor_names = frozenset(name for name in weights if not name.startswith("pooler.")
+                                      and name != "embeddings.position_ids")
+        self.max_length = min(_int(metadata.get(MAX_LENGTH_KEY), len(self.positions)), len(self.positions))
+        self.tokenizer = _tokenizer(metadata.get(TOKENIZER_KEY), self.max_length)
+
+    def __call__(self, inputs: Any) -> Any:
+        if isinstance(inputs, list):
+            ids, mask, types = self._tokenize(inputs)
+            return {"embedding": self._embed(self._encode(ids, mask, types), mask)}
+        ids, mask, types = self._arrays(inputs)
+        states = self._encode(ids, mask, types)
+        return {"embedding": self._embed(states, mask), "last_hidden_state": states}
+
+    def __repr__(self) -> str:
+        return f"<Bert {self.hidden} hidden, {len(self.layers)} layers, {self.heads} heads>"
+
+    # Inputs.
+
+    def _tokenize(self, texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.tokenizer is None:
+            raise ModelInputError(f"{NAME}: this file carries no tokenizer: send input_ids and "
+                                  "attention_mask")
+        if not texts or len(texts) > MAX_TEXTS or not all(isinstance(t, str) for t in texts):
+            raise ModelInputError(f"{NAME}: texts must be 1 to {MAX_TEXTS} strings")
+        encodings = self.tokenizer.encode_batch(list(texts))
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        types = np.array([e.type_ids for e in encodings], dtype=np.int64)
+        return ids, mask, types
+
+    def _arrays(self, inputs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not isinstance(inputs, Mapping) or not {"input_ids", "attention_mask"} <= set(inputs) \
+                or not set(inputs) <= set(INPUT_NAMES):
+            raise ModelInputError(f"{NAME}: expected arrays named input_ids and attention_mask "
+                                  "(and optionally token_type_ids), int64 [B, L], or a list of texts")
+        ids = inputs["input_ids"]
+        for name in inputs:
+            value = inputs[name]
+            if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu" or value.ndim != 2 \
+                    or value.shape != ids.shape:
+                raise ModelInputError(f"{NAME}: {name} must be an integer array of the same [B, L] "
+                                      f"shape as input_ids {list(np.shape(ids))}")
+        if ids.shape[1] > len(self.positions):
+            raise ModelInputError(f"{NAME}: {ids.shape[1]} tokens, over the model's "
+                                  f"{len(self.positions)} positions")
+        if ids.size > MAX_TOKENS:
+            raise ModelInputError(f"{NAME}: {ids.size} tokens in one request, over {MAX_TOKENS}")
+        types = inputs.get("token_type_ids", np.zeros_like(ids))
+        for name, value, limit in (("input_ids", ids, len(self.words)),
+                                   ("token_type_ids", types, len(self.types)),
+                                   ("attention_mask", inputs["attention_mask"], 2)):
+            if value.size and (value.min() < 0 or value.max() >= limit):
+                raise ModelInputError(f"{NAME}: {name} must be from 0 to {limit - 1}")
+        return ids.astype(np.int64), inputs["attention_mask"].astype(np.int64), types.astype(np.int64)
+
+    # The encoder.
+
+    def _encode(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """The last hidden states, ``CHUNK_TOKENS`` tokens of rows at a time."""
+        rows = max(1, CHUNK_TOKENS // max(ids.shape[1], 1))
+        if len(ids) <= rows:
+            return self._encode_rows(ids, mask, types)
+        return np.concatenate([self._encode_rows(ids[i:i + rows], mask[i:i + rows], types[i:i + rows])
+                               for i in range(0, len(ids), rows)])
+
+    def _encode_rows(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        batch, length = ids.shape
+        x = self.words[ids] + self.positions[:length] + self.types[types]
+        x = _layer_norm(x, *self.embedding_norm, self.eps)
+        # Masked keys get the lowest float32, as transformers does: exp() of it is exactly 0.
+        bias = ((1 - mask) * np.finfo(np.float32).min).astype(np.float32)[:, None, None, :]
+        size = self.hidden // self.heads
+        scale = np.float32(1 / math.sqrt(size))
+
+        def split(t: np.ndarray) -> np.ndarray:
+            return t.reshape(batch, length, self.heads, size).transpose(0, 2, 1, 3)
+
+        for layer in self.layers:
+            q, k, v = (split(_apply(x, layer[name])) for name in ("query", "key", "value"))
+            scores = q @ k.transpose(0, 1, 3, 2)
+            scores *= scale
+            scores += bias
+            context = _softmax(scores) @ v
+            context = context.transpose(0, 2, 1, 3).reshape(batch, length, self.hidden)
+            x = _layer_norm(_apply(context, layer["attention_out"]) + x, *layer["attention_norm"], self.eps)
+            inner = gelu_float32(_apply(x, layer["intermediate"]))
+            x = _layer_norm(_apply(inner, layer["output"]) + x, *layer["output_norm"], self.eps)
+        return x
+
+    @staticmethod
+    def _embed(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        weights = mask[:, :, None].astype(np.float32)
+        mean = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        norm = np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), NORM_EPS)
+        return (mean / norm).astype(np.float32)
+
+
+def _config(metadata: Mapping[str, str]) -> dict[str, Any]:
+    if CONFIG_KEY not in metadata:
+        raise ModelError(f"{NAME}: the file's metadata has no {CONFIG_KEY} (convert a model folder "
+                         "with its config.json: workerpool convert FOLDER OUT.bpk)")
+    try:
+        config = json.loads(metadata[CONFIG_KEY])
+    except ValueError as exc:
+        raise ModelError(f"{NAME}: {CONFIG_KEY} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ModelError(f"{NAME}: {CONFIG_KEY} is not a JSON object")
+    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size"):
+        if type(config.get(key)) is not int or config[key] <= 0:
+            raise ModelError(f"{NAME}: config {key} must be a positive integer")
+    if config["hidden_size"] % config["num_attention_heads"]:
+        raise ModelError(f"{NAME}: hidden_size is not a multiple of num_attention_heads")
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise ModelError(f"{NAME}: activation {config['hidden_act']!r} is not supported (only exact gelu)")
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ModelError(f"{NAME}: only absolute position embeddings are supported")
+    return config
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        raise ModelError(f"{NAME}: {MAX_LENGTH_KEY} {text!r} is not a whole number") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(text: str | None, max_length: int) -> Any:
+    """The file's tokenizer, cutting texts at ``max_length`` tokens and padding a batch to its
+    longest text; None when the file carries none.
+
+    Kept once built: the supervisor builds it when it validates the file, before it forks the
+    template, so forked workers share its 10 MiB or so instead of building their own. It runs
+    on the worker's own thread (no thread pool per worker beside the model's BLAS threads).
+    """
+    if text is None:
+        return None
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ModelError(f"{NAME}: texts need Hugging Face's tokenizers package (pip install "
+                         "tokenizers)") from exc
+    try:
+        tokenizer = Tokenizer.from_str(text)
+    except Exception as exc:
+        raise ModelError(f"{NAME}: {TOKENIZER_KEY} cannot be read: {exc}") from exc
+    tokenizer.enable_truncation(max_length)
+    padding = tokenizer.padding or {}
+    tokenizer.enable_padding(pad_id=padding.get("pad_id", 0), pad_token=padding.get("pad_token", "[PAD]"))
+    return tokenizer
+
+
+Linear = tuple[np.ndarray, np.ndarray]
+
+
+def _linear(tensor: Any, prefix: str, out: int, inp: int) -> Linear:
+    """A Hugging Face Linear: its ``[out, in]`` weight as a transposed view, and its bias."""
+    return tensor(f"{prefix}.weight", out, inp).T, tensor(f"{prefix}.bias", out)
+
+
+def _norm(tensor: Any, prefix: str, size: int) -> Linear:
+    return tensor(f"{prefix}.weight", size), tensor(f"{prefix}.bias", size)
+
+
+def _apply(x: np.ndarray, linear: Linear) -> np.ndarray:
+    """``x @ W.T + b`` over the last axis, as one matrix product for every token of the batch."""
+    weight, bias = linear
+    y = x.reshape(-1, x.shape[-1]) @ weight
+    y += bias
+    return y.reshape(*x.shape[:-1], weight.shape[1])
+
+
+def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    variance = (centred * centred).mean(axis=-1, keepdims=True)
+    centred /= np.sqrt(variance + np.float32(eps))
+    centred *= weight
+    centred += bias
+    return centred
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
