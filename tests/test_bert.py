@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import cli
+from helpers import cli, dealer
 from server import Server
 
 import workerpool
@@ -97,12 +97,22 @@ def test_weights_are_used_in_place_through_transposed_views(tmp_path):
     (ids_and_mask([[VOCAB]]), f"input_ids must be from 0 to {VOCAB - 1}"),
     (ids_and_mask([[1] * (POSITIONS + 1)]), f"over the model's {POSITIONS} positions"),
     (["a text"], "carries no tokenizer"),
+    ({"input_ids": np.zeros((2, 0), np.int64), "attention_mask": np.zeros((2, 0), np.int64)}, "no tokens"),
     (ids_and_mask([[1] * 11] * 6000), "66000 tokens in one request, over 65536"),
 ])
 def test_inputs_that_do_not_fit_are_the_clients_error(tmp_path, inputs, message):
     model = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None)
     with pytest.raises(ModelInputError, match=message):
         model.infer(inputs)
+
+
+def test_a_sequence_length_below_one_is_refused(tmp_path):
+    path = tiny_bert(tmp_path / "b.bpk")
+    pack = burnpack.read(path)
+    burnpack.write(tmp_path / "c.bpk", dict(pack.tensors),
+                   metadata={**pack.metadata, "workerpool.max_seq_length": "-5"})
+    with pytest.raises(ModelError, match="max_seq_length '-5' is not a whole number from 1 up"):
+        LoadedModel(str(tmp_path / "c.bpk"), None)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -166,8 +176,23 @@ def test_served_embeddings_match_pytorch_one_request_each_and_all_in_one(minilm,
     assert max(int(size) for w in status["workers"] for size in w["batch_sizes"]) > 1  # texts shared passes
 
 
-def test_text_limits_are_bad_requests(minilm):
+def test_a_text_costs_its_own_tokens_whatever_its_company(minilm, reference):
+    sentences, expected = reference
+    model = LoadedModel(str(minilm), None)
+    short = model.infer(sentences[:2])["embedding"]
+    with_long = model.infer([*sentences[:2], "! " * 300, *(["a"] * 2000)])["embedding"]
+    np.testing.assert_allclose(with_long[:2], short, rtol=1e-5, atol=1e-6)
+    assert_matches(with_long[:2], expected[:2])
+
+
+def test_text_limits_are_bad_requests(minilm, context):
     with Server(minilm, workers=1) as server, workerpool.Client(server.endpoint) as client:
+        surrogate = json.dumps({"v": 1, "id": 7, "method": "infer", "arrays": [], "text": ["\ud800"]})
+        with dealer(context, server.endpoint) as sock:
+            sock.send_multipart([b"", surrogate.encode()])
+            assert sock.poll(10_000)
+            header = json.loads(sock.recv_multipart()[1])
+        assert header["error"]["code"] == "bad_request" and "surrogate" in header["error"]["message"]
         with pytest.raises(workerpool.BadRequest, match="header would be"):
             client.infer(["word " * 20_000])  # past the 64 KiB header
         with pytest.raises(workerpool.BadRequest, match="1 to 1024 strings"):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +104,13 @@ def broken(tmp_path: Path, case: str) -> tuple[Path, str]:
     if case == "pickled npz":
         np.savez(tmp_path / "obj.npz", o=np.array([{"a": 1}], dtype=object))
         return tmp_path / "obj.npz", "dtype object, which Burnpack cannot store"
+    if case == "npz header lies":
+        member = io.BytesIO()  # a .npy header claiming 4 TB, then 16 bytes
+        np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False,
+                                                      "shape": (10**12,)})
+        with zipfile.ZipFile(tmp_path / "big.npz", "w") as archive:
+            archive.writestr("a.npy", member.getvalue() + bytes(16))
+        return tmp_path / "big.npz", "the archive holds"
     if case == "unknown format":
         (tmp_path / "w.pt").write_bytes(b"x")
         return tmp_path / "w.pt", "not a .safetensors file, an .npz archive or a model folder"
@@ -117,7 +126,7 @@ def broken(tmp_path: Path, case: str) -> tuple[Path, str]:
     return folder, "a model folder needs its config.json"
 
 
-@pytest.mark.parametrize("case", ["missing", "unsupported dtype", "not safetensors", "pickled npz",
+@pytest.mark.parametrize("case", ["missing", "unsupported dtype", "not safetensors", "pickled npz", "npz header lies",
                                   "unknown format", "duplicate name", "folder without config"])
 def test_what_cannot_be_converted_is_one_line_and_writes_nothing(tmp_path, case):
     source, message = broken(tmp_path, case)

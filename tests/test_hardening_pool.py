@@ -269,6 +269,17 @@ def test_requests_that_differ_only_in_frame_boundaries_are_not_the_same():
     assert fingerprint([head, b"ab", b"c"]) == fingerprint([other_id, b"ab", b"c"])
 
 
+def test_text_requests_are_told_apart_by_their_texts():
+    from workerpool import protocol
+    from workerpool.quarantine import fingerprint
+
+    def texts(request_id: int, *text: str) -> bytes:
+        return protocol.encode_request(request_id, list(text))[1]
+
+    assert fingerprint([texts(1, "a killer")]) != fingerprint([texts(1, "an innocent")])
+    assert fingerprint([texts(1, "same")]) == fingerprint([texts(2, "same")])
+
+
 def test_connections_past_the_cap_never_cut_a_client_already_served(small_model):
     with Server(small_model, *SLOW, "--max-connections", "5", workers=1) as server:
         slow = Background(lambda: answer(server.endpoint, np.full((1, 2), -1.0, np.float32)))

@@ -54,7 +54,7 @@ class CommandError(Exception):
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     pack = _read(args.file)
-    model = models.recognise(pack.tensors)
+    model = pack.metadata.get(models.MODEL_KEY) or models.recognise(pack.tensors)
     if args.json:
         print(json.dumps(_inspect_json(pack, model), indent=2))
     else:
@@ -107,7 +107,8 @@ def _print_inspect_table(pack: burnpack.Burnpack, model: str | None) -> None:
     print(f"total: {pack.total_bytes} bytes ({format_size(pack.total_bytes)}) of tensor data")
     _print_pairs("metadata", pack.metadata, _shortened)
     _print_pairs("scalars", pack.scalars, repr)
-    print(f"model: {model or '(not recognised as a built-in model)'}")
+    named = f" (named by metadata {models.MODEL_KEY})" if models.MODEL_KEY in pack.metadata else ""
+    print(f"model: {model + named if model else '(not recognised as a built-in model)'}")
 
 
 _SHOWN_TEXT = 100  # characters of a metadata value the table shows; --json has them all
@@ -372,6 +373,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     model = f", model {done.model}" if done.model else ""
     print(f"workerpool: wrote {args.destination}: {done.tensors} tensors, "
           f"{format_size(done.nbytes)}{model}")
+    if done.model:
+        from .reload import WeightsRefused, validate
+
+        try:
+            validate(args.destination, None)
+        except WeightsRefused as exc:
+            print(f"workerpool: warning: serve would refuse it: {exc}", file=sys.stderr)
     return 0
 
 

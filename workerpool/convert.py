@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ SAFETENSORS_DTYPES = {
     "U64": "U64", "U32": "U32", "U16": "U16", "U8": "U8", "BOOL": "Bool(Native)",
 }
 SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024  # the safetensors library's own limit
+# What reading a damaged .npz raises: a bad CRC, a cut stream, an impossible size.
+_NPZ_ERRORS = (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error)
 
 
 class ConvertError(Exception):
@@ -235,20 +239,25 @@ def _byte_range(path: str, raw: dict[str, Any], name: str, shape: tuple[int, ...
 def _read_npz(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]]:
     try:
         archive = stack.enter_context(np.load(path, allow_pickle=False))
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except _NPZ_ERRORS as exc:
         raise ConvertError(f"{path}: cannot read as .npz: {_one_line(exc)}") from exc
     for name in archive.files:
-        dtype, shape = _npy_header(path, archive, name)
+        dtype, shape, data = _npy_header(path, archive, name)
         try:
             dtypes.from_numpy(dtype)
         except burnpack.BurnpackError:
             raise ConvertError(f"{path}: array {name} has dtype {dtype}, which Burnpack cannot "
                                "store") from None
+        needed = math.prod(shape) * dtype.itemsize
+        if needed != data:  # checked before reading, which would allocate what the header says
+            raise ConvertError(f"{path}: array {name}: its header says {dtype} {list(shape)} "
+                               f"({needed} bytes), the archive holds {data}")
         yield name, burnpack.Deferred(dtype.newbyteorder("<"), shape, _member(archive, path, name))
 
 
-def _npy_header(path: str, archive: Any, name: str) -> tuple[np.dtype, tuple[int, ...]]:
-    """An array's dtype and shape from its .npy header, without reading its data."""
+def _npy_header(path: str, archive: Any, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """An array's dtype and shape from its .npy header, and the bytes of data the member holds,
+    without reading its data."""
     npy = np.lib.format
     try:
         with archive.zip.open(f"{name}.npy") as member:
@@ -257,16 +266,17 @@ def _npy_header(path: str, archive: Any, name: str) -> tuple[np.dtype, tuple[int
                 raise ValueError(f".npy format version {version} is not supported")
             read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
             shape, _, dtype = read_header(member)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            data = archive.zip.getinfo(f"{name}.npy").file_size - member.tell()
+    except (*_NPZ_ERRORS, KeyError) as exc:
         raise ConvertError(f"{path}: array {name}: {_one_line(exc)}") from exc
-    return np.dtype(dtype), tuple(shape)
+    return np.dtype(dtype), tuple(shape), data
 
 
 def _member(archive: Any, path: str, name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         try:
             return np.ascontiguousarray(archive[name])
-        except (OSError, ValueError) as exc:
+        except _NPZ_ERRORS as exc:
             raise ConvertError(f"{path}: array {name}: {_one_line(exc)}") from exc
     return load
 

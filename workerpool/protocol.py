@@ -280,6 +280,12 @@ def _checked_text(text: Any) -> list[str]:
     if not isinstance(text, list) or not 0 < len(text) <= MAX_TEXTS \
             or not all(isinstance(item, str) for item in text):
         raise ProtocolError(f"'text' must be a list of 1 to {MAX_TEXTS} strings")
+    for item in text:
+        try:
+            item.encode()
+        except UnicodeEncodeError:  # JSON can spell a lone surrogate, which is no text
+            raise ProtocolError("'text' holds a string that is not valid Unicode (a lone "
+                                "surrogate)") from None
     return text
 
 

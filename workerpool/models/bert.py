@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from ..protocol import MAX_TEXTS
 from .base import Model, ModelError, ModelInputError, require_tensor
 from .ops import gelu_float32
 
@@ -77,8 +76,7 @@ class Bert(Model):
 
     def __call__(self, inputs: Any) -> Any:
         if isinstance(inputs, list):
-            ids, mask, types = self._tokenize(inputs)
-            return {"embedding": self._embed(self._encode(ids, mask, types), mask)}
+            return {"embedding": self._embed_texts(inputs)}
         ids, mask, types = self._arrays(inputs)
         states = self._encode(ids, mask, types)
         return {"embedding": self._embed(states, mask), "last_hidden_state": states}
@@ -88,17 +86,34 @@ class Bert(Model):
 
     # Inputs.
 
-    def _tokenize(self, texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _embed_texts(self, texts: Sequence[Any]) -> np.ndarray:
+        """Embeddings of texts, shortest first in chunks of about ``CHUNK_TOKENS`` tokens, each
+        padded only to its own longest text: a text costs what its tokens cost, whatever the
+        texts beside it, and its embedding does not depend on them."""
         if self.tokenizer is None:
             raise ModelInputError(f"{NAME}: this file carries no tokenizer: send input_ids and "
                                   "attention_mask")
-        if not texts or len(texts) > MAX_TEXTS or not all(isinstance(t, str) for t in texts):
-            raise ModelInputError(f"{NAME}: texts must be 1 to {MAX_TEXTS} strings")
-        encodings = self.tokenizer.encode_batch(list(texts))
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        types = np.array([e.type_ids for e in encodings], dtype=np.int64)
-        return ids, mask, types
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ModelInputError(f"{NAME}: texts must be a non-empty list of strings")
+        try:
+            encodings = self.tokenizer.encode_batch(list(texts))
+        except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
+            raise ModelInputError(f"{NAME}: the tokenizer cannot read these texts: {exc}") from None
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        embeddings = np.empty((len(encodings), self.hidden), np.float32)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end - start + 1) * len(encodings[order[end]].ids) <= CHUNK_TOKENS:
+                end += 1
+            chunk = [encodings[i] for i in order[start:end]]
+            longest = max(len(e.ids) for e in chunk)
+            ids, mask, types = (np.array([getattr(e, field) + [0] * (longest - len(e.ids)) for e in chunk],
+                                         dtype=np.int64)
+                                for field in ("ids", "attention_mask", "type_ids"))
+            embeddings[order[start:end]] = self._embed(self._encode_rows(ids, mask, types), mask)
+            start = end
+        return embeddings
 
     def _arrays(self, inputs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not isinstance(inputs, Mapping) or not {"input_ids", "attention_mask"} <= set(inputs) \
@@ -106,6 +121,8 @@ class Bert(Model):
             raise ModelInputError(f"{NAME}: expected arrays named input_ids and attention_mask "
                                   "(and optionally token_type_ids), int64 [B, L], or a list of texts")
         ids = inputs["input_ids"]
+        if isinstance(ids, np.ndarray) and ids.ndim == 2 and ids.shape[1] == 0:
+            raise ModelInputError(f"{NAME}: input_ids has no tokens (shape {list(ids.shape)})")
         for name in inputs:
             value = inputs[name]
             if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu" or value.ndim != 2 \
@@ -191,9 +208,12 @@ def _config(metadata: Mapping[str, str]) -> dict[str, Any]:
 
 def _int(text: str | None, default: int) -> int:
     try:
-        return int(text) if text is not None else default
+        value = int(text) if text is not None else default
     except ValueError:
-        raise ModelError(f"{NAME}: {MAX_LENGTH_KEY} {text!r} is not a whole number") from None
+        value = 0
+    if value < 1:
+        raise ModelError(f"{NAME}: {MAX_LENGTH_KEY} {text!r} is not a whole number from 1 up")
+    return value
 
 
 @functools.lru_cache(maxsize=2)
@@ -218,8 +238,7 @@ def _tokenizer(text: str | None, max_length: int) -> Any:
     except Exception as exc:
         raise ModelError(f"{NAME}: {TOKENIZER_KEY} cannot be read: {exc}") from exc
     tokenizer.enable_truncation(max_length)
-    padding = tokenizer.padding or {}
-    tokenizer.enable_padding(pad_id=padding.get("pad_id", 0), pad_token=padding.get("pad_token", "[PAD]"))
+    tokenizer.no_padding()  # each chunk of texts is padded to its own longest (Bert._embed_texts)
     return tokenizer
 
 
