@@ -117,8 +117,12 @@ def test_status_reports_every_worker(small_model):
 def test_status_without_server_exits_1(tmp_path):
     done = cli("status", "--control", f"ipc://{tmp_path}/none", "--timeout", "0.5", timeout=30)
     assert done.returncode == 1
+    assert done.stderr.startswith("workerpool: error: no workerpool server at ")
+    assert "none does not exist" in done.stderr and "Traceback" not in done.stderr
+    (tmp_path / "stale").write_bytes(b"")  # a socket file left by a server that is gone
+    done = cli("status", "--control", f"ipc://{tmp_path}/stale", "--timeout", "0.5", timeout=30)
+    assert done.returncode == 1
     assert done.stderr.startswith("workerpool: error: no workerpool server answers")
-    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("defect", ["missing", "garbage", "misfit"])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar, cast
 
 import zmq
 
-from . import burnpack, control, metrics, models, pool, runtime, security
+from . import burnpack, config_sources, control, metrics, models, pool, runtime, security
 from .config import (
     DEFAULT_BIND,
     DEFAULT_LOAD,
@@ -33,7 +33,8 @@ from .config import (
     ServeConfig,
     default_max_queue_bytes,
 )
-from .logs import LEVELS, setup_logging
+from .logs import FORMATS, LEVELS, setup_logging
+from .status import Status, unready
 from .units import MS_PER_SECOND, format_size, parse_size
 
 if TYPE_CHECKING:
@@ -161,9 +162,20 @@ def _pool_config(kind: type[Config], args: argparse.Namespace, **derived: Any) -
     return kind(**options | derived)
 
 
+def _with_sources(parser: argparse.ArgumentParser, argv: list[str],
+                  args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` again with the settings of ``--config`` and ``WORKERPOOL_*`` placed before the
+    command line's, which therefore wins."""
+    try:
+        extra = config_sources.arguments(args.command_parser, args.config, os.environ)
+    except config_sources.SourceError as exc:
+        raise CommandError(str(exc), exit_code=2) from exc
+    return parser.parse_args(config_sources.command_line(argv, extra)) if extra else args
+
+
 def _run_pool(run: Callable[[Config], int], config: Config) -> int:
     """Run a pool until it stops; one that cannot start exits 2, like a usage error."""
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     try:
         return run(config)
     except pool.StartupError as exc:
@@ -210,9 +222,14 @@ def _control_endpoint(args: argparse.Namespace) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     endpoint = _control_endpoint(args)
     try:
-        status = control.call(endpoint, "status", timeout=args.timeout)
+        status = control.call(endpoint, "status", timeout=args.timeout, memory=not args.ready)
     except control.ControlError as exc:
         raise CommandError(str(exc)) from exc
+    if args.ready:
+        reason = unready(cast(Status, status))
+        print(f"workerpool: not ready: {reason}" if reason else "workerpool: ready",
+              file=sys.stderr if reason else sys.stdout)
+        return 1 if reason else 0
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -543,6 +560,9 @@ def _add_serve(sub: Subcommands) -> None:
     parser.add_argument("--max-connections", type=_positive_count, default=MAX_CONNECTIONS, metavar="N",
                         help="client connections served at once; more are closed at once "
                         "(default: %(default)s)")
+    parser.add_argument("--http", metavar="HOST:PORT",
+                        help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here; a "
+                        "bare :PORT is loopback (default: off)")
     parser.add_argument("--backend", metavar="ENDPOINT",
                         help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on "
                         "other hosts join (default: none; local workers always use a private ipc socket)")
@@ -573,6 +593,9 @@ def _add_status(sub: Subcommands) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.add_argument("--explain", action="store_true",
                         help="say under the table what each memory column means")
+    parser.add_argument("--ready", action="store_true",
+                        help="exit 0 only if a worker serves the current weights and the server is "
+                        "not shutting down (an exec probe; /readyz over --http says the same)")
     _add_timeout(parser, 5.0)
 
 
@@ -636,7 +659,16 @@ def _add_pool_options(parser: argparse.ArgumentParser, file_help: str, graceful_
     Their destinations are the :class:`~workerpool.config.PoolConfig` field names, which is how
     :func:`_pool_config` finds them.
     """
+    parser.set_defaults(command_parser=parser)
     parser.add_argument("path", metavar="MODEL.bpk", help=file_help)
+    parser.add_argument("--config", metavar="FILE",
+                        help="read options from this TOML file (keys are the long option names: "
+                        "workers = 8, max-batch = 16); the environment's WORKERPOOL_<OPTION> "
+                        "variables come next, the command line wins over both")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the options in effect, as a --config file, and exit")
+    parser.add_argument("--log-format", choices=FORMATS, default="text",
+                        help="text, or json: one JSON object per line (default: %(default)s)")
     parser.add_argument("--workers", type=_positive_or_zero, default=os.cpu_count() or 1,
                         help="worker processes (default: the number of CPUs, %(default)s here)")
     _add_model(parser, "model to build (default: metadata workerpool.model, else recognised "
@@ -767,9 +799,17 @@ _positive_seconds = _above_zero(_seconds, "must be more than 0 seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     handler: Handler = args.handler
     try:
+        if hasattr(args, "print_config"):  # serve and workers: a file and the environment too
+            args = _with_sources(parser, argv, args)
+            if args.print_config:
+                shown = {"batch_wait": args.batch_wait * MS_PER_SECOND} if hasattr(args, "batch_wait") else {}
+                print(config_sources.effective(args.command_parser, args, shown))
+                return 0
         return handler(args)
     except CommandError as exc:
         print(f"workerpool: error: {exc}", file=sys.stderr)

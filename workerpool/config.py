@@ -54,6 +54,7 @@ class PoolConfig:
     heartbeat: float = HEARTBEAT_SECONDS
     liveness: int = LIVENESS_BEATS
     log_level: str = DEFAULT_LOG_LEVEL
+    log_format: str = "text"  # or json: one object per line
     watch_interval: float | None = WATCH_INTERVAL_SECONDS  # None: reload only when asked
     max_worker_memory: int | None = None  # bytes of private memory before a worker is recycled
     threads_per_worker: int | None = None  # None: the CPUs this process may use, shared out
@@ -82,6 +83,7 @@ class ServeConfig(PoolConfig):
     max_message_size: int | None = None  # None: sized to the model's input
     reload_timeout: float = RELOAD_TIMEOUT_SECONDS
     backend: str | None = None  # None: a private ipc socket
+    http: str | None = None  # HOST:PORT of the operations endpoint; None: none
     server_keys: security.ServerKeys | None = None
 
 

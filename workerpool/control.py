@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import zmq
@@ -16,6 +17,9 @@ class ControlError(Exception):
 
 def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any) -> dict[str, Any]:
     """Send one command and return the supervisor's JSON answer."""
+    path = endpoint.removeprefix("ipc://")
+    if endpoint.startswith("ipc://") and not path.startswith("@") and not os.path.exists(path):
+        raise ControlError(f"no workerpool server at {endpoint}: {path} does not exist")
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

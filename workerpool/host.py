@@ -101,6 +101,11 @@ class HostRole:
                      generation, old[0].generation)
             pool.spawn()
 
+    def reload_done(self) -> bool:
+        generation = self.pool.watcher.current.generation
+        return all(c.generation >= generation and c.ready for c in self.pool.children.values()
+                   if not c.stopping)
+
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
         return workers_line(path, size, model, workers, self.config.connect)
 

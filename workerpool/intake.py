@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -263,6 +263,7 @@ class Intake:
         self.dispatch = dispatch
         self.queue = RequestQueue(max_queue, max_queue_bytes)
         self.accepting = True
+        self.outcomes: Counter[str] = Counter()  # replies sent, by "ok" or error code
 
     def on_readable(self) -> None:
         receive_batch(self.socket, self._accept)
@@ -331,6 +332,7 @@ class Intake:
         self.refuse(pending.client, pending.frames[0], code, message)
 
     def reply_error(self, client: bytes, request_id: Any, code: str, message: str) -> None:
+        self.outcomes[code] += 1
         self.send(client, protocol.encode_error(request_id, code, message))
 
     def send(self, client: bytes, frames: list[Any]) -> None:

@@ -55,6 +55,7 @@ class Watcher:
         self.seen: burnpack.FileIdentity | None = identity
         self.problem: str | None = None
         self.last_reload: dict[str, Any] | None = None
+        self.outcomes = {"accepted": 0, "refused": 0}  # new weights taken or refused, so far
 
     def check(self, trigger: str) -> str:
         """Look at the path now: ``unchanged``, ``refused`` or ``new`` (then ``current`` moved on)."""
@@ -93,6 +94,7 @@ class Watcher:
             return self._refuse(trigger, self.problem)
         self.problem = None
         self.current = Weights(self.current.generation + 1, validated, name, signature)
+        self.outcomes["accepted"] += 1
         self.last_reload = {"time": time.time(), "trigger": trigger, "result": "ok",
                             "generation": self.current.generation, "reason": None}
         log.info("new weights in %s (inode %d, %d bytes): generation %d; switching workers one at a time",
@@ -100,6 +102,7 @@ class Watcher:
         return "new"
 
     def _refuse(self, trigger: str, reason: str) -> str:
+        self.outcomes["refused"] += 1
         self.last_reload = {"time": time.time(), "trigger": trigger, "result": "refused",
                             "generation": self.current.generation, "reason": reason}
         log.error("refused new weights: %s; generation %d keeps serving", reason, self.current.generation)

@@ -15,6 +15,7 @@ TCP one. Which socket a worker registered on, never what it says, decides whethe
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import deque
@@ -97,6 +98,8 @@ class Router:
         self._workers: dict[WorkerKey, WorkerRecord] = {}
         self._free: deque[WorkerKey] = deque()
         self._running_here: set[WorkerKey] = set()  # local workers with requests in flight
+        self.queue_waits = Timings()  # from a request's arrival to its dispatch
+        self.run_times = Timings()  # from a request's dispatch to its reply
         self.frontend = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
                               read_ahead=CLIENT_READ_AHEAD)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -169,13 +172,16 @@ class Router:
         inflight.pop(0)
         worker.served += 1
         worker.errors += not ok
+        now = time.monotonic()
+        self.run_times.observe(now - worker.busy_since)
+        self.intake.outcomes["ok" if ok else _error_code(frames)] += 1
         self.rollout.answered(client, worker.generation)
         self.intake.send(client, frames)
         if not inflight:
             if worker.key in self._running_here:
                 self._running_here.discard(worker.key)
                 if worker.batchable:
-                    self.batching.finished(time.monotonic() - worker.busy_since)
+                    self.batching.finished(now - worker.busy_since)
             self._worker_free(worker)
 
     def _register(self, link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame]) -> None:
@@ -190,8 +196,8 @@ class Router:
         if worker.key in self._workers:
             self.lose(worker.key, "re-registered")
         self._workers[worker.key] = worker
-        log.info("worker %d on %s ready (model %s, generation %d)",
-                 worker.pid, worker.host, worker.model, worker.generation)
+        log.info("worker %d on %s ready (model %s, generation %d)", worker.pid, worker.host,
+                 worker.model, worker.generation, extra={"worker": worker.pid, "generation": worker.generation})
         self.events.worker_ready(worker)
         self._worker_free(worker)
 
@@ -305,6 +311,7 @@ class Router:
         worker.took(batch, rows, batchable=self._shape(first) is not None and rows <= self.batching.max_rows)
         for pending in batch:
             pending.attempts += 1
+            self.queue_waits.observe(worker.busy_since - pending.received)
         if worker.local:
             self._running_here.add(worker.key)
         log.debug("worker %d: batch of %d requests, %d rows", worker.pid, len(batch), rows)
@@ -358,8 +365,9 @@ class Router:
 
     # Losing and stopping workers.
 
-    def lose(self, key: WorkerKey, why: str) -> None:
-        """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``."""
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False) -> None:
+        """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
+        ``asked``: it left because it was told to (the supervisor logs that, not a loss)."""
         worker = self._workers.pop(key, None)
         if worker is None:
             return
@@ -369,7 +377,8 @@ class Router:
         inflight = self._take_inflight(worker)
         pending = inflight[0] if len(inflight) == 1 else None
         if not inflight:
-            log.info("worker %d lost (%s)", worker.pid, why)
+            log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,
+                    "left" if asked else "lost", why, extra={"worker": worker.pid})
         elif pending is None:
             log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
                         "alone", worker.pid, why, len(inflight))
@@ -402,11 +411,12 @@ class Router:
             pending.solo = True
             self.intake.enqueue(pending, first=True)
 
-    def worker_exited(self, token: str, why: str) -> None:
-        """A local worker process exited (its supervisor, which gave it ``token``, reaped it)."""
+    def worker_exited(self, token: str, why: str, *, asked: bool = False) -> None:
+        """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
+        ``asked``: it had been told to stop."""
         for key, worker in list(self._workers.items()):
             if worker.local and worker.token == token:
-                self.lose(key, why)
+                self.lose(key, why, asked=asked)
         self._drain()
 
     def stop_worker(self, key: WorkerKey) -> None:
@@ -467,6 +477,31 @@ class Router:
         for worker in self._workers.values():
             for pending in self._take_inflight(worker):
                 self.intake.fail(pending, code, message)
+
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Timings:
+    """How many durations fell at or under each bound of ``LATENCY_BUCKETS`` (then above them
+    all), and their sum: what a Prometheus histogram reports, counted without a lock in the loop."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+
+def _error_code(frames: list[Any]) -> str:
+    """The code of a worker's error reply (``internal`` when it cannot be read)."""
+    try:
+        code = protocol.decode_header(frames[0]).get("error", {}).get("code")
+    except (protocol.ProtocolError, AttributeError, IndexError):
+        code = None
+    return code if isinstance(code, str) and code.isidentifier() and len(code) <= 32 else "internal"
 
 
 def _in_domain(secure: Callable[[zmq.Socket, str], None] | None,

@@ -58,6 +58,7 @@ class ServingRole:
         self.reload_waiters: list[tuple[bytes, int, float]] = []
         self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
         self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
+        self.http_url: str | None = None
 
     @property
     def router(self) -> Router:
@@ -94,6 +95,31 @@ class ServingRole:
         self.connections = ConnectionLimit(self.router.frontend, self._connection_cap())
         cleanup.callback(self.connections.close)
         self._read_sockets(pool.loop)
+        self.http_url = self._open_http(pool, cleanup) if self.config.http else None
+
+    def _open_http(self, pool: Supervisor, cleanup: ExitStack) -> str:
+        """The operations endpoint on its own thread (imported only when asked for)."""
+        from .ops_http import OpsServer, Snapshots, parse_address
+
+        assert self.config.http is not None
+        snapshots = Snapshots(pool.loop, self._snapshot)
+        try:
+            server = OpsServer(*parse_address(self.config.http), snapshots, self.config.path)
+        except (OSError, ValueError) as exc:
+            snapshots.close()
+            raise StartupError(f"cannot serve --http {self.config.http}: {exc}") from exc
+        server.start()
+        cleanup.callback(server.stop)
+        return server.url
+
+    def _snapshot(self) -> dict[str, Any]:
+        """What a scrape reads, taken between two events of the loop."""
+        router, pool = self.router, self.pool
+        return {"status": self.status(), "outcomes": dict(router.intake.outcomes),
+                "queue_waits": (list(router.queue_waits.counts), router.queue_waits.total),
+                "run_times": (list(router.run_times.counts), router.run_times.total),
+                "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
+                "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
 
     def _connection_cap(self) -> int:
         """--max-connections, lowered when the descriptor limit could not hold that many beside
@@ -197,12 +223,15 @@ class ServingRole:
             self.pool.child_ready(child)
 
     def child_exited(self, child: Child, why: str) -> None:
-        self.router.worker_exited(child.token, why)
+        self.router.worker_exited(child.token, why, asked=child.stopping)
 
     def roll_out(self) -> None:
         self.switch_failure = None
         current = self.pool.watcher.current
         self.router.begin_rollout(current.generation, current.identity.as_list())
+
+    def reload_done(self) -> bool:
+        return self.router.reload_complete()
 
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
         return serve_line(path, size, model, workers, self.router.endpoint)
@@ -324,9 +353,11 @@ class ServingRole:
         helpers: dict[int, Any] = memory.helpers if memory else {}
         return {
             "supervisor_pid": os.getpid(),
+            "draining": self.pool.stopping,
             "supervisor_memory": helpers.get(os.getpid()),
             "template": self.pool.starter.status(helpers),
             "endpoint": router.endpoint,
+            "http": self.http_url,
             "threads_per_worker": self.pool.threads_per_worker,
             "model": {
                 "name": current.model,

@@ -62,9 +62,11 @@ class TemplateStatus(TypedDict):
 
 class Status(TypedDict):
     supervisor_pid: int
+    draining: bool  # stopping: new requests are refused
     supervisor_memory: MemoryFigures | None
     template: TemplateStatus | None  # None: workers are spawned (--start spawn)
     endpoint: str
+    http: str | None  # the operations endpoint's URL, if --http was given
     threads_per_worker: int  # each worker's BLAS/OpenMP threads
     model: ModelStatus
     queue: QueueStatus
@@ -101,3 +103,15 @@ def _row(worker: WorkerRecord, memory: MemoryFigures | None) -> WorkerStatus:
             "batches": worker.batches, "rows": worker.rows,
             "batch_sizes": {str(size): count for size, count in sorted(worker.batch_sizes.items())},
             "started": worker.started, "memory": memory}
+
+
+def unready(status: Status) -> str | None:
+    """Why the pool would not answer a request with the current weights, in one line; None
+    when it would (what ``/readyz`` and ``status --ready`` report)."""
+    if status["draining"]:
+        return "the server is shutting down"
+    current = status["model"]["generation"]
+    serving = [w for w in status["workers"] if w["state"] in ("ready", "busy") and w["generation"] == current]
+    if serving:
+        return None
+    return f"no worker serves generation {current} yet ({len(status['workers'])} workers, none ready)"

@@ -22,6 +22,7 @@ from .config import POLLS_PER_HEARTBEAT, PoolConfig
 from .loop import Loop
 from .process import Backoff, Child, Process, describe_exit
 from .starters import SpawnStarter, Starter, StartOrder
+from .systemd import Notifier
 from .template_starter import TemplateStarter
 from .units import format_size
 from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, STOP_SIGNAL, WorkerSpec
@@ -81,6 +82,9 @@ class Role(Protocol):
     def roll_out(self) -> None:
         """The watcher accepted a new generation: move the workers to it."""
 
+    def reload_done(self) -> bool:
+        """Whether every worker serves the newest generation."""
+
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
         """The one line printed on stdout once every worker is ready (see ``ready_line.py``)."""
 
@@ -98,6 +102,9 @@ class Supervisor:
         self.start_failures = Backoff()
         self.refusals = Backoff()
         self.announced = False
+        self.notifier = Notifier()
+        self.replacements = 0  # workers that were serving and died, replaced
+        self.reloading = False  # told the service manager RELOADING=1, not yet READY=1 again
         self.stopping = False
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
@@ -146,8 +153,12 @@ class Supervisor:
                                f"the weights each worker holds with --load copy ({format_size(size)})")
 
     def _duties(self) -> None:
+        self.notifier.ping()
         self._spawn_due()
         self._watch()
+        if self.reloading and not self.stopping and self.role.reload_done():
+            self.reloading = False
+            self.notifier.ready(self._summary())
         if self.stopping:
             self._shutdown_step()
         else:
@@ -274,6 +285,7 @@ class Supervisor:
             self.spawn_at.append(time.monotonic() + delay)
         elif child.ready:
             log.warning("worker %d %s; starting a replacement", child.pid, why)
+            self.replacements += 1
             self.spawn()
         else:
             delay = self.start_failures.fail()
@@ -295,6 +307,13 @@ class Supervisor:
             line = self.role.ready_line(self.config.path, format_size(current.identity.size),
                                         current.model, self.target)
             print(line, flush=True)
+            self.notifier.ready(self._summary())
+
+    def _summary(self) -> str:
+        """One line for the service manager's status."""
+        current = self.watcher.current
+        ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
+        return f"serving {current.model} generation {current.generation} with {ready} workers"
 
     def stop_child(self, child: Child) -> None:
         child.terminate()
@@ -313,6 +332,8 @@ class Supervisor:
         outcome = self.watcher.check(trigger)
         if outcome == "new":
             self.refusals.reset()
+            self.reloading = True
+            self.notifier.reloading(f"moving to generation {self.watcher.current.generation}")
             self.role.roll_out()
         return outcome
 
@@ -413,6 +434,7 @@ class Supervisor:
 
     def _begin_shutdown(self, reason: str) -> None:
         self.stopping = True
+        self.notifier.stopping(f"{reason}: draining")
         requests = self.role.requests
         if requests is not None:
             requests.stop_accepting()

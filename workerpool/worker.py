@@ -144,9 +144,9 @@ def _model_failed(request_id: Any, exc: BaseException) -> str:
     """
     if isinstance(exc, MemoryError):
         exc.__traceback__ = None
-        log.error("request %r failed: %s", request_id, _one_line(exc))
+        log.error("request %r failed: %s", request_id, _one_line(exc), extra={"request_id": request_id})
     else:
-        log.error("request %r failed", request_id, exc_info=exc)
+        log.error("request %r failed", request_id, exc_info=exc, extra={"request_id": request_id})
     return _one_line(exc)
 
 

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Does a Prometheus scrape slow routing? The same server, with and without /metrics scraped
+every second, alternating, in the same run.
+
+One ``workerpool serve --http`` on a 1 MiB mlp; each round drives K one-row requests in flight
+(bench.py's ``drive``) once with nobody scraping and once with a thread fetching ``/metrics``
+every ``--interval`` seconds (which makes the loop build a snapshot and the endpoint's thread
+read every worker's memory).
+
+    python3 scripts/scrape_bench.py                 # 2 workers, K = 1 and 16, 5 s, 3 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import urllib.request
+
+from bench import demo_model, drive, load_average
+
+from workerpool import protocol
+from workerpool.launcher import ServerProcess, serve_args
+from workerpool.units import MiB
+
+
+def scraping(url: str, interval: float, stop: threading.Event, scrapes: list[float]) -> None:
+    while not stop.wait(interval):
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            reply.read()
+        scrapes.append(1.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--in-flight", default="1,16", help="comma-separated levels (default: 1,16)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per level and run (default: 5)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (default: 3)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default: 1)")
+    args = parser.parse_args()
+    levels = [int(k) for k in args.in_flight.split(",")]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    runs: dict[str, list[dict[int, dict]]] = {"quiet": [], "scraped": []}
+    scrapes: list[float] = []
+    start_load = load_average()
+    with tempfile.TemporaryDirectory(prefix="wp-scrape-") as directory:
+        model, _, row = demo_model(directory, MiB)
+        frames = protocol.encode_request(0, row)
+        serve = serve_args(model, args.workers, "--http", f"127.0.0.1:{port}", "--control",
+                           f"ipc://{directory}/control", "--log-level", "warning")
+        with ServerProcess(serve, log_path=os.path.join(directory, "serve.log")) as server:
+            drive(server.endpoint, frames, 4, 1.0)  # warm up
+            for _ in range(args.repeat):
+                for mode in ("quiet", "scraped"):
+                    stop = threading.Event()
+                    scraper = threading.Thread(target=scraping, args=(
+                        f"http://127.0.0.1:{port}/metrics", args.interval, stop, scrapes))
+                    if mode == "scraped":
+                        scraper.start()
+                    runs[mode].append({k: drive(server.endpoint, frames, k, args.seconds) for k in levels})
+                    stop.set()
+                    if mode == "scraped":
+                        scraper.join()
+    print(f"{args.workers} workers, 1 MiB mlp, one-row requests; medians of {args.repeat} alternating "
+          f"runs of {args.seconds:g} s; {len(scrapes)} scrapes of /metrics every {args.interval:g} s "
+          f"in the scraped runs")
+    for k in levels:
+        quiet = [r[k] for r in runs["quiet"]]
+        scraped = [r[k] for r in runs["scraped"]]
+        rate = (statistics.median(r["rps"] for r in quiet), statistics.median(r["rps"] for r in scraped))
+        p50 = (statistics.median(r["p50_us"] for r in quiet), statistics.median(r["p50_us"] for r in scraped))
+        print(f"{k} in flight: {rate[0]:.0f} req/s quiet, {rate[1]:.0f} scraped ({rate[1] / rate[0]:.2f}x); "
+              f"p50 {p50[0]:.0f} µs quiet, {p50[1]:.0f} µs scraped ({p50[1] / p50[0]:.2f}x)")
+    print(f"load average at start: {start_load}; at end: {load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

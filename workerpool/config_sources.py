@@ -1,0 +1,96 @@
+"""Where ``serve`` and ``workers`` options come from besides the command line.
+
+A TOML file (``--config FILE``) and environment variables ``WORKERPOOL_<OPTION>`` (the option's
+long name in capitals, dashes as underscores: ``WORKERPOOL_MAX_BATCH=16``) are turned into
+command-line arguments placed before the real ones, file first, so that argparse itself
+applies the precedence: command line over environment over file over default, and every value
+goes through the same checks as on the command line. A key the command does not know is an
+error naming it; environment variables that name no option are left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ENV_PREFIX = "WORKERPOOL_"
+NOT_FROM_SOURCES = {"help", "config", "print_config"}  # options only the command line gives
+TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+class SourceError(Exception):
+    """A configuration file or variable that cannot be used; the message names it."""
+
+
+def options_of(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The options a file or the environment may set, by key (``max_batch``)."""
+    return {action.dest: action for action in parser._actions
+            if action.option_strings and action.dest not in NOT_FROM_SOURCES}
+
+
+def arguments(parser: argparse.ArgumentParser, config: str | None, environ: Mapping[str, str]) -> list[str]:
+    """Command-line arguments for the file's settings, then the environment's."""
+    options = options_of(parser)
+    found: list[str] = []
+    if config is not None:
+        for key, value in _read(config).items():
+            action = options.get(key.replace("-", "_"))
+            if action is None:
+                raise SourceError(f"{config}: unknown key {key!r} (the options of "
+                                  f"'{parser.prog}' are: {', '.join(sorted(options))})")
+            found += _as_arguments(action, value, f"{config}: {key}")
+    for dest, action in options.items():
+        name = ENV_PREFIX + dest.upper()
+        if name in environ:
+            found += _as_arguments(action, environ[name], name)
+    return found
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SourceError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def _as_arguments(action: argparse.Action, value: Any, where: str) -> list[str]:
+    flag = action.option_strings[-1]
+    if action.nargs == 0:  # a switch such as --no-watch
+        if isinstance(value, str) and value.lower() in TRUE | FALSE:
+            value = value.lower() in TRUE
+        if not isinstance(value, bool):
+            raise SourceError(f"{where}: {flag} is a switch: give true or false, not {value!r}")
+        return [flag] if value else []
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise SourceError(f"{where}: {flag} takes a value such as on the command line, not {value!r}")
+    return [f"{flag}={value}"]
+
+
+def effective(parser: argparse.ArgumentParser, args: argparse.Namespace,
+              shown: Mapping[str, Any] | None = None) -> str:
+    """The settings ``args`` holds, as a TOML file ``--config`` would read back: ``shown``
+    maps a key to how its value is written when that differs from the parsed value."""
+    lines = []
+    for dest in sorted(options_of(parser)):
+        value = (shown or {}).get(dest, getattr(args, dest))
+        if value is None:
+            lines.append(f"# {dest}: not set")
+        elif isinstance(value, bool):
+            lines.append(f"{dest} = {'true' if value else 'false'}")
+        elif isinstance(value, int | float):
+            lines.append(f"{dest} = {value!r}")
+        else:
+            lines.append(f"{dest} = {json.dumps(str(value))}")
+    return "\n".join(lines)
+
+
+def command_line(argv: Sequence[str], extra: list[str]) -> list[str]:
+    """``argv`` (``[command, ...]``) with ``extra`` placed before the command's own arguments."""
+    return [argv[0], *extra, *argv[1:]]
+
