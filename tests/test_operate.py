@@ -86,9 +86,9 @@ def test_readyz_follows_the_pool_and_status_ready_says_the_same(small_model):
         url = server.status(memory=False)["http"]
         assert get(url + "/healthz") == (200, "ok\n")
         status, reason = get(url + "/readyz")
-        assert status == 503 and "no worker serves generation 1" in reason
+        assert status == 503 and "no worker is ready yet (0 starting)" in reason
         probe = cli("status", "--ready", "--control", server.control)
-        assert probe.returncode == 1 and "not ready: no worker serves" in probe.stderr
+        assert probe.returncode == 1 and "not ready: no worker is ready" in probe.stderr
         server.signal(signal.SIGTTIN)
         server.wait_for(pool_ready(1))
         assert get(url + "/readyz") == (200, "ready\n")
@@ -236,3 +236,11 @@ def test_the_readmes_config_example_is_accepted(tmp_path, small_model):
     done = cli("serve", small_model, "--config", tmp_path / "serve.toml", "--print-config")
     assert done.returncode == 0, done.stderr
     assert 'http = "127.0.0.1:8002"' in done.stdout and "max_batch = 16" in done.stdout
+
+
+def test_workers_take_connect_from_the_environment_too(small_model, monkeypatch):
+    missing = cli("workers", small_model)
+    assert missing.returncode == 2 and "workers needs --connect" in missing.stderr
+    monkeypatch.setenv("WORKERPOOL_CONNECT", "tcp://127.0.0.1:5556")
+    done = cli("workers", small_model, "--print-config")
+    assert done.returncode == 0 and 'connect = "tcp://127.0.0.1:5556"' in done.stdout

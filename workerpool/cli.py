@@ -151,6 +151,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
+    if not args.connect:
+        raise CommandError("workers needs --connect ENDPOINT (or connect in --config, or "
+                           "WORKERPOOL_CONNECT)", exit_code=2)
     return _run_pool(pool.run_host, _pool_config(HostConfig, args, keys=_client_keys(args)))
 
 
@@ -214,7 +217,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def _control_endpoint(args: argparse.Namespace) -> str:
     try:
-        return args.control or runtime.default_control_endpoint()
+        return args.control or os.environ.get("WORKERPOOL_CONTROL") or runtime.default_control_endpoint()
     except OSError as exc:
         raise CommandError(f"cannot use the runtime directory: {exc}") from exc
 
@@ -640,8 +643,8 @@ def _add_workers(sub: Subcommands) -> None:
     parser = _command(sub, "workers", cmd_workers)
     _add_pool_options(parser, "this host's copy of the weights",
                       "on SIGTERM, seconds for workers to leave the router")
-    parser.add_argument("--connect", required=True, metavar="ENDPOINT",
-                        help="the router's backend endpoint, e.g. tcp://router-host:5556")
+    parser.add_argument("--connect", metavar="ENDPOINT",
+                        help="the router's backend endpoint, e.g. tcp://router-host:5556 (required)")
     _add_client_key_options(parser)
 
 

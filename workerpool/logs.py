@@ -54,3 +54,7 @@ def setup_logging(level: str, log_format: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    logging.captureWarnings(True)  # a model's warnings, in the same format
+    warnings = logging.getLogger("py.warnings")
+    warnings.handlers[:] = [handler]
+    warnings.propagate = False

@@ -33,13 +33,14 @@ from prometheus_client.core import (
 
 from . import metrics
 from .loop import Loop
-from .router import LATENCY_BUCKETS
+from .router import BATCH_BUCKETS, LATENCY_BUCKETS
 from .status import unready
 
 log = logging.getLogger("workerpool.supervisor")
 
 LOOP_PATIENCE = 2.0  # seconds the loop may take to hand over a snapshot before it counts as stuck
-CLIENT_TIMEOUT = 10.0  # seconds an HTTP client may take to send its request
+CLIENT_TIMEOUT = 5.0  # seconds an HTTP client may stay silent
+MAX_CONNECTIONS = 16  # HTTP connections served at once
 Snapshot = dict[str, Any]
 
 
@@ -53,20 +54,23 @@ class Snapshots:
         os.set_blocking(self._write, False)
         self._waiting: list[Future[Snapshot]] = []
         self._lock = threading.Lock()
+        self._closed = False
         loop.read(self._read, self._answer)
 
     def ask(self) -> Snapshot | None:
         """The pool's state now, or None when the loop did not answer within ``LOOP_PATIENCE``."""
         answer: Future[Snapshot] = Future()
-        with self._lock:
+        with self._lock:  # held while writing: close() cannot close the pipe under us
+            if self._closed:
+                return None
             self._waiting.append(answer)
-        try:
-            os.write(self._write, b"?")
-        except BlockingIOError:  # the loop has many wake-ups to read already
-            pass
+            try:
+                os.write(self._write, b"?")
+            except BlockingIOError:  # the loop has many wake-ups to read already
+                pass
         try:
             return answer.result(LOOP_PATIENCE)
-        except TimeoutError:
+        except Exception:  # noqa: BLE001 - timed out, or the snapshot failed (logged by the loop)
             return None
 
     def _answer(self) -> None:
@@ -78,14 +82,23 @@ class Snapshots:
                 break
         with self._lock:
             waiting, self._waiting = self._waiting, []
-        if waiting:
+        if not waiting:
+            return
+        try:
             snapshot = self._produce()
+        except Exception as exc:  # a scrape's failure is the scrape's, not the loop's
+            log.exception("snapshot for the operations endpoint failed")
             for answer in waiting:
-                answer.set_result(snapshot)
+                answer.set_exception(exc)
+            return
+        for answer in waiting:
+            answer.set_result(snapshot)
 
     def close(self) -> None:
-        os.close(self._read)
-        os.close(self._write)
+        with self._lock:
+            self._closed = True
+            os.close(self._read)
+            os.close(self._write)
 
 
 class PoolCollector:
@@ -98,7 +111,7 @@ class PoolCollector:
     def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshots.ask()
         if snapshot is None:
-            return
+            raise LoopStuck
         status = snapshot["status"]
         yield _counter("workerpool_requests", "Requests answered, by result code ('ok' or the error code).",
                        "code", snapshot["outcomes"])
@@ -114,12 +127,13 @@ class PoolCollector:
         for worker in status["workers"]:
             states[worker["state"]] = states.get(worker["state"], 0) + 1
         yield _gauge("workerpool_workers", "Workers by state.", "state", states)
-        yield GaugeMetricFamily("workerpool_generation", "Generation of the weights being served.",
+        yield GaugeMetricFamily("workerpool_generation", "Newest generation of weights accepted "
+                                "(workers move to it one at a time).",
                                 value=status["model"]["generation"])
         yield _counter("workerpool_reloads", "New weight files taken or refused.", "outcome", snapshot["reloads"])
         yield CounterMetricFamily("workerpool_worker_restarts", "Serving workers that died and were replaced.",
                                   value=snapshot["replacements"])
-        yield _batch_histogram(status["workers"])
+        yield _batch_histogram(snapshot["batch_rows"])
         yield from self._memory(status, snapshot)
 
     def _memory(self, status: dict[str, Any], snapshot: Snapshot) -> Iterable[Metric]:
@@ -163,19 +177,19 @@ def _histogram(name: str, text: str, timings: tuple[list[int], float]) -> Histog
     return HistogramMetricFamily(name, text, buckets=buckets, sum_value=total)
 
 
-def _batch_histogram(workers: list[dict[str, Any]]) -> HistogramMetricFamily:
-    """Rows per forward pass, from the workers' power-of-two buckets."""
-    sizes: dict[int, int] = {}
-    for worker in workers:
-        for size, count in worker["batch_sizes"].items():
-            sizes[int(size)] = sizes.get(int(size), 0) + count
+def _batch_histogram(rows: tuple[list[int], int]) -> HistogramMetricFamily:
+    """Rows per forward pass since the start, in the router's power-of-two buckets."""
+    counts, total = rows
     buckets, running = [], 0
-    for size in sorted(sizes):
-        running += sizes[size]
-        buckets.append((str(size), running))
-    buckets.append(("+Inf", running))
+    for bound, count in zip([*map(str, BATCH_BUCKETS), "+Inf"], counts, strict=True):
+        running += count
+        buckets.append((bound, running))
     return HistogramMetricFamily("workerpool_batch_rows", "Rows of the batch axis per forward pass.",
-                                 buckets=buckets, sum_value=sum(w["rows"] for w in workers))
+                                 buckets=buckets, sum_value=total)
+
+
+class LoopStuck(Exception):
+    """The supervisor's loop did not hand over a snapshot in time."""
 
 
 class _Handler(WSGIRequestHandler):
@@ -186,9 +200,26 @@ class _Handler(WSGIRequestHandler):
 
 
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per connection, so a slow client never holds up a probe."""
+    """A thread per connection, at most ``MAX_CONNECTIONS`` at once (more are closed at once),
+    so a slow client never holds up a probe and many cannot exhaust the supervisor."""
 
     daemon_threads = True
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("operations endpoint: a client from %s failed or timed out", client_address)
 
 
 class OpsServer:
@@ -217,7 +248,11 @@ class OpsServer:
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
-            return self._metrics(environ, start_response)
+            try:
+                return self._metrics(environ, start_response)
+            except LoopStuck:
+                return _text(start_response, "503 Service Unavailable",
+                             f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s")
         if path in ("/healthz", "/readyz"):
             snapshot = self.snapshots.ask()
             if snapshot is None:

@@ -100,6 +100,8 @@ class Router:
         self._running_here: set[WorkerKey] = set()  # local workers with requests in flight
         self.queue_waits = Timings()  # from a request's arrival to its dispatch
         self.run_times = Timings()  # from a request's dispatch to its reply
+        self.batch_rows = [0] * (len(BATCH_BUCKETS) + 1)  # forward passes by rows, since the start
+        self.batch_rows_total = 0
         self.frontend = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
                               read_ahead=CLIENT_READ_AHEAD)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -309,6 +311,8 @@ class Router:
                 self.queue.put(pending, first=True)
             return False
         worker.took(batch, rows, batchable=self._shape(first) is not None and rows <= self.batching.max_rows)
+        self.batch_rows[bisect.bisect_left(BATCH_BUCKETS, rows)] += 1
+        self.batch_rows_total += rows
         for pending in batch:
             pending.attempts += 1
             self.queue_waits.observe(worker.busy_since - pending.received)
@@ -479,6 +483,7 @@ class Router:
                 self.intake.fail(pending, code, message)
 
 
+BATCH_BUCKETS = tuple(2**i for i in range(11))  # 1, 2, 4 ... 1024 rows
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 

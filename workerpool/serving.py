@@ -118,6 +118,7 @@ class ServingRole:
         return {"status": self.status(), "outcomes": dict(router.intake.outcomes),
                 "queue_waits": (list(router.queue_waits.counts), router.queue_waits.total),
                 "run_times": (list(router.run_times.counts), router.run_times.total),
+                "batch_rows": (list(router.batch_rows), router.batch_rows_total),
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
                 "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
 

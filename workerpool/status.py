@@ -106,12 +106,12 @@ def _row(worker: WorkerRecord, memory: MemoryFigures | None) -> WorkerStatus:
 
 
 def unready(status: Status) -> str | None:
-    """Why the pool would not answer a request with the current weights, in one line; None
-    when it would (what ``/readyz`` and ``status --ready`` report)."""
+    """Why the pool would not answer a request now, in one line; None when it would (what
+    ``/readyz`` and ``status --ready`` report). A worker of any generation counts: during a
+    rolling reload, or one paused on a file that fails, the pool keeps serving."""
     if status["draining"]:
         return "the server is shutting down"
-    current = status["model"]["generation"]
-    serving = [w for w in status["workers"] if w["state"] in ("ready", "busy") and w["generation"] == current]
-    if serving:
+    if any(w["state"] in ("ready", "busy", "reloading") for w in status["workers"]):
         return None
-    return f"no worker serves generation {current} yet ({len(status['workers'])} workers, none ready)"
+    starting = sum(1 for w in status["workers"] if w["state"] == "starting")
+    return f"no worker is ready yet ({starting} starting)"
