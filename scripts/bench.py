@@ -102,6 +102,21 @@ def demo_model(directory: str, size: int, rows: int = 1) -> tuple[str, models.Ge
     return path, generated, x
 
 
+def add_load_options(parser: argparse.ArgumentParser, *, workers: int, in_flight: str,
+                     seconds: float, repeat: int) -> None:
+    """The options every benchmark that drives a pool shares; ``args.levels`` comes from
+    :func:`levels`."""
+    parser.add_argument("--workers", type=int, default=workers, help=f"(default: {workers})")
+    parser.add_argument("--in-flight", default=in_flight,
+                        help=f"comma-separated requests in flight (default: {in_flight})")
+    parser.add_argument("--seconds", type=float, default=seconds, help=f"per figure and run (default: {seconds:g})")
+    parser.add_argument("--repeat", type=int, default=repeat, help=f"alternating rounds (default: {repeat})")
+
+
+def levels(text: str) -> list[int]:
+    return [int(k) for k in text.split(",")]
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages, for the reader to judge a run by."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg())

@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench import demo_model, drive, load_average
+from bench import add_load_options, demo_model, drive, levels, load_average
 from compare import warm_workerpool
 from threadpoolctl import threadpool_limits
 
@@ -48,7 +48,7 @@ SENTENCES = [
 ]
 
 
-def served(model: str, workers: int, levels: list[int], seconds: float, directory: str) -> dict[str, Any]:
+def served(model: str, workers: int, in_flight: list[int], seconds: float, directory: str) -> dict[str, Any]:
     """Sentences/s and p50 at each level, and the pool's memory once every worker answered."""
     endpoint = f"ipc://{directory}/control-bert.sock"
     args = serve_args(model, workers, "--threads-per-worker", "1", "--control", endpoint,
@@ -57,7 +57,7 @@ def served(model: str, workers: int, levels: list[int], seconds: float, director
         requests = [protocol.encode_request(0, [sentence]) for sentence in SENTENCES]
         warm_workerpool(server.endpoint, requests[0], workers)
         memory = control.call(endpoint, "status", timeout=30)["totals"]
-        runs = {k: drive(server.endpoint, requests, k, seconds) for k in levels}
+        runs = {k: drive(server.endpoint, requests, k, seconds) for k in in_flight}
     return {"memory": memory, "levels": runs}
 
 
@@ -102,13 +102,10 @@ def pytorch(folder: str, batch: int, seconds: float) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--in-flight", default="1,64", help="comma-separated levels (default: 1,64)")
+    add_load_options(parser, workers=8, in_flight="1,64", seconds=5.0, repeat=2)
     parser.add_argument("--batch", type=int, default=64, help="sentences per in-process call (default: 64)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="per figure and round (default: 5)")
-    parser.add_argument("--repeat", type=int, default=2, help="rounds (default: 2)")
     args = parser.parse_args()
-    levels = [int(k) for k in args.in_flight.split(",")]
+    in_flight = levels(args.in_flight)
     try:
         from all_minilm_l6_v2 import extract_model
     except ImportError:
@@ -126,15 +123,15 @@ def main() -> int:
             with threadpool_limits(limits=1):
                 figures["numpy_1_thread"] = in_process(model, args.batch, args.seconds)
             figures["pytorch"] = pytorch(folder, args.batch, args.seconds)
-            figures["served"] = served(model, args.workers, levels, args.seconds, directory)
+            figures["served"] = served(model, args.workers, in_flight, args.seconds, directory)
             figures["baseline"] = baseline_memory(args.workers, directory)
             rounds.append(figures)
             print(f"  round {number}/{args.repeat} done", file=sys.stderr, flush=True)
-    report(args, levels, rounds, start_load)
+    report(args, in_flight, rounds, start_load)
     return 0
 
 
-def report(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, Any]], start_load: str) -> None:
+def report(args: argparse.Namespace, in_flight: list[int], rounds: list[dict[str, Any]], start_load: str) -> None:
     def median(get: Any) -> float:
         return statistics.median(get(r) for r in rounds)
 
@@ -149,7 +146,7 @@ def report(args: argparse.Namespace, levels: list[int], rounds: list[dict[str, A
               f"{median(lambda r: r['pytorch']):.0f}/s")
     else:
         print("sentence-transformers is not installed: no PyTorch figure")
-    for k in levels:
+    for k in in_flight:
         rate = median(lambda r, k=k: r["served"]["levels"][k]["rps"])
         p50 = median(lambda r, k=k: r["served"]["levels"][k]["p50_us"]) / 1000
         print(f"workerpool, {args.workers} workers, {k} in flight: {rate:.0f} sentences/s, p50 {p50:.1f} ms "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from socketserver import ThreadingMixIn
@@ -41,6 +42,7 @@ log = logging.getLogger("workerpool.supervisor")
 LOOP_PATIENCE = 2.0  # seconds the loop may take to hand over a snapshot before it counts as stuck
 CLIENT_TIMEOUT = 5.0  # seconds an HTTP client may stay silent
 MAX_CONNECTIONS = 16  # HTTP connections served at once
+MEMORY_MAX_AGE = 10.0  # seconds a memory reading serves scrapes before it is read again
 Snapshot = dict[str, Any]
 
 
@@ -107,6 +109,8 @@ class PoolCollector:
     def __init__(self, snapshots: Snapshots, path: str) -> None:
         self.snapshots = snapshots
         self.path = path
+        self._memory_read: tuple[float, list[int], metrics.PoolMemory] | None = None
+        self._memory_lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshots.ask()
@@ -136,8 +140,20 @@ class PoolCollector:
         yield _batch_histogram(snapshot["batch_rows"])
         yield from self._memory(status, snapshot)
 
+    def _read_memory(self, snapshot: Snapshot) -> metrics.PoolMemory:
+        """The processes' memory, read again only every ``MEMORY_MAX_AGE`` seconds (or when the
+        processes changed): parsing smaps holds the GIL the router's loop needs too."""
+        pids = sorted(snapshot["pids"])
+        with self._memory_lock:
+            now = time.monotonic()
+            cached = self._memory_read
+            if cached is None or now - cached[0] > MEMORY_MAX_AGE or cached[1] != pids:
+                memory = metrics.pool_memory(pids, self.path, snapshot["helpers"])
+                self._memory_read = cached = (now, pids, memory)
+            return cached[2]
+
     def _memory(self, status: dict[str, Any], snapshot: Snapshot) -> Iterable[Metric]:
-        memory = metrics.pool_memory(snapshot["pids"], self.path, snapshot["helpers"])
+        memory = self._read_memory(snapshot)
         per_worker = GaugeMetricFamily("workerpool_worker_memory_bytes", "A worker's memory, by kind.",
                                        labels=["pid", "kind"])
         for pid, figures in sorted(memory.workers.items()):
