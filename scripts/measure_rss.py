@@ -189,7 +189,7 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'workerpool[plot]'") from None
+        raise SystemExit("--plot needs matplotlib: python3 -m pip install -e '.[plot]' (in the checkout)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

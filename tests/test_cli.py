@@ -82,3 +82,37 @@ def test_batching_options_refuse_nonsense_before_starting(small_model, option, v
     done = cli("serve", small_model, option, value)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_version_and_the_command_list():
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("workerpool ")
+    alone = cli()
+    assert alone.returncode == 2 and "serve" in alone.stdout and "convert" in alone.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "m.bpk", "--bind", "127.0.0.1:5555"], "write tcp://127.0.0.1:5555"),
+    (["new-model", "x.bpk", "--size", "0"], "--size: must be more than 0 bytes"),
+    (["infer", "--inptu", "x.npy"], "required: --input"),
+])
+def test_usage_errors_are_one_line(args, message):
+    done = cli(*args)
+    assert done.returncode == 2 and message in done.stderr
+    assert done.stderr.count("\n") == 1 and "usage:" not in done.stderr
+
+
+def test_infer_says_at_once_that_nothing_listens_and_checks_its_output_first(tmp_path):
+    import socket
+
+    import numpy as np
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    done = cli("infer", "--input", tmp_path / "x.npy", "--endpoint", f"tcp://127.0.0.1:{port}", timeout=20)
+    assert done.returncode == 1 and "nothing listens at" in done.stderr
+    bad = cli("infer", "--input", tmp_path / "x.npy", "--output", tmp_path / "no" / "y.npy",
+              "--endpoint", f"tcp://127.0.0.1:{port}")
+    assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr

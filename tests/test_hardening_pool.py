@@ -233,9 +233,15 @@ def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(smal
         assert len(list(pools.glob("pool-*"))) == 2
         os.killpg(killed.proc.pid, signal.SIGKILL)
         killed.proc.wait(10)
+        for name, age in (("pool-leftover", 3600), ("pool-being-made", 0)):  # no owner file
+            (pools / name).mkdir(mode=0o700)
+            (pools / name / "backend.sock").write_bytes(b"")
+            os.utime(pools / name, (time.time() - age, time.time() - age))
         with server("next") as nxt:
-            left = {json.loads((p / "owner").read_text())["pid"] for p in pools.glob("pool-*")}
+            owned = {p for p in pools.glob("pool-*") if (p / "owner").exists()}
+            left = {json.loads((p / "owner").read_text())["pid"] for p in owned}
             assert left == {alive.proc.pid, nxt.proc.pid}
+            assert {p.name for p in pools.glob("pool-*")} - {p.name for p in owned} == {"pool-being-made"}
             assert "left by a server that is gone" in nxt.log()
     finally:
         killed.stop()

@@ -513,3 +513,12 @@ def test_a_bare_row_keeps_its_own_output_shape_when_the_output_is_undeclared(tmp
     bare, row = np.ones(4, np.float32), np.ones((1, 4), np.float32)
     results = loaded.infer_batch([bare, row, bare, row])
     assert [r.shape for r in results] == [(4,), (1, 4), (4,), (1, 4)]
+
+
+def test_float64_input_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "m.bpk"
+    generate_mlp(path, 1 << 20)
+    loaded = LoadedModel(str(path), None)
+    width = loaded.describe()["input_shape"][1]
+    with pytest.raises(ModelInputError, match=r"send x\.astype\(np\.float32\)"):
+        loaded.infer(np.ones((1, width)))

@@ -6,10 +6,11 @@ import argparse
 import json
 import math
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeAlias, TypeVar, cast
 
 import zmq
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from .client import Outputs
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
-Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Subcommands: TypeAlias = "argparse._SubParsersAction[_Parser]"
 Config = TypeVar("Config", bound=PoolConfig)
 
 
@@ -332,6 +333,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
     import numpy as np
 
 
+    if args.output:
+        _check_writable(args.output)
     try:
         x = np.load(args.input, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -345,9 +348,43 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+CONNECT_SECONDS = 2.0  # how long a command waits to reach a server before saying none listens
+
+
+def _check_listening(endpoint: str) -> None:
+    """Say at once when nothing listens at ``endpoint``: a server that never accepts the
+    connection is not a slow one, and retries would only wait longer."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint.removeprefix("ipc://")
+        if not path.startswith("@") and not os.path.exists(path):
+            raise CommandError(f"nothing listens at {endpoint}: {path} does not exist")
+        return
+    if not endpoint.startswith("tcp://"):
+        return
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except ValueError:
+        raise CommandError(f"{endpoint}: not tcp://HOST:PORT") from None
+    except OSError as exc:
+        raise CommandError(f"nothing listens at {endpoint}: {exc.strerror or exc} (is the server "
+                           "running, and on that address?)") from None
+
+
+def _check_writable(path: str) -> None:
+    """Refuse an output path that cannot be written before a request is sent for it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CommandError(f"{path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise CommandError(f"{path}: not writable")
+
+
 def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
+    if args.output:
+        _check_writable(args.output)
     outputs = _request(args, list(args.texts)).outputs
     embedding = outputs.get("embedding") if isinstance(outputs, dict) else None
     if not isinstance(embedding, np.ndarray):
@@ -366,6 +403,7 @@ def _request(args: argparse.Namespace, payload: Any) -> Any:
     from .client import Client
     from .errors import WorkerpoolError
 
+    _check_listening(args.endpoint)
     try:
         with Client(args.endpoint, timeout=args.timeout, retries=args.retries,
                     keys=_client_keys(args)) as client:
@@ -413,13 +451,21 @@ def _save(path: str, outputs: Outputs) -> None:
         np.save(path, np.asanyarray(outputs))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, as every other error, with where to read more."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workerpool",
         description="Serve a numpy model from many worker processes that share one "
         "memory-mapped copy of its Burnpack (.bpk) weights.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_command in (_add_inspect, _add_new_model, _add_convert, _add_serve, _add_reload, _add_publish,
                         _add_status, _add_infer, _add_embed, _add_workers, _add_keys):
         add_command(sub)
@@ -433,7 +479,7 @@ class _Help(NamedTuple):
     description: str | None = None  # atop the command's own ``--help``
 
 
-def _command(sub: Subcommands, name: str, handler: Handler | None = None) -> argparse.ArgumentParser:
+def _command(sub: Subcommands, name: str, handler: Handler | None = None) -> _Parser:
     """A subcommand's parser with its help texts, wired to the function that runs it (a command
     that only groups others has none)."""
     summary, description = _COMMAND_HELP[name]
@@ -508,7 +554,11 @@ _COMMAND_HELP = {
         description="'workerpool keys generate DIR [--name NAME]' writes DIR/NAME.key (public) and "
         "DIR/NAME.key_secret (secret, mode 0600).",
     ),
-    "generate": _Help(summary="write a new key pair"),
+    "generate": _Help(
+        summary="write a new key pair",
+        description="Write DIR/NAME.key (the public key, to hand to the other side) and "
+        "DIR/NAME.key_secret (mode 0600, to keep). DIR is created if needed.",
+    ),
 }
 """The subcommands' help texts by name, together so that they read as one manual."""
 
@@ -525,7 +575,7 @@ _NEW_MODEL_SIZE = "256MiB"
 def _add_new_model(sub: Subcommands) -> None:
     parser = _command(sub, "new-model", cmd_new_model)
     parser.add_argument("out", help="the .bpk file to write (replaced if it exists)")
-    parser.add_argument("--size", type=_size, default=parse_size(_NEW_MODEL_SIZE),
+    parser.add_argument("--size", type=_positive_size, default=parse_size(_NEW_MODEL_SIZE),
                         help=f"approximate file size, e.g. 1MiB, 512MiB, 2GiB (default: {_NEW_MODEL_SIZE})")
     parser.add_argument("--width", type=int, help="hidden width (default: chosen from the size)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
@@ -535,7 +585,7 @@ def _add_serve(sub: Subcommands) -> None:
     parser = _command(sub, "serve", cmd_serve)
     _add_pool_options(parser, "the Burnpack weight file",
                       "on SIGTERM, seconds to finish in-flight requests")
-    parser.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
+    parser.add_argument("--bind", type=_endpoint, default=DEFAULT_BIND, metavar="ENDPOINT",
                         help="client endpoint (default: %(default)s, loopback only)")
     _add_control(parser, "control endpoint for status (default: an ipc socket in a private runtime "
                  "directory)")
@@ -566,7 +616,7 @@ def _add_serve(sub: Subcommands) -> None:
     parser.add_argument("--http", metavar="HOST:PORT",
                         help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here; a "
                         "bare :PORT is loopback (default: off)")
-    parser.add_argument("--backend", metavar="ENDPOINT",
+    parser.add_argument("--backend", type=_endpoint, metavar="ENDPOINT",
                         help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on "
                         "other hosts join (default: none; local workers always use a private ipc socket)")
     _add_server_key_options(parser)
@@ -584,7 +634,7 @@ def _add_reload(sub: Subcommands) -> None:
 
 def _add_publish(sub: Subcommands) -> None:
     parser = _command(sub, "publish", cmd_publish)
-    parser.add_argument("source", metavar="SRC.bpk")
+    parser.add_argument("source", metavar="SRC.bpk", help="the new weights, checked before anything is replaced")
     parser.add_argument("destination", metavar="DEST.bpk", help="the path the server serves")
     _add_control(parser, "also ask the server at this control endpoint to check SRC")
     _add_model(parser, "without --control, the model to check SRC against (default: as serve)")
@@ -633,7 +683,7 @@ def _add_embed(sub: Subcommands) -> None:
 
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
     """Where a one-request command sends its request, how long it waits, and its keys."""
-    parser.add_argument("--endpoint", default=DEFAULT_BIND, help="default: %(default)s")
+    parser.add_argument("--endpoint", type=_endpoint, default=DEFAULT_BIND, help="default: %(default)s")
     _add_timeout(parser, 30.0, "seconds per attempt")
     parser.add_argument("--retries", type=int, default=2, help="retries after a timeout (default: %(default)s)")
     _add_client_key_options(parser)
@@ -643,7 +693,7 @@ def _add_workers(sub: Subcommands) -> None:
     parser = _command(sub, "workers", cmd_workers)
     _add_pool_options(parser, "this host's copy of the weights",
                       "on SIGTERM, seconds for workers to leave the router")
-    parser.add_argument("--connect", metavar="ENDPOINT",
+    parser.add_argument("--connect", type=_endpoint, metavar="ENDPOINT",
                         help="the router's backend endpoint, e.g. tcp://router-host:5556 (required)")
     _add_client_key_options(parser)
 
@@ -652,7 +702,7 @@ def _add_keys(sub: Subcommands) -> None:
     keys = _command(sub, "keys")
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     generate = _command(actions, "generate", cmd_keys)
-    generate.add_argument("directory", metavar="DIR")
+    generate.add_argument("directory", metavar="DIR", help="where to write the key files")
     generate.add_argument("--name", default="workerpool", help="file name stem (default: %(default)s)")
 
 
@@ -771,6 +821,17 @@ def _milliseconds(text: str) -> float:
     return _amount(text, "milliseconds") / MS_PER_SECOND
 
 
+TRANSPORTS = ("tcp://", "ipc://", "inproc://")
+
+
+def _endpoint(text: str) -> str:
+    """A ZeroMQ endpoint, which names its transport; a bare address gets a hint."""
+    if text.startswith(TRANSPORTS):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} names no transport: write tcp://{text} (or "
+                                     "ipc://PATH for a local socket)")
+
+
 def _amount(text: str, unit: str) -> float:
     try:
         value = float(text)
@@ -801,10 +862,26 @@ _positive_size = _above_zero(_size, "must be more than 0 bytes")
 _positive_seconds = _above_zero(_seconds, "must be more than 0 seconds")
 
 
+DISTRIBUTION = "workerpool-mmap"  # the name pip knows this package by ("workerpool" is another one)
+
+
+def _version() -> str:
+    """This package's version, from its installed metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # `workerpool` alone: what it can do
+        parser.print_help()
+        return 2
     handler: Handler = args.handler
     try:
         if hasattr(args, "print_config"):  # serve and workers: a file and the environment too

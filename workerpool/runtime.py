@@ -15,11 +15,13 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 
 import psutil
 
 log = logging.getLogger("workerpool.runtime")
 
+UNOWNED_GRACE = 60.0  # seconds a pool directory may exist without its owner file
 POOL_PREFIX = "pool-"
 OWNER_FILE = "owner"
 
@@ -57,14 +59,17 @@ def _remove_stale_pool_dirs(base: str) -> None:
 
 
 def _owner_alive(path: str) -> bool:
-    """False only when the owner file names a process that is gone (a reused pid counts as
-    gone: its start time differs). A directory being created has no owner file yet: alive."""
+    """False when the owner file names a process that is gone (a reused pid counts as gone:
+    its start time differs). A directory being created has no owner file yet: alive for
+    ``UNOWNED_GRACE`` seconds, then a leftover (of a version that wrote none, say)."""
     try:
         with open(os.path.join(path, OWNER_FILE)) as f:
             owner = json.load(f)
         pid, started = int(owner["pid"]), float(owner["started"])
     except FileNotFoundError:
-        return True
+        with contextlib.suppress(OSError):
+            return time.time() - os.stat(path).st_mtime < UNOWNED_GRACE
+        return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
     with contextlib.suppress(psutil.Error):

@@ -137,7 +137,10 @@ class Contract:
         forms = declared.describe()
         if declared.shape is not None and declared.has_batch:
             forms += f" or {_format(declared.shape[1:])}"
-        return ModelInputError(f"{self.model}: expected {forms}, got {got}")
+        hint = ""
+        if got.startswith("float64") and np.dtype(np.float32) in declared.dtypes:
+            hint = " (numpy makes float64 by default: send x.astype(np.float32))"
+        return ModelInputError(f"{self.model}: expected {forms}, got {got}{hint}")
 
     def _misfit(self, what: str) -> ModelOutputError:
         return ModelOutputError(f"model {self.model} returned {what}")
