@@ -116,3 +116,10 @@ def test_infer_says_at_once_that_nothing_listens_and_checks_its_output_first(tmp
     bad = cli("infer", "--input", tmp_path / "x.npy", "--output", tmp_path / "no" / "y.npy",
               "--endpoint", f"tcp://127.0.0.1:{port}")
     assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_new_model_with_many_layers_says_so_in_one_short_line(tmp_path):
+    done = cli("new-model", tmp_path / "deep.bpk", "--size", "2MiB", "--width", "64")
+    assert done.returncode == 0 and done.stderr == ""  # no progress when not on a terminal
+    line = done.stdout.strip()
+    assert "\n" not in line and len(line) < 160 and " x 64 -> " in line, line

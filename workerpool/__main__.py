@@ -1,3 +1,3 @@
-from workerpool.cli import main
+from workerpool.command import main
 
 raise SystemExit(main())

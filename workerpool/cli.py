@@ -132,13 +132,20 @@ def _print_pairs(title: str, pairs: Mapping[str, object], show: Callable[[object
 
 
 def cmd_new_model(args: argparse.Namespace) -> int:
+    def progress(done: int, total: int) -> None:  # on a terminal only: logs stay clean
+        print(f"\rwriting {args.out}: layer {done} of {total}", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
     try:
-        summary = models.generate_mlp(args.out, args.size, width=args.width, seed=args.seed)
+        summary = models.generate_mlp(args.out, args.size, width=args.width, seed=args.seed,
+                                      progress=progress if sys.stderr.isatty() else None)
     except burnpack.BurnpackError as exc:
         raise CommandError(str(exc)) from exc
     except ValueError as exc:
         raise CommandError(f"{args.out}: {exc}") from exc
-    widths = " -> ".join(str(d) for d in summary.dims)
+    dims = summary.dims
+    widths = " -> ".join(map(str, dims)) if len(dims) <= 6 else \
+        f"{dims[0]} -> {len(dims) - 3} x {dims[1]} -> {dims[-2]} -> {dims[-1]}"
     print(f"workerpool: wrote {args.out}: mlp {widths} ({summary.layers} layers, {summary.activation}), "
           f"{format_size(summary.size_bytes)}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 import math
 import os
 import re
@@ -103,6 +104,7 @@ def generate_mlp(
     width: int | None = None,
     seed: int = 0,
     activation: str = "relu",
+    progress: Callable[[int, int], None] | None = None,
 ) -> GeneratedMlp:
     """Write a deterministic ``mlp`` of about ``size_bytes`` bytes to ``path``.
 
@@ -116,7 +118,8 @@ def generate_mlp(
     Weights are ``normal * sqrt(2 / d_in)`` and biases ``normal * 0.3``, which keeps outputs of
     order one through hundreds of relu or gelu layers. Tensor k draws from
     ``default_rng([seed, k])``, and each is generated only when the writer reaches it, so
-    memory holds one tensor at a time whatever the size.
+    memory holds one tensor at a time whatever the size. ``progress(done, total)`` is called
+    as each layer is written.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
@@ -129,9 +132,10 @@ def generate_mlp(
     dims = _plan_dims(size_bytes, width)
     tensors = []
     for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
-        tensors.append(
-            (f"layers.{i}.weight", _normal(seed, 2 * i, (d_in, d_out), math.sqrt(2 / d_in)))
-        )
+        weight = _normal(seed, 2 * i, (d_in, d_out), math.sqrt(2 / d_in))
+        if progress is not None:
+            weight = _reporting(weight, progress, i, len(dims) - 1)
+        tensors.append((f"layers.{i}.weight", weight))
         tensors.append((f"layers.{i}.bias", _normal(seed, 2 * i + 1, (d_out,), _BIAS_STD)))
     metadata = {MODEL_KEY: NAME, ACTIVATION_KEY: activation}
     burnpack.write(path, tensors, metadata=metadata)
@@ -151,6 +155,16 @@ def _plan_dims(size_bytes: int, width: int) -> tuple[int, ...]:
     squares = max(0, (budget - per_h * max(1, width // 2)) // square)
     h = max(1, round((budget - squares * square) / per_h))
     return (width,) * (squares + 1) + (h, _OUTPUT_DIM)
+
+
+def _reporting(tensor: burnpack.Deferred, progress: Callable[[int, int], None], index: int,
+               total: int) -> burnpack.Deferred:
+    """``tensor``, telling ``progress`` once it is made."""
+    def load() -> np.ndarray:
+        values = tensor.load()
+        progress(index + 1, total)
+        return values
+    return burnpack.Deferred(tensor.dtype, tensor.shape, load)
 
 
 def _normal(seed: int, stream: int, shape: tuple[int, ...], std: float) -> burnpack.Deferred:
