@@ -197,33 +197,34 @@ def pyplot() -> Any:
 
 
 STYLES = {"fork": "o-", "spawn": "^-", "copy": "s--"}
+LABELS = {"fork": "shared weights, forked workers (default)", "spawn": "shared weights, spawned workers",
+          "copy": "a private copy per worker"}
 
 
 def plot(runs: list[dict[str, Any]], model_size: int, path: str) -> None:
     """Total PSS against N, one line per pool; and the same less the model's size for the mmap
     pools (fork, spawn), whose lines the copy baseline's would dwarf."""
     plt = pyplot()
-    fig, (total, beyond) = plt.subplots(1, 2, figsize=(8, 3.2), dpi=90)
+    fig, (total, beyond) = plt.subplots(1, 2, figsize=(11, 4.6), dpi=150)
     names = list(dict.fromkeys(r["pool"] for r in runs))
     mapped = [name for name in names if name != "copy"] or names
     for name in names:
         chosen = [r for r in runs if r["pool"] == name]
         ns = [r["workers"] for r in chosen]
         totals = [r["processes"]["pss"] / 2**20 for r in chosen]
-        total.plot(ns, totals, STYLES[name], label=name)
+        total.plot(ns, totals, STYLES[name], label=LABELS[name])
         if name in mapped:
-            beyond.plot(ns, [t - model_size / 2**20 for t in totals], STYLES[name], label=name)
+            beyond.plot(ns, [t - model_size / 2**20 for t in totals], STYLES[name], label=LABELS[name])
     total.axhline(model_size / 2**20, color="grey", linewidth=0.8, linestyle=":",
                   label="model file")
-    total.set(title="total PSS of the pool", xlabel="workers (N)", ylabel="MiB", ylim=(0, None))
-    beyond.set(title="total PSS less the model's size (mmap)", xlabel="workers (N)", ylabel="MiB",
-               ylim=(0, None))
+    total.set(title="Memory of the whole pool", xlabel="workers", ylabel="MiB (PSS)", ylim=(0, None))
+    beyond.set(title="Beyond one copy of the weights (shared pools)", xlabel="workers",
+               ylabel="MiB (PSS)", ylim=(0, None))
     for axes in (total, beyond):
         axes.set_xticks(sorted({r["workers"] for r in runs}))
         axes.grid(alpha=0.3)
         axes.legend()
-    fig.suptitle(f"{format_size(model_size)} mlp model, weights touched by every worker; "
-                 f"PSS of every process (supervisor, template, workers)", fontsize="medium")
+    fig.suptitle(headline(runs, model_size), fontsize="large", fontweight="bold")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
@@ -264,6 +265,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-baseline", action="store_true", help="skip the --load copy runs")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
     parser.add_argument("--plot", metavar="PATH.png", help="draw the figures here (matplotlib)")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="draw --plot from figures saved by --json, without measuring")
     parser.add_argument("--repeat", type=int, default=1, metavar="K",
                         help="start each server K times and report the median startup time; "
                         "memory is from the last start (default: %(default)s)")
@@ -280,8 +283,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def headline(runs: list[dict[str, Any]], model_size: int) -> str:
+    """The chart's one sentence: shared against copied at the most workers measured."""
+    most = max(r["workers"] for r in runs)
+    at = {r["pool"]: r["processes"]["pss"] for r in runs if r["workers"] == most}
+    shared = at.get("fork", at.get("spawn"))
+    text = f"{format_size(model_size)} model, {most} workers"
+    if shared is not None and "copy" in at:
+        return f"{text}: {format_size(int(shared))} shared vs {format_size(int(at['copy']))} copied"
+    return text + (f": {format_size(int(shared))} in all" if shared is not None else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        if not args.plot:
+            raise SystemExit("--from-json draws a chart: give --plot PATH.png")
+        plot(saved["runs"], saved["model_size"], args.plot)
+        return 0
     if args.plot:
         pyplot()  # fail before measuring, not after
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
