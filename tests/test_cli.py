@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
+import pty
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import cli
+import zmq
+from helpers import CurveKeys, cli, free_backend
+from server import Server
 
-from workerpool import burnpack
+from workerpool import burnpack, security
+from workerpool.cli import build_parser
 
 
 def test_inspect_table_of_the_burn_fixture(burn_mnist_path):
@@ -102,20 +117,119 @@ def test_usage_errors_are_one_line(args, message):
     assert done.stderr.count("\n") == 1 and "usage:" not in done.stderr
 
 
-def test_infer_says_at_once_that_nothing_listens_and_checks_its_output_first(tmp_path):
-    import socket
-
-    import numpy as np
-
+def _closed_port() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again: nothing listens there
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"  # closed again: nothing listens there
+
+
+@pytest.fixture
+def x_npy(tmp_path) -> Path:
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
-    done = cli("infer", "--input", tmp_path / "x.npy", "--endpoint", f"tcp://127.0.0.1:{port}", timeout=20)
-    assert done.returncode == 1 and "nothing listens at" in done.stderr
-    bad = cli("infer", "--input", tmp_path / "x.npy", "--output", tmp_path / "no" / "y.npy",
-              "--endpoint", f"tcp://127.0.0.1:{port}")
+    return tmp_path / "x.npy"
+
+
+def test_infer_says_at_once_that_nothing_listens_and_checks_its_output_first(tmp_path, x_npy):
+    endpoint = _closed_port()
+    done = cli("infer", "--input", x_npy, "--endpoint", endpoint, "--timeout", "60", timeout=20)
+    assert done.returncode == 1 and "nothing listens at" in done.stderr and "refused" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    bad = cli("infer", "--input", x_npy, "--output", tmp_path / "no" / "y.npy", "--endpoint", endpoint)
     assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@contextlib.contextmanager
+def _listener(answer: bytes | None) -> Iterator[str]:
+    """A loopback TCP port that accepts and then sends ``answer`` and closes, or stays silent."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                peer, _ = server.accept()
+                accepted.append(peer)
+                if answer is not None:
+                    peer.sendall(answer)
+                    peer.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(5)
+        for peer in accepted:
+            peer.close()
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (None, "accepted the connection but sent nothing in 2 s"),
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "the peer does not speak ZeroMQ's protocol (wrong port?)"),
+])
+def test_infer_names_a_listener_that_is_not_a_workerpool_server(x_npy, answer, message):
+    with _listener(answer) as endpoint:
+        done = cli("infer", "--input", x_npy, "--endpoint", endpoint, "--timeout", "60", timeout=30)
+    assert done.returncode == 1 and message in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_server_that_shakes_hands_but_never_answers_is_called_stuck_not_absent(x_npy, context):
+    silent = context.socket(zmq.ROUTER)
+    try:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        done = cli("infer", "--input", x_npy, "--endpoint", f"tcp://127.0.0.1:{port}",
+                   "--timeout", "0.5", "--retries", "1", timeout=30)
+    finally:
+        silent.close(linger=0)
+    assert done.returncode == 1 and "in 2 attempts of 0.5 s" in done.stderr
+    assert "the server is there" in done.stderr and "overloaded or stuck" in done.stderr
+
+
+def test_curve_key_mistakes_are_named_before_any_request(small_model, tmp_path, x_npy):
+    keys = CurveKeys(tmp_path / "keys")
+    allowed = keys.client("alice")
+    _, stranger = security.generate(str(tmp_path / "strangers"), "mallory")
+    _, other_server = security.generate(str(tmp_path / "other"), "server")
+    with Server(small_model, "--backend", free_backend(), *keys.serve_args(), workers=0) as server:
+        def infer(*key_args: str) -> subprocess.CompletedProcess[str]:
+            return cli("infer", "--input", x_npy, "--endpoint", server.endpoint, "--timeout", "0.5",
+                       "--retries", "0", *key_args, timeout=30)
+
+        cases = [
+            ((), "the server requires CURVE keys: give --curve-key and --curve-server-key"),
+            (("--curve-key", stranger, "--curve-server-key", keys.server_public),
+             "the server refused this client's key"),
+            (("--curve-key", allowed, "--curve-server-key", other_server.removesuffix("_secret")),
+             "is --curve-server-key this server's public key?"),
+            (("--curve-key", allowed, "--curve-server-key", keys.server_public),
+             "the server is there"),  # admitted; no worker yet, so no answer
+        ]
+        for key_args, message in cases:
+            done = infer(*key_args)
+            assert done.returncode == 1 and message in done.stderr, (key_args, done.stderr)
+
+
+def test_new_model_shows_progress_on_a_terminal(tmp_path):
+    controller, terminal = pty.openpty()
+    try:
+        with subprocess.Popen([sys.executable, "-m", "workerpool", "new-model", str(tmp_path / "deep.bpk"),
+                               "--size", "2MiB", "--width", "64"],
+                              stdout=subprocess.DEVNULL, stderr=terminal) as proc:
+            os.close(terminal)
+            shown = b""
+            with contextlib.suppress(OSError):  # EIO once the command has exited
+                while chunk := os.read(controller, 4096):
+                    shown += chunk
+            assert proc.wait(60) == 0
+    finally:
+        os.close(controller)
+    path = re.escape(str(tmp_path / "deep.bpk"))
+    updates = re.findall(rf"\rwriting {path}: layer (\d+) of (\d+)", shown.decode())
+    assert len(updates) > 10 and [int(d) for d, _ in updates] == list(range(1, len(updates) + 1))
+    assert updates[-1][0] == updates[-1][1]  # the last update is the last layer
 
 
 def test_new_model_with_many_layers_says_so_in_one_short_line(tmp_path):
@@ -123,3 +237,49 @@ def test_new_model_with_many_layers_says_so_in_one_short_line(tmp_path):
     assert done.returncode == 0 and done.stderr == ""  # no progress when not on a terminal
     line = done.stdout.strip()
     assert "\n" not in line and len(line) < 160 and " x 64 -> " in line, line
+
+
+@pytest.mark.parametrize("moment", ["workerpool.command", "starting 2 workers"])
+def test_ctrl_c_while_serve_starts_ends_it_quietly(small_model, tmp_path, moment):
+    """SIGINT while the command still imports numpy and ZeroMQ (``-X importtime`` says when the
+    guard is in place), and while the workers start."""
+    os.chmod(tmp_path, 0o700)
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "workerpool", "serve", small_model, "--workers", "2",
+         "--bind", "tcp://127.0.0.1:*", "--control", f"ipc://{tmp_path}/control"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if moment in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        else:
+            pytest.fail(f"never saw {moment!r}: {''.join(seen)}")
+        rest = proc.stderr.read()
+        code = proc.wait(60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
+    assert code in (0, 130), (code, rest)
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "workerpool") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _commands(child, f"{path} {name}")
+
+
+def test_every_command_has_a_description_and_every_argument_help():
+    undocumented = []
+    for path, parser in _commands(build_parser()):
+        if not parser.description:
+            undocumented.append(f"{path}: no description")
+        undocumented += [f"{path} {action.dest}: no help" for action in parser._actions
+                         if not action.help and not isinstance(action, argparse._SubParsersAction)]
+    assert undocumented == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,3 +31,15 @@ def test_readme_main_command_installs_creates_and_serves():
     commands = shell_blocks((ROOT / "README.md").read_text())
     main = commands[0]
     assert "pip install" in main and "workerpool new-model" in main and "workerpool serve" in main
+
+
+def test_no_install_hint_names_the_unrelated_workerpool_package():
+    """``workerpool`` on the package index is someone else's project: every hint installs the
+    checkout (``.``) or the distribution ``workerpool-mmap``."""
+    wrong = re.compile(r"pip install\s+(-\S+\s+)*['\"]?workerpool(?![-\w])")
+    texts = [ROOT / "README.md", ROOT / "CHANGELOG.md", *ROOT.glob("scripts/*.py"),
+             *ROOT.glob("workerpool/**/*.py"), *ROOT.glob("deploy/**/*")]
+    found = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in texts if path.is_file()
+             for match in wrong.finditer(path.read_text(errors="replace"))]
+    assert found == []
+    assert 'name = "workerpool-mmap"' in (ROOT / "pyproject.toml").read_text()

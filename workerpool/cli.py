@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeAlias, TypeVar,
 
 import zmq
 
-from . import burnpack, config_sources, control, metrics, models, pool, runtime, security
+from . import burnpack, config_sources, control, metrics, models, pool, reach, runtime, security
 from .config import (
     DEFAULT_BIND,
     DEFAULT_LOAD,
@@ -355,29 +354,6 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
-CONNECT_SECONDS = 2.0  # how long a command waits to reach a server before saying none listens
-
-
-def _check_listening(endpoint: str) -> None:
-    """Say at once when nothing listens at ``endpoint``: a server that never accepts the
-    connection is not a slow one, and retries would only wait longer."""
-    if endpoint.startswith("ipc://"):
-        path = endpoint.removeprefix("ipc://")
-        if not path.startswith("@") and not os.path.exists(path):
-            raise CommandError(f"nothing listens at {endpoint}: {path} does not exist")
-        return
-    if not endpoint.startswith("tcp://"):
-        return
-    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
-    except ValueError:
-        raise CommandError(f"{endpoint}: not tcp://HOST:PORT") from None
-    except OSError as exc:
-        raise CommandError(f"nothing listens at {endpoint}: {exc.strerror or exc} (is the server "
-                           "running, and on that address?)") from None
-
-
 def _check_writable(path: str) -> None:
     """Refuse an output path that cannot be written before a request is sent for it."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -408,13 +384,21 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace, payload: Any) -> Any:
     """One request to ``args.endpoint`` with the client options; its result, or one line."""
     from .client import Client
-    from .errors import WorkerpoolError
+    from .errors import Timeout, WorkerpoolError
 
-    _check_listening(args.endpoint)
+    keys = _client_keys(args)
+    try:
+        reach.check(args.endpoint, keys)
+    except reach.Unreachable as exc:
+        raise CommandError(str(exc)) from None
     try:
         with Client(args.endpoint, timeout=args.timeout, retries=args.retries,
-                    keys=_client_keys(args)) as client:
+                    keys=keys) as client:
             return client.request(payload)
+    except Timeout as exc:
+        raise CommandError(f"{exc}; the server is there (it completed a handshake) but did not "
+                           "answer: it is overloaded or stuck ('workerpool status' shows its queue "
+                           "and workers)") from exc
     except WorkerpoolError as exc:
         raise CommandError(f"{args.endpoint}: {type(exc).__name__}: {exc}") from exc
     except (security.KeysError, zmq.ZMQError, ValueError) as exc:

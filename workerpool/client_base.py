@@ -167,7 +167,8 @@ class Calls:
                 self._finish(
                     call,
                     Timeout(
-                        f"no reply from {self.endpoint} in {call.attempts} attempts of {self.timeout} s"
+                        f"no reply from {self.endpoint} in {call.attempts} "
+                        f"attempt{'s' if call.attempts > 1 else ''} of {self.timeout:g} s"
                     ),
                 )
             else:

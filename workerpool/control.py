@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import zmq
 
+from . import reach
 from .units import MS_PER_SECOND
 
 
@@ -17,9 +17,11 @@ class ControlError(Exception):
 
 def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any) -> dict[str, Any]:
     """Send one command and return the supervisor's JSON answer."""
-    path = endpoint.removeprefix("ipc://")
-    if endpoint.startswith("ipc://") and not path.startswith("@") and not os.path.exists(path):
-        raise ControlError(f"no workerpool server at {endpoint}: {path} does not exist")
+    try:
+        reach.check(endpoint, handshake_seconds=reach.HANDSHAKE_SECONDS if timeout < 0
+                    else min(timeout, reach.HANDSHAKE_SECONDS))
+    except reach.Unreachable as exc:
+        raise ControlError(str(exc)) from None
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
