@@ -206,10 +206,13 @@ def test_curve_key_mistakes_are_named_before_any_request(small_model, tmp_path, 
              "is --curve-server-key this server's public key?"),
             (("--curve-key", allowed, "--curve-server-key", keys.server_public),
              "the server is there"),  # admitted; no worker yet, so no answer
+            (("--curve-key", str(tmp_path / "none"), "--curve-server-key", keys.server_public),
+             f"cannot read the key file {tmp_path / 'none'}"),
         ]
         for key_args, message in cases:
             done = infer(*key_args)
             assert done.returncode == 1 and message in done.stderr, (key_args, done.stderr)
+            assert done.stderr.count("\n") == 1, done.stderr
 
 
 def test_new_model_shows_progress_on_a_terminal(tmp_path):

@@ -243,6 +243,9 @@ def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(smal
             assert left == {alive.proc.pid, nxt.proc.pid}
             assert {p.name for p in pools.glob("pool-*")} - {p.name for p in owned} == {"pool-being-made"}
             assert "left by a server that is gone" in nxt.log()
+        assert alive.stop() == 0
+        # servers that stopped normally left nothing behind
+        assert [p.name for p in pools.glob("pool-*")] == ["pool-being-made"]
     finally:
         killed.stop()
         alive.stop()

@@ -10,7 +10,16 @@ import threading
 import numpy as np
 import psutil
 import pytest
-from helpers import SLOW, Background, build_local, busy_pids, cli, pool_ready, slow_request
+from helpers import (
+    SLOW,
+    Background,
+    build_local,
+    busy_pids,
+    cli,
+    pool_ready,
+    refused_at_start,
+    slow_request,
+)
 from server import Server
 
 import workerpool
@@ -173,8 +182,26 @@ def test_supervisor_sigkill_leaves_no_orphans(small_model):
         server.proc.wait()
         gone, alive = psutil.wait_procs(workers, timeout=10)
         assert alive == [], f"workers outlived the supervisor: {alive}"
+        assert os.path.exists(server.control.removeprefix("ipc://"))  # left behind
+        successor = Server(small_model, "--control", server.control, workers=1)
+        successor.control = server.control
+        with successor:
+            assert successor.status()["supervisor_pid"] == successor.proc.pid
     finally:
         server.stop()
+
+
+def test_a_live_server_keeps_its_control_socket_even_when_stopped(small_model):
+    with Server(small_model, workers=1) as first:
+        refused_at_start(Server(small_model, "--control", first.control, workers=1),
+                         f"another server listens on control endpoint {first.control}")
+        first.signal(signal.SIGSTOP)  # answers nothing now, but its socket still accepts
+        try:
+            refused_at_start(Server(small_model, "--control", first.control, workers=1),
+                             f"another server listens on control endpoint {first.control}")
+        finally:
+            first.signal(signal.SIGCONT)
+        assert first.status()["supervisor_pid"] == first.proc.pid
 
 
 def test_kill_9_worker_is_replaced(small_model):

@@ -389,12 +389,11 @@ def _request(args: argparse.Namespace, payload: Any) -> Any:
     keys = _client_keys(args)
     try:
         reach.check(args.endpoint, keys)
-    except reach.Unreachable as exc:
-        raise CommandError(str(exc)) from None
-    try:
         with Client(args.endpoint, timeout=args.timeout, retries=args.retries,
                     keys=keys) as client:
             return client.request(payload)
+    except reach.Unreachable as exc:
+        raise CommandError(str(exc)) from None
     except Timeout as exc:
         raise CommandError(f"{exc}; the server is there (it completed a handshake) but did not "
                            "answer: it is overloaded or stuck ('workerpool status' shows its queue "

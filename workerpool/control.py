@@ -15,11 +15,17 @@ class ControlError(Exception):
     """No supervisor answered, or it answered with an error."""
 
 
+class NoServer(ControlError):
+    """No process listens at the endpoint (a socket file left by a server that is gone, say)."""
+
+
 def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any) -> dict[str, Any]:
     """Send one command and return the supervisor's JSON answer."""
     try:
         reach.check(endpoint, handshake_seconds=reach.HANDSHAKE_SECONDS if timeout < 0
                     else min(timeout, reach.HANDSHAKE_SECONDS))
+    except reach.NothingListens as exc:
+        raise NoServer(str(exc)) from None
     except reach.Unreachable as exc:
         raise ControlError(str(exc)) from None
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -30,7 +36,8 @@ def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any)
         sock.send_multipart([b"", json.dumps({"command": command, **arguments}).encode()])
         # poll takes whole milliseconds; pyzmq truncated a float and waited forever when negative.
         if not sock.poll(None if timeout < 0 else int(timeout * MS_PER_SECOND)):
-            raise ControlError(f"no workerpool server answers at {endpoint} (waited {timeout:g}s)")
+            raise ControlError(f"the server at {endpoint} completed a handshake but did not "
+                               f"answer in {timeout:g} s: its loop is stuck or very busy")
         frames = sock.recv_multipart()
     finally:
         sock.close(linger=0)

@@ -50,11 +50,13 @@ class ControlServer:
             return
         try:
             control.call(self.endpoint, "status", timeout=CLAIM_TIMEOUT, memory=False)
-        except control.ControlError:
+        except control.NoServer:
             os.unlink(path)
             return
-        raise StartupError(f"another workerpool server answers on control endpoint {self.endpoint}; "
-                           "stop it or pass --control")
+        except control.ControlError:
+            pass  # a server too busy (or stopped) to answer still holds its socket
+        raise StartupError(f"another server listens on control endpoint {self.endpoint}; stop it "
+                           "or pass --control")
 
     def bind(self, loop: Loop, cleanup: ExitStack) -> None:
         """Bind the endpoint (after ``claim``) and read it from ``loop``; unlink it at exit."""

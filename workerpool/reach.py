@@ -38,6 +38,11 @@ class Unreachable(ConnectionError):
     """No workerpool server can be talked to at the endpoint; the message says why."""
 
 
+class NothingListens(Unreachable):
+    """Not even a connection: no process listens there (another program or a stuck server
+    may hold an endpoint that is merely unreachable)."""
+
+
 def check(endpoint: str, keys: ClientKeys | None = None, *,
           handshake_seconds: float = HANDSHAKE_SECONDS) -> None:
     """Return once a ZeroMQ peer at ``endpoint`` completes a handshake with this client's
@@ -74,14 +79,15 @@ def _open(endpoint: str) -> socket.socket:
     except ValueError:
         raise Unreachable(f"{endpoint}: not tcp://HOST:PORT") from None
     except FileNotFoundError:
-        raise Unreachable(f"nothing listens at {endpoint}: {address} does not exist") from None
+        raise NothingListens(f"nothing listens at {endpoint}: {address} does not exist") from None
     except ConnectionRefusedError:
         hint = "a server that stopped left that socket file behind" if transport == "ipc" \
             else "is the server running, and on that address?"
-        raise Unreachable(f"nothing listens at {endpoint}: connection refused ({hint})") from None
-    except OSError as exc:
-        raise Unreachable(f"nothing listens at {endpoint}: {exc.strerror or exc} (is the server "
-                          "running, and on that address?)") from None
+        raise NothingListens(f"nothing listens at {endpoint}: connection refused ({hint})") from None
+    except OSError as exc:  # on a socket file (permissions, say), nothing is known of its owner
+        failure = NothingListens if transport == "tcp" else Unreachable
+        raise failure(f"cannot connect to {endpoint}: {exc.strerror or exc} (is the server "
+                      "running, and on that address?)") from None
 
 
 def _greeting_mechanism(endpoint: str) -> str:
