@@ -191,6 +191,18 @@ def test_supervisor_sigkill_leaves_no_orphans(small_model):
         server.stop()
 
 
+def test_a_second_server_is_told_what_it_shares_with_the_first(small_model, tmp_path):
+    with Server(small_model, workers=1) as first:
+        refused_at_start(Server(small_model, "--bind", first.endpoint, workers=1),
+                         f"cannot bind --bind {first.endpoint}: Address already in use: stop what uses "
+                         "it, or choose another with --bind")
+    os.chmod(tmp_path, 0o700)
+    (tmp_path / "file").write_bytes(b"")
+    for control, message in ((tmp_path / "file", "exists and is not a socket; choose another --control"),
+                             (tmp_path / "no" / "control", f"(create it: mkdir -m 700 {tmp_path / 'no'})")):
+        refused_at_start(Server(small_model, "--control", f"ipc://{control}", workers=1), message)
+
+
 def test_a_live_server_keeps_its_control_socket_even_when_stopped(small_model):
     with Server(small_model, workers=1) as first:
         refused_at_start(Server(small_model, "--control", first.control, workers=1),
@@ -236,6 +248,11 @@ def test_infer_command_round_trip(small_model, tmp_path):
         assert bad.returncode == 1
         assert bad.stderr.startswith("workerpool: error: ") and "BadRequest" in bad.stderr
         assert "Traceback" not in bad.stderr
+        np.savez(tmp_path / "named.npz", input=np.ones((2, width), np.float32))
+        named = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "named.npz",
+                    "--output", tmp_path / "z.npy", timeout=60)
+        assert named.returncode == 0, named.stderr
+        assert np.array_equal(np.load(tmp_path / "z.npy"), np.load(tmp_path / "y.npy")[:2])
         np.save(tmp_path / "wide.npy", np.ones((3, width)))  # numpy's default: float64
         wide = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "wide.npy", timeout=60)
         assert wide.returncode == 1 and wide.stderr.count("\n") == 1

@@ -224,7 +224,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def _control_endpoint(args: argparse.Namespace) -> str:
     try:
-        return args.control or os.environ.get("WORKERPOOL_CONTROL") or runtime.default_control_endpoint()
+        if args.control:
+            return str(args.control)
+        if "WORKERPOOL_CONTROL" in os.environ:
+            return _control(os.environ["WORKERPOOL_CONTROL"])
+        return runtime.default_control_endpoint()
+    except argparse.ArgumentTypeError as exc:
+        raise CommandError(f"WORKERPOOL_CONTROL={exc}", exit_code=2) from None
     except OSError as exc:
         raise CommandError(f"cannot use the runtime directory: {exc}") from exc
 
@@ -336,22 +342,35 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    import numpy as np
-
-
     if args.output:
         _check_writable(args.output)
-    try:
-        x = np.load(args.input, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"{args.input}: cannot load a .npy array: {exc}") from exc
-    result = _request(args, x)
+    result = _request(args, _load_input(args.input))
     if args.output:
         _save(args.output, result.outputs)
         print(f"workerpool: wrote {args.output} (worker {result.worker_pid}, generation {result.generation})")
     else:
         print(result.outputs)
     return 0
+
+
+def _load_input(path: str) -> Any:
+    """An .npy file's array, or an .npz archive's arrays by name (named inputs); never a pickle."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        if zipfile.is_zipfile(path):
+            with np.load(path, allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+        with open(path, "rb") as f:
+            if f.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
+                raise CommandError(f"{path}: not a .npy file (np.save writes one) nor an .npz archive")
+        return np.load(path, allow_pickle=False)
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise CommandError(f"{path}: cannot load it: {exc}") from exc
 
 
 def _check_writable(path: str) -> None:
@@ -560,12 +579,21 @@ def _add_inspect(sub: Subcommands) -> None:
 
 
 _NEW_MODEL_SIZE = "256MiB"
+_SMALLEST_MODEL = "16KiB"  # below it new-model could not come near the size asked for
+
+
+def _model_size(text: str) -> int:
+    size = _size(text)
+    if size < parse_size(_SMALLEST_MODEL):
+        raise argparse.ArgumentTypeError(f"{text} is too small: new-model writes {_SMALLEST_MODEL} "
+                                         "or more")
+    return size
 
 
 def _add_new_model(sub: Subcommands) -> None:
     parser = _command(sub, "new-model", cmd_new_model)
     parser.add_argument("out", help="the .bpk file to write (replaced if it exists)")
-    parser.add_argument("--size", type=_positive_size, default=parse_size(_NEW_MODEL_SIZE),
+    parser.add_argument("--size", type=_model_size, default=parse_size(_NEW_MODEL_SIZE),
                         help=f"approximate file size, e.g. 1MiB, 512MiB, 2GiB (default: {_NEW_MODEL_SIZE})")
     parser.add_argument("--width", type=int, help="hidden width (default: chosen from the size)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
@@ -644,7 +672,9 @@ def _add_status(sub: Subcommands) -> None:
 
 def _add_infer(sub: Subcommands) -> None:
     parser = _command(sub, "infer", cmd_infer)
-    parser.add_argument("--input", required=True, metavar="X.npy", help="input array (.npy)")
+    parser.add_argument("--input", required=True, metavar="X.npy",
+                        help="the input array (.npy, float32 for the built-in models), or named "
+                        "input arrays (.npz)")
     parser.add_argument("--output", metavar="Y.npy",
                         help="write the output here (.npy; .npz for named outputs) instead of printing it")
     _add_client_options(parser)
@@ -755,7 +785,17 @@ _CONTROL_HELP = "the server's control endpoint (default: as serve's default)"
 
 
 def _add_control(parser: argparse.ArgumentParser, text: str = _CONTROL_HELP) -> None:
-    parser.add_argument("--control", metavar="ENDPOINT", help=text)
+    parser.add_argument("--control", metavar="ENDPOINT", type=_control, help=text)
+
+
+def _control(text: str) -> str:
+    """A control endpoint: always an ipc:// path (clients' endpoints are elsewhere)."""
+    if text.startswith("ipc://"):
+        return text
+    if text.startswith(TRANSPORTS) or ":" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: the control socket is an ipc://PATH (the "
+                                         "client endpoint, tcp://..., is another socket)")
+    raise argparse.ArgumentTypeError(f"{text!r} names no transport: write ipc://{text}")
 
 
 def _add_model(parser: argparse.ArgumentParser, text: str) -> None:
@@ -867,13 +907,13 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:  # `workerpool` alone: what it can do
-        parser.print_help()
-        return 2
-    handler: Handler = args.handler
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:  # `workerpool` alone: what it can do
+            parser.print_help()
+            return 2
+        handler: Handler = args.handler
         if hasattr(args, "print_config"):  # serve and workers: a file and the environment too
             args = _with_sources(parser, argv, args)
             if args.print_config:

@@ -45,6 +45,11 @@ def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any)
         answer = json.loads(frames[-1])
     except ValueError as exc:
         raise ControlError(f"{endpoint} answered something that is not JSON") from exc
+    if not isinstance(answer, dict):
+        raise ControlError(f"{endpoint} is not a control socket: it answered {type(answer).__name__}")
     if "error" in answer:
+        if not isinstance(answer["error"], str):  # a protocol reply: this is a client endpoint
+            raise ControlError(f"{endpoint} is not a control socket: it answers as a server's "
+                               "client endpoint does")
         raise ControlError(answer["error"])
     return answer

@@ -48,6 +48,9 @@ class ControlServer:
         path = runtime.ipc_path(self.endpoint)
         if path is None or not os.path.exists(path):
             return
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise StartupError(f"control endpoint {self.endpoint}: {path} exists and is not a "
+                               "socket; choose another --control")
         try:
             control.call(self.endpoint, "status", timeout=CLAIM_TIMEOUT, memory=False)
         except control.NoServer:
@@ -55,8 +58,9 @@ class ControlServer:
             return
         except control.ControlError:
             pass  # a server too busy (or stopped) to answer still holds its socket
-        raise StartupError(f"another server listens on control endpoint {self.endpoint}; stop it "
-                           "or pass --control")
+        raise StartupError(f"another server listens on control endpoint {self.endpoint}: stop it, or "
+                           "give this one its own --control ipc://DIR/control.sock (DIR a folder of "
+                           "yours, mode 0700) and --bind")
 
     def bind(self, loop: Loop, cleanup: ExitStack) -> None:
         """Bind the endpoint (after ``claim``) and read it from ``loop``; unlink it at exit."""
@@ -109,7 +113,8 @@ def _check_private(directory: str) -> None:
     try:
         st = os.stat(directory)
     except OSError as exc:
-        raise StartupError(f"cannot use {directory} for the control socket: {exc.strerror}") from exc
+        hint = f" (create it: mkdir -m 700 {directory})" if isinstance(exc, FileNotFoundError) else ""
+        raise StartupError(f"cannot use {directory} for the control socket: {exc.strerror}{hint}") from exc
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise StartupError(f"the control socket's directory {directory} must be owned by this user "
                            f"with mode 0700 (it is {stat.filemode(st.st_mode)}): anyone who can open "

@@ -11,8 +11,13 @@ so a busy server passes and only then may a request be slow.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import stat
 import time
+from collections.abc import Callable
+from functools import partial
 
 import zmq
 
@@ -64,20 +69,17 @@ def check(endpoint: str, keys: ClientKeys | None = None, *,
 def _open(endpoint: str) -> socket.socket:
     """A plain connection: the kernel's reason (refused, unknown host) is the clearest."""
     transport, _, address = endpoint.partition("://")
-    try:
-        if transport == "ipc":
-            sock = socket.socket(socket.AF_UNIX)
-            sock.settimeout(CONNECT_SECONDS)
-            try:
-                sock.connect("\0" + address[1:] if address.startswith("@") else address)
-            except BaseException:
-                sock.close()
-                raise
-            return sock
+    connect: Callable[[], socket.socket]
+    if transport == "ipc":
+        _check_is_socket(endpoint, address)
+        connect = partial(_connect_unix, "\0" + address[1:] if address.startswith("@") else address)
+    else:
         host, _, port = address.rpartition(":")
-        return socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS)
-    except ValueError:
-        raise Unreachable(f"{endpoint}: not tcp://HOST:PORT") from None
+        if not port.isdigit() or not 0 < int(port) < 2**16:
+            raise Unreachable(f"{endpoint}: not tcp://HOST:PORT with a port from 1 to 65535")
+        connect = partial(socket.create_connection, (host.strip("[]"), int(port)), CONNECT_SECONDS)
+    try:
+        return connect()
     except FileNotFoundError:
         raise NothingListens(f"nothing listens at {endpoint}: {address} does not exist") from None
     except ConnectionRefusedError:
@@ -88,6 +90,28 @@ def _open(endpoint: str) -> socket.socket:
         failure = NothingListens if transport == "tcp" else Unreachable
         raise failure(f"cannot connect to {endpoint}: {exc.strerror or exc} (is the server "
                       "running, and on that address?)") from None
+
+
+def _connect_unix(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.settimeout(CONNECT_SECONDS)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _check_is_socket(endpoint: str, path: str) -> None:
+    """A path that is something else gets its own answer, not "connection refused"."""
+    if path.startswith("@"):  # Linux's abstract namespace: no file
+        return
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.stat(path).st_mode
+        if not stat.S_ISSOCK(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a file"
+            raise Unreachable(f"{endpoint}: {path} is {kind}, not a socket")
 
 
 def _greeting_mechanism(endpoint: str) -> str:

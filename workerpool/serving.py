@@ -7,9 +7,11 @@ through the router's rolling reload, and answers ``status``, ``reload`` and ``ch
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
+import re
 import resource
 import shutil
 import time
@@ -153,8 +155,7 @@ class ServingRole:
                                      running_cap=self._running_cap()),
             )
         except zmq.ZMQError as exc:
-            endpoints = " and ".join(e for e in (config.bind, config.backend or backend) if e)
-            raise StartupError(f"cannot bind {endpoints}: {exc}") from exc
+            raise StartupError(_bind_failure(exc, {config.bind: "--bind", config.backend: "--backend"})) from exc
 
     def _running_cap(self) -> int:
         """Local workers that can run at once: the cores this pool may use, each worker's share."""
@@ -386,3 +387,17 @@ def default_max_message_size(signature: dict[str, Any]) -> int:
         return UNDECLARED_MESSAGE_SIZE
     sample = math.prod(shape[1:]) * np.dtype(dtype).itemsize
     return max(MiB, BATCH_ROOM * sample + 64 * KiB)
+
+
+def _bind_failure(exc: zmq.ZMQError, options: dict[str | None, str]) -> str:
+    """Which endpoint could not be bound, and the option that moves it. pyzmq puts the endpoint
+    only in the message: ``Address already in use (addr='tcp://...')``."""
+    named = re.search(r" \(addr='([^']*)'\)", exc.strerror)
+    if named is None:
+        return f"cannot bind the pool's sockets: {exc.strerror}"
+    endpoint, reason = named.group(1), exc.strerror[:named.start()]
+    option = options.get(endpoint)
+    if option is None:
+        return f"cannot bind {endpoint}: {reason}"
+    hint = f": stop what uses it, or choose another with {option}" if exc.errno == errno.EADDRINUSE else ""
+    return f"cannot bind {option} {endpoint}: {reason}{hint}"

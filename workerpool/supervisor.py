@@ -106,6 +106,7 @@ class Supervisor:
         self.replacements = 0  # workers that were serving and died, replaced
         self.reloading = False  # told the service manager RELOADING=1, not yet READY=1 again
         self.stopping = False
+        self._deferred_signals: list[int] = []
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
         self.loop = Loop(idle_timeout=config.heartbeat / POLLS_PER_HEARTBEAT)
@@ -128,6 +129,7 @@ class Supervisor:
         self._check_memory_limit()
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
+            self._defer_stop_signals()
             self.starter.open(self.loop)  # first: a template is forked before any thread
             cleanup.callback(self.starter.close)  # in case the role cannot open; else _kill_all
             self.role.open(self, cleanup)
@@ -339,6 +341,12 @@ class Supervisor:
 
     # Signals: the handler only wakes the loop, which calls handle_<name>.
 
+    def _defer_stop_signals(self) -> None:
+        """Until the loop takes signals, Ctrl-C and SIGTERM are noted, not raised: raised, they
+        could land in the template's fork, where Python prints the exception and drops it."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda signum, _: self._deferred_signals.append(signum))
+
     def _signals(self) -> ExitStack:
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_r, False)
@@ -355,6 +363,7 @@ class Supervisor:
         }
         for signum in handlers:
             signal.signal(signum, lambda *_: None)
+        os.write(wakeup_w, bytes(self._deferred_signals))  # handled as soon as the loop turns
 
         def on_signals() -> None:
             self._dispatch_signals(handlers, os.read(wakeup_r, 256))
