@@ -110,7 +110,7 @@ def test_a_control_endpoint_others_could_reach_is_refused(small_model, tmp_path,
     shared.chmod(0o755)
     endpoint = "tcp://127.0.0.1:*" if kind == "tcp" else f"ipc://{shared}/control"
     refused_at_start(Server(small_model, "--control", endpoint, workers=1),
-                     "must be ipc://PATH" if kind == "tcp" else "mode 0700")
+                     "the control socket is an ipc://PATH" if kind == "tcp" else "mode 0700")
 
 
 def test_check_answers_only_for_the_served_directory(small_model, tmp_path):

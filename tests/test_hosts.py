@@ -143,7 +143,7 @@ def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(model
 
 
 def test_control_endpoint_must_be_local(model):
-    refused_at_start(Server(model, "--control", "tcp://0.0.0.0:5999"), "must be ipc://PATH")
+    refused_at_start(Server(model, "--control", "tcp://0.0.0.0:5999"), "the control socket is an ipc://PATH")
 
 
 def test_garbage_on_the_worker_endpoint_hurts_nobody(model, context: zmq.Context):

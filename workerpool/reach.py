@@ -44,8 +44,8 @@ class Unreachable(ConnectionError):
 
 
 class NothingListens(Unreachable):
-    """Not even a connection: no process listens there (another program or a stuck server
-    may hold an endpoint that is merely unreachable)."""
+    """No process accepts connections there; after other failures something (a stuck server,
+    another program) may still hold the endpoint."""
 
 
 def check(endpoint: str, keys: ClientKeys | None = None, *,
@@ -135,10 +135,12 @@ def _greeting_mechanism(endpoint: str) -> str:
         what = f"sent nothing in {CONNECT_SECONDS:g} s" if waited else "closed it at once"
         raise Unreachable(f"something at {endpoint} accepted the connection but {what}: not a "
                           "workerpool endpoint? (wrong port?)")
+    mechanism = greeting[MECHANISM].rstrip(b"\0")
     if len(greeting) < MECHANISM.stop or greeting[0] != SIGNATURE[0] \
-            or greeting[9] != SIGNATURE[9] or greeting[10] < MAJOR_VERSION:
+            or greeting[9] != SIGNATURE[9] or greeting[10] < MAJOR_VERSION \
+            or not (mechanism.isascii() and mechanism.isalnum()):  # never echo a peer's bytes
         raise Unreachable(f"{endpoint}: the peer does not speak ZeroMQ's protocol (wrong port?)")
-    return greeting[MECHANISM].rstrip(b"\0").decode("ascii", "replace")
+    return mechanism.decode("ascii")
 
 
 def _handshake(endpoint: str, keys: ClientKeys | None, seconds: float) -> None:
