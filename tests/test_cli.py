@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,9 +110,12 @@ def test_version_and_the_command_list():
 
 @pytest.mark.parametrize(("args", "message"), [
     (["serve", "m.bpk", "--bind", "127.0.0.1:5555"], "write tcp://127.0.0.1:5555"),
-    (["new-model", "x.bpk", "--size", "0"], "--size: 0 is too small: new-model writes 16KiB or more"),
+    (["new-model", "x.bpk", "--size", "0"], "--size: 0 is too small: give 16KiB or more"),
     (["new-model", "x.bpk", "--size", "1"], "--size: 1 is too small"),
     (["status", "--control", "/tmp/x.sock"], "names no transport: write ipc:///tmp/x.sock"),
+    (["status", "--control", "ipc://@pool"], "an abstract @name is open to every user"),
+    (["infer", "--input", "x.npy", "--endpoint", "tcp://[::1]:5555"], "IPv6 addresses are not supported"),
+    (["infer", "--input", "x.npy", "--endpoint", "inproc://pool"], "inproc:// reaches only sockets"),
     (["reload", "--control", "tcp://127.0.0.1:5555"], "the control socket is an ipc://PATH"),
     (["infer", "--inptu", "x.npy"], "required: --input"),
 ])
@@ -136,9 +140,19 @@ def x_npy(tmp_path) -> Path:
 def test_what_is_not_an_endpoint_or_an_input_is_named(tmp_path, x_npy):
     (tmp_path / "first.py").write_text("print(1)\n")
     (tmp_path / "folder").mkdir()
+    with open(tmp_path / "lies.npy", "wb") as f:  # a header claiming 400 GB, then 64 bytes
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (10**11,)})
+        f.write(bytes(64))
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with zipfile.ZipFile(tmp_path / "notes.zip", "w") as archive:
+        archive.writestr("notes.txt", "not an array")
     cases = [
         (["infer", "--input", tmp_path / "first.py"], "first.py: not a .npy file (np.save writes one)"),
         (["infer", "--input", tmp_path / "none.npy"], "none.npy: cannot read it: No such file"),
+        (["infer", "--input", tmp_path / "lies.npy"], "declares 400000000000 bytes of data, the file holds 64"),
+        (["infer", "--input", tmp_path / "objects.npy"], "holds Python objects, which are never unpickled"),
+        (["infer", "--input", tmp_path / "notes.zip"], "a zip archive but not an .npz of arrays"),
         (["infer", "--input", x_npy, "--endpoint", "tcp://127.0.0.1:70000"], "a port from 1 to 65535"),
         (["status", "--control", f"ipc://{tmp_path}/folder"], "folder is a folder, not a socket"),
     ]
@@ -146,6 +160,14 @@ def test_what_is_not_an_endpoint_or_an_input_is_named(tmp_path, x_npy):
         done = cli(*args, timeout=30)
         assert done.returncode == 1 and message in done.stderr, (args, done.stderr)
         assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_infer_reads_its_input_from_a_pipe(x_npy):
+    """``--input /dev/stdin`` (or a shell's ``<(...)``): read front to back, never seeked."""
+    done = subprocess.run([sys.executable, "-m", "workerpool", "infer", "--input", "/dev/stdin",
+                           "--endpoint", _closed_port()], input=x_npy.read_bytes(),
+                          capture_output=True, timeout=30, check=False)
+    assert done.returncode == 1 and b"nothing listens at" in done.stderr, done.stderr  # loaded
 
 
 def test_infer_says_at_once_that_nothing_listens_and_checks_its_output_first(tmp_path, x_npy):
@@ -261,14 +283,16 @@ def test_new_model_with_many_layers_says_so_in_one_short_line(tmp_path):
     assert "\n" not in line and len(line) < 160 and " x 64 -> " in line, line
 
 
-def _interrupted_serve(model: str, folder: Path, moment: str, delay: float = 0.0) -> tuple[int, str]:
-    """``serve`` sent SIGINT ``delay`` seconds after its stderr shows ``moment``; its exit code
-    and the rest of its stderr. ``-X importtime`` shows when the command's own guard is in place
-    (the import of ``workerpool.command``): before it, Python itself is starting."""
+def _interrupted_serve(model: str, folder: Path, moment: str, delay: float = 0.0,
+                       *options: str) -> tuple[int, str]:
+    """``serve`` and its children sent SIGINT, as a terminal's Ctrl-C does, ``delay`` seconds
+    after its stderr shows ``moment``; its exit code and the rest of its stderr. ``-X
+    importtime`` shows when the command's own guard is in place (the import of
+    ``workerpool.command``): before it, Python itself is starting."""
     proc = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "workerpool", "serve", model, "--workers", "2",
-         "--bind", "tcp://127.0.0.1:*", "--control", f"ipc://{folder}/control"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--bind", "tcp://127.0.0.1:*", "--control", f"ipc://{folder}/control", *options],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stderr is not None
         seen = []
@@ -276,25 +300,30 @@ def _interrupted_serve(model: str, folder: Path, moment: str, delay: float = 0.0
             seen.append(line)
             if moment in line:
                 time.sleep(delay)  # a moment inside start-up: there is no signal to wait for
-                proc.send_signal(signal.SIGINT)
+                os.killpg(proc.pid, signal.SIGINT)
                 break
         else:
             pytest.fail(f"never saw {moment!r}: {''.join(seen)}")
         rest = proc.stderr.read()
         return proc.wait(60), rest
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
-def test_ctrl_c_at_any_moment_of_start_up_ends_serve_quietly(small_model, tmp_path):
+@pytest.mark.parametrize(("start", "moments"), [
+    ("fork", [*(("workerpool.command", delay / 20) for delay in range(16)),  # 0 to 0.75 s
+              ("starting 2 workers", 0.0)]),
+    ("spawn", [("starting 2 workers", delay / 50) for delay in range(11)]),  # children start
+])
+def test_ctrl_c_at_any_moment_of_start_up_ends_serve_quietly(small_model, tmp_path, start, moments):
     os.chmod(tmp_path, 0o700)
-    moments = [("workerpool.command", delay / 20) for delay in range(16)]  # 0 to 0.75 s
-    for moment, delay in [*moments, ("starting 2 workers", 0.0)]:
-        code, rest = _interrupted_serve(small_model, tmp_path, moment, delay)
+    for moment, delay in moments:
+        code, rest = _interrupted_serve(small_model, tmp_path, moment, delay, "--start", start)
         assert code in (0, 130), (delay, code, rest)
-        assert "Traceback" not in rest and "Exception ignored" not in rest, (delay, rest)
-        assert "KeyboardInterrupt" not in rest, (delay, rest)
+        for sign in ("Traceback", "Exception ignored", "KeyboardInterrupt", "Fatal Python error"):
+            assert sign not in rest, (delay, rest)
 
 
 def _commands(parser: argparse.ArgumentParser, path: str = "workerpool") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -313,3 +342,11 @@ def test_every_command_has_a_description_and_every_argument_help():
         undocumented += [f"{path} {action.dest}: no help" for action in parser._actions
                          if not action.help and not isinstance(action, argparse._SubParsersAction)]
     assert undocumented == []
+
+
+def test_publish_says_when_it_could_not_ask_the_server(small_model, tmp_path):
+    done = cli("publish", small_model, tmp_path / "served.bpk", "--control", f"ipc://{tmp_path}/none",
+               timeout=30)
+    assert done.returncode == 1 and "cannot ask the running server to check it: nothing listens" \
+        in done.stderr, done.stderr
+    assert not (tmp_path / "served.bpk").exists()

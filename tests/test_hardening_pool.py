@@ -103,14 +103,18 @@ def test_a_secured_tcp_backend_without_worker_keys_is_refused(small_model, tmp_p
 # Control is local and owned.
 
 
-@pytest.mark.parametrize("kind", ["tcp", "open directory"])
-def test_a_control_endpoint_others_could_reach_is_refused(small_model, tmp_path, kind):
+@pytest.mark.parametrize(("kind", "message"), [
+    ("tcp", "the control socket is an ipc://PATH"),
+    ("abstract", "an abstract @name is open to every user"),
+    ("open directory", "mode 0700"),
+])
+def test_a_control_endpoint_others_could_reach_is_refused(small_model, tmp_path, kind, message):
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
-    endpoint = "tcp://127.0.0.1:*" if kind == "tcp" else f"ipc://{shared}/control"
-    refused_at_start(Server(small_model, "--control", endpoint, workers=1),
-                     "the control socket is an ipc://PATH" if kind == "tcp" else "mode 0700")
+    endpoint = {"tcp": "tcp://127.0.0.1:*", "abstract": f"ipc://@wp-{tmp_path.name}"}.get(
+        kind, f"ipc://{shared}/control")
+    refused_at_start(Server(small_model, "--control", endpoint, workers=1), message)
 
 
 def test_check_answers_only_for_the_served_directory(small_model, tmp_path):

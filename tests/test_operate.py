@@ -160,12 +160,14 @@ def test_config_file_environment_and_command_line_in_that_order(tmp_path, small_
     (tmp_path / "pool.toml").write_text('workers = 3\nmax-batch = 7\nmax_queue = 9\nno-watch = true\n')
     monkeypatch.setenv("WORKERPOOL_MAX_BATCH", "5")
     monkeypatch.setenv("WORKERPOOL_MAX_QUEUE", "11")
+    monkeypatch.setenv("WORKERPOOL_CONTROL", "")  # empty: unset, as shells mean it
     done = cli("serve", small_model, "--config", tmp_path / "pool.toml", "--max-queue", "13",
                "--print-config")
     assert done.returncode == 0, done.stderr
     effective = dict(line.split(" = ", 1) for line in done.stdout.splitlines() if " = " in line)
     assert (effective["workers"], effective["max_batch"], effective["max_queue"]) == ("3", "5", "13")
     assert effective["no_watch"] == "true" and effective["batch_wait"] == "0.0"
+    assert "# control: not set" in done.stdout
     (tmp_path / "again.toml").write_text(done.stdout)  # the printed file reads back
     monkeypatch.delenv("WORKERPOOL_MAX_BATCH")
     monkeypatch.delenv("WORKERPOOL_MAX_QUEUE")

@@ -6,10 +6,11 @@ import argparse
 import json
 import math
 import os
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, NoReturn, TypeAlias, TypeVar, cast
 
 import zmq
 
@@ -226,7 +227,7 @@ def _control_endpoint(args: argparse.Namespace) -> str:
     try:
         if args.control:
             return str(args.control)
-        if "WORKERPOOL_CONTROL" in os.environ:
+        if os.environ.get("WORKERPOOL_CONTROL"):
             return _control(os.environ["WORKERPOOL_CONTROL"])
         return runtime.default_control_endpoint()
     except argparse.ArgumentTypeError as exc:
@@ -353,24 +354,57 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+READ_CHUNK = 1 << 20  # bytes read at a time from an .npy input
+
+
 def _load_input(path: str) -> Any:
-    """An .npy file's array, or an .npz archive's arrays by name (named inputs); never a pickle."""
+    """An .npy file's array, or an .npz archive's arrays by name (named inputs); never a pickle.
+    The file is opened once and read front to back, so a pipe works too."""
     import zipfile
 
     import numpy as np
 
     try:
-        if zipfile.is_zipfile(path):
-            with np.load(path, allow_pickle=False) as archive:
-                return {name: archive[name] for name in archive.files}
         with open(path, "rb") as f:
-            if f.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
-                raise CommandError(f"{path}: not a .npy file (np.save writes one) nor an .npz archive")
-        return np.load(path, allow_pickle=False)
+            start = f.peek(len(np.lib.format.MAGIC_PREFIX))[:len(np.lib.format.MAGIC_PREFIX)]
+            if start == np.lib.format.MAGIC_PREFIX:
+                return _read_npy(f, path)
+            if start.startswith(b"PK\x03\x04"):  # a zip archive's first local file header
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise CommandError(f"{path}: an .npz archive is read from a file, not a pipe")
+                with np.load(f, allow_pickle=False) as archive:
+                    inputs = {name: archive[name] for name in archive.files}
+                if not all(isinstance(x, np.ndarray) for x in inputs.values()):
+                    raise CommandError(f"{path}: a zip archive but not an .npz of arrays")
+                return inputs
     except OSError as exc:
         raise CommandError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise CommandError(f"{path}: cannot load it: {exc}") from exc
+    except (ValueError, EOFError, MemoryError, zipfile.BadZipFile) as exc:
+        raise CommandError(f"{path}: cannot load it: {exc or type(exc).__name__}") from exc
+    raise CommandError(f"{path}: not a .npy file (np.save writes one) nor an .npz archive")
+
+
+def _read_npy(f: BinaryIO, path: str) -> Any:
+    """The array, its size checked against what the file holds before anything is allocated; a
+    pipe's data is taken as it comes, never more than the header declares."""
+    import numpy as np
+
+    version = np.lib.format.read_magic(f)
+    shape, fortran, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                             else np.lib.format.read_array_header_2_0)(f)
+    if dtype.hasobject:
+        raise CommandError(f"{path}: holds Python objects, which are never unpickled")
+    declared = math.prod(shape) * dtype.itemsize
+    st = os.fstat(f.fileno())
+    if stat.S_ISREG(st.st_mode) and declared > st.st_size - f.tell():
+        raise CommandError(f"{path}: its header declares {declared} bytes of data, the file holds "
+                           f"{st.st_size - f.tell()}")
+    data = bytearray()
+    while len(data) < declared and (chunk := f.read(min(declared - len(data), READ_CHUNK))):
+        data += chunk
+    if len(data) < declared:
+        raise CommandError(f"{path}: its header declares {declared} bytes of data, it held {len(data)}")
+    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def _check_writable(path: str) -> None:
@@ -585,8 +619,7 @@ _SMALLEST_MODEL = "16KiB"  # below it new-model could not come near the size ask
 def _model_size(text: str) -> int:
     size = _size(text)
     if size < parse_size(_SMALLEST_MODEL):
-        raise argparse.ArgumentTypeError(f"{text} is too small: new-model writes {_SMALLEST_MODEL} "
-                                         "or more")
+        raise argparse.ArgumentTypeError(f"{text} is too small: give {_SMALLEST_MODEL} or more")
     return size
 
 
@@ -789,10 +822,14 @@ def _add_control(parser: argparse.ArgumentParser, text: str = _CONTROL_HELP) -> 
 
 
 def _control(text: str) -> str:
-    """A control endpoint: always an ipc:// path (clients' endpoints are elsewhere)."""
-    if text.startswith("ipc://"):
+    """A control endpoint: always an ipc:// path to a socket file (clients' endpoints are
+    elsewhere; an abstract ipc://@name has no permissions to keep others out)."""
+    if text.startswith("ipc://@"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the control socket must be a file, which only "
+                                         "you can open (an abstract @name is open to every user)")
+    if text.startswith("ipc://") and len(text) > len("ipc://"):
         return text
-    if text.startswith(TRANSPORTS) or ":" in text:
+    if text.startswith(TRANSPORTS) or ":" in text or not text:
         raise argparse.ArgumentTypeError(f"{text!r}: the control socket is an ipc://PATH (the "
                                          "client endpoint, tcp://..., is another socket)")
     raise argparse.ArgumentTypeError(f"{text!r} names no transport: write ipc://{text}")
@@ -851,11 +888,17 @@ def _milliseconds(text: str) -> float:
     return _amount(text, "milliseconds") / MS_PER_SECOND
 
 
-TRANSPORTS = ("tcp://", "ipc://", "inproc://")
+TRANSPORTS = ("tcp://", "ipc://")
 
 
 def _endpoint(text: str) -> str:
     """A ZeroMQ endpoint, which names its transport; a bare address gets a hint."""
+    if text.startswith("tcp://["):
+        raise argparse.ArgumentTypeError(f"{text!r}: IPv6 addresses are not supported; use an "
+                                         "IPv4 address or a host name")
+    if text.startswith("inproc://"):
+        raise argparse.ArgumentTypeError(f"{text!r}: inproc:// reaches only sockets inside one "
+                                         "process; use tcp:// or ipc://")
     if text.startswith(TRANSPORTS):
         return text
     raise argparse.ArgumentTypeError(f"{text!r} names no transport: write tcp://{text} (or "

@@ -5,7 +5,8 @@ long name in capitals, dashes as underscores: ``WORKERPOOL_MAX_BATCH=16``) are t
 command-line arguments placed before the real ones, file first, so that argparse itself
 applies the precedence: command line over environment over file over default, and every value
 goes through the same checks as on the command line. A key the command does not know is an
-error naming it; environment variables that name no option are left alone.
+error naming it; environment variables that name no option are left alone, and an empty one
+counts as unset.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def arguments(parser: argparse.ArgumentParser, config: str | None, environ: Mapp
             found += _as_arguments(action, value, f"{config}: {key}")
     for dest, action in options.items():
         name = ENV_PREFIX + dest.upper()
-        if name in environ:
+        if environ.get(name):  # set and not empty: `WORKERPOOL_X=` unsets X, as shells expect
             found += _as_arguments(action, environ[name], name)
     return found
 

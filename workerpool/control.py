@@ -15,7 +15,11 @@ class ControlError(Exception):
     """No supervisor answered, or it answered with an error."""
 
 
-class NoServer(ControlError):
+class Unanswered(ControlError):
+    """No answer came: no server, something else at the endpoint, or a server stuck."""
+
+
+class NoServer(Unanswered):
     """No process listens at the endpoint (a socket file left by a server that is gone, say)."""
 
 
@@ -27,7 +31,7 @@ def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any)
     except reach.NothingListens as exc:
         raise NoServer(str(exc)) from None
     except reach.Unreachable as exc:
-        raise ControlError(str(exc)) from None
+        raise Unanswered(str(exc)) from None
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -36,7 +40,7 @@ def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any)
         sock.send_multipart([b"", json.dumps({"command": command, **arguments}).encode()])
         # poll takes whole milliseconds; pyzmq truncated a float and waited forever when negative.
         if not sock.poll(None if timeout < 0 else int(timeout * MS_PER_SECOND)):
-            raise ControlError(f"the server at {endpoint} completed a handshake but did not "
+            raise Unanswered(f"the server at {endpoint} completed a handshake but did not "
                                f"answer in {timeout:g} s: its loop is stuck or very busy")
         frames = sock.recv_multipart()
     finally:

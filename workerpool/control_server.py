@@ -36,7 +36,8 @@ class ControlServer:
         path = runtime.ipc_path(endpoint)
         if path is None:
             raise StartupError(f"the control endpoint {endpoint} must be ipc://PATH: control is not "
-                               "authenticated, so only a socket file that only this user can open will do")
+                               "authenticated, so only a socket file that only this user can open will "
+                               "do (an abstract ipc://@name is open to every user)")
         _check_private(os.path.dirname(os.path.abspath(path)))
         self.endpoint = endpoint
         self.handlers = dict(handlers)

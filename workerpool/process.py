@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .worker_spec import STOP_SIGNAL
+from .worker_spec import CONTROL_SIGNALS, STOP_SIGNAL
 
 
 @dataclass(eq=False)
@@ -32,9 +32,16 @@ class Process:
 
     @classmethod
     def spawn(cls, argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> Process:
-        """Start ``argv`` with stdin closed and no descriptors but ``pass_fds`` inherited."""
-        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, env=env, close_fds=True,
-                                 pass_fds=tuple(pass_fds))
+        """Start ``argv`` with stdin closed and no descriptors but ``pass_fds`` inherited. It
+        starts with the supervisor's control signals blocked (the mask survives exec), so that
+        a Ctrl-C to the process group waits until it ignores them (``child.py``); here one
+        arriving meanwhile is only delayed, never lost."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, CONTROL_SIGNALS)
+        try:
+            popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, env=env, close_fds=True,
+                                     pass_fds=tuple(pass_fds))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         try:
             pidfd = os.pidfd_open(popen.pid)
         except OSError:

@@ -240,8 +240,10 @@ def encode_request(
         header["deadline_ms"] = deadline_ms
     encoded = encode_header(header)
     if len(encoded) > MAX_HEADER_BYTES:  # the server could not even read its id to answer it
+        what = "texts travel in it: send fewer or shorter" if text else \
+            "each array's name, dtype and shape travel in it: send fewer arrays"
         raise ProtocolError(f"the request header would be {len(encoded)} bytes, over the "
-                            f"{MAX_HEADER_BYTES}-byte limit (texts travel in it: send fewer or shorter)")
+                            f"{MAX_HEADER_BYTES}-byte limit ({what})")
     return [b"", encoded, *buffers]
 
 

@@ -56,5 +56,7 @@ def publish(
 def _server_check(control_endpoint: str, source: str, copy: str) -> None:
     try:
         control.call(control_endpoint, "check", path=os.path.abspath(copy), timeout=CHECK_TIMEOUT)
+    except control.Unanswered as exc:
+        raise PublishError(f"{source}: cannot ask the running server to check it: {exc}") from exc
     except control.ControlError as exc:
         raise PublishError(f"{source}: the running server refuses it: {exc}") from exc

@@ -83,13 +83,18 @@ def _open(endpoint: str) -> socket.socket:
     except FileNotFoundError:
         raise NothingListens(f"nothing listens at {endpoint}: {address} does not exist") from None
     except ConnectionRefusedError:
-        hint = "a server that stopped left that socket file behind" if transport == "ipc" \
-            else "is the server running, and on that address?"
+        hint = "is the server running, and on that address?" if transport != "ipc" \
+            else "no server holds that name" if address.startswith("@") \
+            else "a server that stopped left that socket file behind"
         raise NothingListens(f"nothing listens at {endpoint}: connection refused ({hint})") from None
     except OSError as exc:  # on a socket file (permissions, say), nothing is known of its owner
         failure = NothingListens if transport == "tcp" else Unreachable
         raise failure(f"cannot connect to {endpoint}: {exc.strerror or exc} (is the server "
                       "running, and on that address?)") from None
+
+
+def _wrong_port(endpoint: str) -> str:
+    return " (wrong port?)" if endpoint.startswith("tcp://") else ""
 
 
 def _connect_unix(path: str) -> socket.socket:
@@ -131,15 +136,18 @@ def _greeting_mechanism(endpoint: str) -> str:
             waited = True
         except OSError:
             pass  # reset by the peer: what it sent before is still worth reading
+    if not greeting and waited:
+        raise Unreachable(f"something at {endpoint} accepted the connection but sent nothing in "
+                          f"{CONNECT_SECONDS:g} s: a stopped or hung server, or not a workerpool "
+                          f"endpoint{_wrong_port(endpoint)}")
     if not greeting:
-        what = f"sent nothing in {CONNECT_SECONDS:g} s" if waited else "closed it at once"
-        raise Unreachable(f"something at {endpoint} accepted the connection but {what}: not a "
-                          "workerpool endpoint? (wrong port?)")
+        raise Unreachable(f"something at {endpoint} accepted the connection and closed it at once: "
+                          f"not a workerpool endpoint{_wrong_port(endpoint)}")
     mechanism = greeting[MECHANISM].rstrip(b"\0")
     if len(greeting) < MECHANISM.stop or greeting[0] != SIGNATURE[0] \
             or greeting[9] != SIGNATURE[9] or greeting[10] < MAJOR_VERSION \
             or not (mechanism.isascii() and mechanism.isalnum()):  # never echo a peer's bytes
-        raise Unreachable(f"{endpoint}: the peer does not speak ZeroMQ's protocol (wrong port?)")
+        raise Unreachable(f"{endpoint}: the peer does not speak ZeroMQ's protocol{_wrong_port(endpoint)}")
     return mechanism.decode("ascii")
 
 
@@ -176,6 +184,6 @@ def _watch(endpoint: str, monitor: zmq.Socket, with_keys: bool, seconds: float) 
             raise Unreachable(f"{endpoint}: the encrypted handshake failed: is --curve-server-key "
                               "this server's public key?")
         if event not in (zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED):
-            raise Unreachable(f"{endpoint}: the ZeroMQ handshake failed: not a workerpool "
-                              "endpoint? (wrong port?)")
+            raise Unreachable(f"{endpoint}: the peer ended the ZeroMQ handshake: a server at its "
+                              "--max-connections limit, or not a workerpool endpoint")
     raise Unreachable(f"{endpoint}: no ZeroMQ handshake completed in {seconds:g} s")

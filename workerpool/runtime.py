@@ -82,7 +82,10 @@ def default_control_endpoint() -> str:
 
 
 def ipc_path(endpoint: str) -> str | None:
-    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+    """The socket file an ``ipc://`` endpoint names; None for any other endpoint, and for Linux's
+    abstract ``ipc://@name``, which is no file and has no permissions."""
+    path = endpoint.removeprefix("ipc://")
+    return path if endpoint.startswith("ipc://") and path and not path.startswith("@") else None
 
 
 def is_local(endpoint: str) -> bool:

@@ -106,7 +106,7 @@ class Starter(Protocol):
 
 
 class SpawnStarter:
-    """Each worker a fresh interpreter: ``python -m workerpool.worker``."""
+    """Each worker a fresh interpreter: ``python -m workerpool.child worker``."""
 
     pending = 0
     template = None
@@ -125,7 +125,7 @@ class SpawnStarter:
         env = python_env()
         env[TOKEN_ENV] = order.token  # not in argv, which every user on the machine can read
         try:
-            process = Process.spawn([sys.executable, "-m", "workerpool.worker", *spec.to_argv()], env,
+            process = Process.spawn([sys.executable, "-m", "workerpool.child", "worker", *spec.to_argv()], env,
                                     pass_fds=() if order.ready_w is None else (order.ready_w,))
         finally:
             order.sent()

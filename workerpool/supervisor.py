@@ -29,6 +29,10 @@ from .worker_spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, STOP_SI
 
 log = logging.getLogger("workerpool.supervisor")
 
+# The signals the loop handles, SIGCHLD aside (ignored by default, so nothing to hold back).
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU,
+                    STOP_SIGNAL)
+
 
 class StartupError(Exception):
     """The pool cannot start (bad model file, endpoint in use); nothing was started."""
@@ -129,7 +133,7 @@ class Supervisor:
         self._check_memory_limit()
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
-            self._defer_stop_signals()
+            self._defer_signals()
             self.starter.open(self.loop)  # first: a template is forked before any thread
             cleanup.callback(self.starter.close)  # in case the role cannot open; else _kill_all
             self.role.open(self, cleanup)
@@ -341,10 +345,11 @@ class Supervisor:
 
     # Signals: the handler only wakes the loop, which calls handle_<name>.
 
-    def _defer_stop_signals(self) -> None:
-        """Until the loop takes signals, Ctrl-C and SIGTERM are noted, not raised: raised, they
-        could land in the template's fork, where Python prints the exception and drops it."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
+    def _defer_signals(self) -> None:
+        """Until the loop takes signals, they are noted and handled once it does. Ctrl-C raised
+        at once could land in the template's fork, where Python prints the exception and drops
+        it; SIGHUP, SIGTTIN and SIGTTOU would kill or stop the supervisor mid-start."""
+        for signum in DEFERRED_SIGNALS:
             signal.signal(signum, lambda signum, _: self._deferred_signals.append(signum))
 
     def _signals(self) -> ExitStack:

@@ -174,7 +174,7 @@ def _wait_until_adopted(intermediate: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``python -m workerpool.template``: a template started as a fresh interpreter."""
+    """A template started as a fresh interpreter (``python -m workerpool.child template``)."""
     parser = argparse.ArgumentParser(prog="workerpool-template",
                                      description="Forks workers on request; started by a supervisor.")
     parser.add_argument("--fd", type=int, required=True, help="the inherited socket to the supervisor")
@@ -197,6 +197,3 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             sys.exit(1)
     run(socket.socket(fileno=args.fd), args.parent)
 
-
-if __name__ == "__main__":
-    main()

@@ -138,7 +138,7 @@ class TemplateStarter:
         return Process.adopt(pid)
 
     def _spawn(self, theirs: socket.socket) -> Process:
-        argv = [sys.executable, "-m", "workerpool.template", "--fd", str(theirs.fileno()),
+        argv = [sys.executable, "-m", "workerpool.child", "template", "--fd", str(theirs.fileno()),
                 "--parent", str(os.getpid()), "--log-level", self.log_level, "--model", self.model()]
         env = dict(python_env(), OPENBLAS_NUM_THREADS="1")  # no BLAS threads in the template
         return Process.spawn(argv, env, pass_fds=(theirs.fileno(),))

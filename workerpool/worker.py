@@ -467,6 +467,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Refused:
         return EXIT_REFUSED
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The contract between a supervisor and the worker processes it starts.
 
-A worker is a fresh interpreter (``python -m workerpool.worker``), so everything it needs to
+A worker is a fresh interpreter (``python -m workerpool.child worker``), so everything it needs to
 know crosses a command line. :class:`WorkerSpec` is that command line, typed: the supervisor
 builds one and calls :meth:`WorkerSpec.to_argv`; the worker calls :meth:`WorkerSpec.from_argv`.
 """
