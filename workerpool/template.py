@@ -196,4 +196,3 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             log.error("template %d: %s", os.getpid(), exc)
             sys.exit(1)
     run(socket.socket(fileno=args.fd), args.parent)
-

@@ -466,4 +466,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_LOAD_FAILED
     except Refused:
         return EXIT_REFUSED
-
