@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -34,7 +34,6 @@ from prometheus_client.core import (
 
 from . import metrics
 from .loop import Loop
-from .router import BATCH_BUCKETS, LATENCY_BUCKETS
 from .status import unready
 
 log = logging.getLogger("workerpool.supervisor")
@@ -117,8 +116,9 @@ class PoolCollector:
         if snapshot is None:
             raise LoopStuck
         status = snapshot["status"]
-        yield _counter("workerpool_requests", "Requests answered, by result code ('ok' or the error code).",
-                       "code", snapshot["outcomes"])
+        yield _labelled(CounterMetricFamily, "workerpool_requests",
+                        "Requests answered, by result code ('ok' or the error code).", "code",
+                        snapshot["outcomes"])
         yield _histogram("workerpool_queue_wait_seconds", "Time from a request's arrival to its dispatch to a worker.",
                          snapshot["queue_waits"])
         yield _histogram("workerpool_run_seconds", "Time from a request's dispatch to its reply.",
@@ -130,14 +130,16 @@ class PoolCollector:
         states = {state: 0 for state in ("starting", "ready", "busy", "reloading", "stopping")}
         for worker in status["workers"]:
             states[worker["state"]] = states.get(worker["state"], 0) + 1
-        yield _gauge("workerpool_workers", "Workers by state.", "state", states)
+        yield _labelled(GaugeMetricFamily, "workerpool_workers", "Workers by state.", "state", states)
         yield GaugeMetricFamily("workerpool_generation", "Newest generation of weights accepted "
                                 "(workers move to it one at a time).",
                                 value=status["model"]["generation"])
-        yield _counter("workerpool_reloads", "New weight files taken or refused.", "outcome", snapshot["reloads"])
+        yield _labelled(CounterMetricFamily, "workerpool_reloads", "New weight files taken or refused.",
+                        "outcome", snapshot["reloads"])
         yield CounterMetricFamily("workerpool_worker_restarts", "Serving workers that died and were replaced.",
                                   value=snapshot["replacements"])
-        yield _batch_histogram(snapshot["batch_rows"])
+        yield _histogram("workerpool_batch_rows", "Rows of the batch axis per forward pass.",
+                         snapshot["batch_rows"])
         yield from self._memory(status, snapshot)
 
     def _read_memory(self, snapshot: Snapshot) -> metrics.PoolMemory:
@@ -170,38 +172,25 @@ class PoolCollector:
         yield totals
 
 
-def _counter(name: str, text: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, text, labels=[label])
+Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)
+
+
+def _labelled(kind: type[Family], name: str, text: str, label: str, values: dict[str, int]) -> Family:
+    """A counter or gauge family with one sample per value of ``label``."""
+    family = kind(name, text, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
     return family
 
 
-def _gauge(name: str, text: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, text, labels=[label])
-    for key, value in sorted(values.items()):
-        family.add_metric([key], value)
-    return family
-
-
-def _histogram(name: str, text: str, timings: tuple[list[int], float]) -> HistogramMetricFamily:
-    counts, total = timings
+def _histogram(name: str, text: str, copy: tuple[tuple[float, ...], list[int], float]) -> HistogramMetricFamily:
+    """A histogram from :meth:`Histogram.copy`: Prometheus wants cumulative buckets."""
+    bounds, counts, total = copy
     buckets, running = [], 0
-    for bound, count in zip([*map(str, LATENCY_BUCKETS), "+Inf"], counts, strict=True):
+    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
         running += count
         buckets.append((bound, running))
     return HistogramMetricFamily(name, text, buckets=buckets, sum_value=total)
-
-
-def _batch_histogram(rows: tuple[list[int], int]) -> HistogramMetricFamily:
-    """Rows per forward pass since the start, in the router's power-of-two buckets."""
-    counts, total = rows
-    buckets, running = [], 0
-    for bound, count in zip([*map(str, BATCH_BUCKETS), "+Inf"], counts, strict=True):
-        running += count
-        buckets.append((bound, running))
-    return HistogramMetricFamily("workerpool_batch_rows", "Rows of the batch axis per forward pass.",
-                                 buckets=buckets, sum_value=total)
 
 
 class LoopStuck(Exception):

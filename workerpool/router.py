@@ -98,10 +98,9 @@ class Router:
         self._workers: dict[WorkerKey, WorkerRecord] = {}
         self._free: deque[WorkerKey] = deque()
         self._running_here: set[WorkerKey] = set()  # local workers with requests in flight
-        self.queue_waits = Timings()  # from a request's arrival to its dispatch
-        self.run_times = Timings()  # from a request's dispatch to its reply
-        self.batch_rows = [0] * (len(BATCH_BUCKETS) + 1)  # forward passes by rows, since the start
-        self.batch_rows_total = 0
+        self.queue_waits = Histogram(LATENCY_BUCKETS)  # seconds from a request's arrival to its dispatch
+        self.run_times = Histogram(LATENCY_BUCKETS)  # seconds from a request's dispatch to its reply
+        self.batch_rows = Histogram(BATCH_BUCKETS)  # rows per forward pass, since the start
         self.frontend = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
                               read_ahead=CLIENT_READ_AHEAD)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -311,8 +310,7 @@ class Router:
                 self.queue.put(pending, first=True)
             return False
         worker.took(batch, rows, batchable=self._shape(first) is not None and rows <= self.batching.max_rows)
-        self.batch_rows[bisect.bisect_left(BATCH_BUCKETS, rows)] += 1
-        self.batch_rows_total += rows
+        self.batch_rows.observe(rows)
         for pending in batch:
             pending.attempts += 1
             self.queue_waits.observe(worker.busy_since - pending.received)
@@ -487,17 +485,22 @@ BATCH_BUCKETS = tuple(2**i for i in range(11))  # 1, 2, 4 ... 1024 rows
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-class Timings:
-    """How many durations fell at or under each bound of ``LATENCY_BUCKETS`` (then above them
-    all), and their sum: what a Prometheus histogram reports, counted without a lock in the loop."""
+class Histogram:
+    """How many values fell at or under each of ``bounds`` (then above them all), and their
+    sum: what a Prometheus histogram reports, counted without a lock in the loop."""
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.total += seconds
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def copy(self) -> tuple[tuple[float, ...], list[int], float]:
+        """Bounds, counts and sum as they are now, for another thread to read."""
+        return self.bounds, list(self.counts), self.total
 
 
 def _error_code(frames: list[Any]) -> str:

@@ -118,9 +118,8 @@ class ServingRole:
         """What a scrape reads, taken between two events of the loop."""
         router, pool = self.router, self.pool
         return {"status": self.status(), "outcomes": dict(router.intake.outcomes),
-                "queue_waits": (list(router.queue_waits.counts), router.queue_waits.total),
-                "run_times": (list(router.run_times.counts), router.run_times.total),
-                "batch_rows": (list(router.batch_rows), router.batch_rows_total),
+                "queue_waits": router.queue_waits.copy(), "run_times": router.run_times.copy(),
+                "batch_rows": router.batch_rows.copy(),
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
                 "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
 
