@@ -507,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a numpy model from many worker processes that share one "
         "memory-mapped copy of its Burnpack (.bpk) weights.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_ShowVersion)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_command in (_add_inspect, _add_new_model, _add_convert, _add_serve, _add_reload, _add_publish,
                         _add_status, _add_infer, _add_embed, _add_workers, _add_keys):
@@ -938,14 +938,24 @@ _positive_seconds = _above_zero(_seconds, "must be more than 0 seconds")
 DISTRIBUTION = "workerpool-mmap"  # the name pip knows this package by ("workerpool" is another one)
 
 
-def _version() -> str:
-    """This package's version, from its installed metadata."""
-    from importlib.metadata import PackageNotFoundError, version
+class _ShowVersion(argparse.Action):
+    """``--version``: this package's version from its installed metadata, looked up only when
+    asked (reading the metadata would add some 20 ms to every command)."""
 
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "(not installed)"
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+                         help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version(DISTRIBUTION)
+        except PackageNotFoundError:
+            found = "(not installed)"
+        print(f"{parser.prog} {found}")
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
