@@ -14,7 +14,18 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, NoReturn, TypeAlias
 
 import zmq
 
-from . import burnpack, config_sources, control, metrics, models, pool, reach, runtime, security
+from . import (
+    burnpack,
+    config_sources,
+    control,
+    metrics,
+    models,
+    npy,
+    pool,
+    reach,
+    runtime,
+    security,
+)
 from .config import (
     DEFAULT_BIND,
     DEFAULT_LOAD,
@@ -385,26 +396,21 @@ def _load_input(path: str) -> Any:
 
 
 def _read_npy(f: BinaryIO, path: str) -> Any:
-    """The array, its size checked against what the file holds before anything is allocated; a
-    pipe's data is taken as it comes, never more than the header declares."""
+    """The array, its data taken as it comes and never more than the header declares, so a
+    header that claims more than the file holds allocates nothing (a pipe works too)."""
     import numpy as np
 
-    version = np.lib.format.read_magic(f)
-    shape, fortran, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                             else np.lib.format.read_array_header_2_0)(f)
-    if dtype.hasobject:
+    header = npy.read_header(f)
+    if header.dtype.hasobject:
         raise CommandError(f"{path}: holds Python objects, which are never unpickled")
-    declared = math.prod(shape) * dtype.itemsize
-    st = os.fstat(f.fileno())
-    if stat.S_ISREG(st.st_mode) and declared > st.st_size - f.tell():
-        raise CommandError(f"{path}: its header declares {declared} bytes of data, the file holds "
-                           f"{st.st_size - f.tell()}")
     data = bytearray()
-    while len(data) < declared and (chunk := f.read(min(declared - len(data), READ_CHUNK))):
+    while len(data) < header.nbytes and (chunk := f.read(min(header.nbytes - len(data), READ_CHUNK))):
         data += chunk
-    if len(data) < declared:
-        raise CommandError(f"{path}: its header declares {declared} bytes of data, it held {len(data)}")
-    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
+    if len(data) < header.nbytes:
+        raise CommandError(f"{path}: its header declares {header.nbytes} bytes of data, the file "
+                           f"holds {len(data)}")
+    return np.frombuffer(data, header.dtype).reshape(header.shape,
+                                                     order="F" if header.fortran_order else "C")
 
 
 def _check_writable(path: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import os
 import zipfile
 import zlib
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import burnpack
+from . import burnpack, npy
 from .burnpack import dtypes
 from .models.base import MODEL_KEY
 from .models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
@@ -242,34 +241,28 @@ def _read_npz(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Defer
     except _NPZ_ERRORS as exc:
         raise ConvertError(f"{path}: cannot read as .npz: {_one_line(exc)}") from exc
     for name in archive.files:
-        dtype, shape, data = _npy_header(path, archive, name)
+        header, data = _npy_header(path, archive, name)
+        dtype, shape = header.dtype, header.shape
         try:
             dtypes.from_numpy(dtype)
         except burnpack.BurnpackError:
             raise ConvertError(f"{path}: array {name} has dtype {dtype}, which Burnpack cannot "
                                "store") from None
-        needed = math.prod(shape) * dtype.itemsize
-        if needed != data:  # checked before reading, which would allocate what the header says
+        if header.nbytes != data:  # checked before reading, which would allocate what the header says
             raise ConvertError(f"{path}: array {name}: its header says {dtype} {list(shape)} "
-                               f"({needed} bytes), the archive holds {data}")
+                               f"({header.nbytes} bytes), the archive holds {data}")
         yield name, burnpack.Deferred(dtype.newbyteorder("<"), shape, _member(archive, path, name))
 
 
-def _npy_header(path: str, archive: Any, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
-    """An array's dtype and shape from its .npy header, and the bytes of data the member holds,
-    without reading its data."""
-    npy = np.lib.format
+def _npy_header(path: str, archive: Any, name: str) -> tuple[npy.NpyHeader, int]:
+    """An array's .npy header, and the bytes of data the member holds, without reading its data."""
     try:
         with archive.zip.open(f"{name}.npy") as member:
-            version = npy.read_magic(member)
-            if version not in ((1, 0), (2, 0)):
-                raise ValueError(f".npy format version {version} is not supported")
-            read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-            shape, _, dtype = read_header(member)
+            header = npy.read_header(member)
             data = archive.zip.getinfo(f"{name}.npy").file_size - member.tell()
     except (*_NPZ_ERRORS, KeyError) as exc:
         raise ConvertError(f"{path}: array {name}: {_one_line(exc)}") from exc
-    return np.dtype(dtype), tuple(shape), data
+    return header, data
 
 
 def _member(archive: Any, path: str, name: str) -> Callable[[], np.ndarray]:
