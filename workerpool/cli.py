@@ -830,11 +830,11 @@ def _add_control(parser: argparse.ArgumentParser, text: str = _CONTROL_HELP) -> 
 def _control(text: str) -> str:
     """A control endpoint: always an ipc:// path to a socket file (clients' endpoints are
     elsewhere; an abstract ipc://@name has no permissions to keep others out)."""
+    if runtime.ipc_path(text) is not None:
+        return text
     if text.startswith("ipc://@"):
         raise argparse.ArgumentTypeError(f"{text!r}: the control socket must be a file, which only "
                                          "you can open (an abstract @name is open to every user)")
-    if text.startswith("ipc://") and len(text) > len("ipc://"):
-        return text
     if text.startswith(TRANSPORTS) or ":" in text or not text:
         raise argparse.ArgumentTypeError(f"{text!r}: the control socket is an ipc://PATH (the "
                                          "client endpoint, tcp://..., is another socket)")

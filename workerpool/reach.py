@@ -22,6 +22,7 @@ from functools import partial
 import zmq
 
 from .connections import MONITOR_EVENT
+from .runtime import ipc_path, socket_address
 from .security import ClientKeys
 from .units import MS_PER_SECOND
 
@@ -71,8 +72,8 @@ def _open(endpoint: str) -> socket.socket:
     transport, _, address = endpoint.partition("://")
     connect: Callable[[], socket.socket]
     if transport == "ipc":
-        _check_is_socket(endpoint, address)
-        connect = partial(_connect_unix, "\0" + address[1:] if address.startswith("@") else address)
+        _check_is_socket(endpoint)
+        connect = partial(_connect_unix, socket_address(address))
     else:
         host, _, port = address.rpartition(":")
         if not port.isdigit() or not 0 < int(port) < 2**16:
@@ -108,9 +109,10 @@ def _connect_unix(path: str) -> socket.socket:
     return sock
 
 
-def _check_is_socket(endpoint: str, path: str) -> None:
+def _check_is_socket(endpoint: str) -> None:
     """A path that is something else gets its own answer, not "connection refused"."""
-    if path.startswith("@"):  # Linux's abstract namespace: no file
+    path = ipc_path(endpoint)
+    if path is None:  # Linux's abstract namespace: no file
         return
     with contextlib.suppress(FileNotFoundError):
         mode = os.stat(path).st_mode

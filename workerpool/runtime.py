@@ -88,6 +88,12 @@ def ipc_path(endpoint: str) -> str | None:
     return path if endpoint.startswith("ipc://") and path and not path.startswith("@") else None
 
 
+def socket_address(path: str) -> str:
+    """What the kernel takes for a Unix socket path: a leading ``@`` names Linux's abstract
+    namespace (a NUL byte there), which has no file."""
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
 def is_local(endpoint: str) -> bool:
     """Whether only this machine can reach ``endpoint`` (ipc, inproc or loopback TCP)."""
     if endpoint.startswith(("ipc://", "inproc://")):

@@ -15,6 +15,8 @@ import socket
 import time
 from collections.abc import MutableMapping
 
+from .runtime import socket_address
+
 log = logging.getLogger("workerpool.supervisor")
 
 
@@ -23,7 +25,7 @@ class Notifier:
 
     def __init__(self, environ: MutableMapping[str, str] = os.environ) -> None:
         address = environ.pop("NOTIFY_SOCKET", "")
-        self.address = "\0" + address[1:] if address.startswith("@") else address
+        self.address = address and socket_address(address)
         watchdog, watched = environ.pop("WATCHDOG_USEC", ""), environ.pop("WATCHDOG_PID", "")
         self.watchdog: float | None = None
         if self.address and watchdog.isdigit() and int(watchdog) > 0 \

@@ -2,8 +2,8 @@
 
 Hyper-parameters come from the ``config.json`` that ``workerpool convert`` carries in the
 metadata; Linear weights are used as stored (``[out, in]``) through transposed views, never
-copied; exact GELU to float32 precision. The output ``embedding`` is the mean of the last hidden states over the attention
-mask, L2-normalised, as sentence-transformers computes it.
+copied; exact GELU to float32 precision. The output ``embedding`` is the mean of the last
+hidden states over the attention mask, L2-normalised, as sentence-transformers computes it.
 
 Inputs are ``input_ids`` and ``attention_mask`` (and optionally ``token_type_ids``), int64
 ``[B, L]``; or, when the file carries a ``tokenizer.json``, a list of texts, which the worker
