@@ -236,11 +236,17 @@ def flood(sock: zmq.Socket, x: np.ndarray, count: int) -> int:
     return sent
 
 
-def free_backend() -> str:
-    """A loopback TCP endpoint on a port free right now, for a worker backend."""
+def free_port() -> int:
+    """A loopback TCP port free right now: nothing listens there until a test binds it."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        return int(probe.getsockname()[1])
+
+
+def free_backend() -> str:
+    """A loopback TCP endpoint on a port free right now, for a worker backend (or as an
+    endpoint where nothing listens)."""
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class CurveKeys:

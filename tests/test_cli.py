@@ -125,12 +125,6 @@ def test_usage_errors_are_one_line(args, message):
     assert done.stderr.count("\n") == 1 and "usage:" not in done.stderr
 
 
-def _closed_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"  # closed again: nothing listens there
-
-
 @pytest.fixture
 def x_npy(tmp_path) -> Path:
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
@@ -165,13 +159,13 @@ def test_what_is_not_an_endpoint_or_an_input_is_named(tmp_path, x_npy):
 def test_infer_reads_its_input_from_a_pipe(x_npy):
     """``--input /dev/stdin`` (or a shell's ``<(...)``): read front to back, never seeked."""
     done = subprocess.run([sys.executable, "-m", "workerpool", "infer", "--input", "/dev/stdin",
-                           "--endpoint", _closed_port()], input=x_npy.read_bytes(),
+                           "--endpoint", free_backend()], input=x_npy.read_bytes(),
                           capture_output=True, timeout=30, check=False)
     assert done.returncode == 1 and b"nothing listens at" in done.stderr, done.stderr  # loaded
 
 
 def test_infer_says_at_once_that_nothing_listens_and_checks_its_output_first(tmp_path, x_npy):
-    endpoint = _closed_port()
+    endpoint = free_backend()
     done = cli("infer", "--input", x_npy, "--endpoint", endpoint, "--timeout", "60", timeout=20)
     assert done.returncode == 1 and "nothing listens at" in done.stderr and "refused" in done.stderr
     assert done.stderr.count("\n") == 1, done.stderr

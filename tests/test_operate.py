@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import SLOW, cli, free_backend, pool_ready, slow_request
+from helpers import SLOW, cli, free_backend, free_port, pool_ready, slow_request
 from prometheus_client.parser import text_string_to_metric_families
 from server import Server
 
@@ -27,12 +27,6 @@ import workerpool
 from workerpool.publish import publish
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get(url: str) -> tuple[int, str]:
