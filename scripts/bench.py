@@ -8,9 +8,9 @@ All are driven by the same client loop: one DEALER socket keeping K requests in 
 
     python scripts/bench.py                     # 1 MiB mlp, 2 workers, K = 1, 4, 16
     python scripts/bench.py --max-batch 1       # workerpool without batching, as the bare brokers
+    python scripts/bench.py --workers 4 --seconds 5 --json bench.json
 
 Batching against --max-batch 1 and gunicorn, same run: scripts/compare.py.
-    python scripts/bench.py --workers 4 --seconds 5 --json bench.json
 """
 
 from __future__ import annotations
@@ -212,14 +212,14 @@ def main() -> None:
                         "never batch, so --max-batch 1 compares like with like")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
     args = parser.parse_args()
-    levels = [int(k) for k in args.in_flight.split(",")]
+    in_flight = levels(args.in_flight)
     with tempfile.TemporaryDirectory() as tmp:
         model, _, x = demo_model(tmp, 1024 * 1024)
         frames = protocol.encode_request(0, x)
-        bare = run_bare(args.workers, frames, levels, args.seconds, tmp)
-        same = run_bare(args.workers, frames, levels, args.seconds, tmp, model_path=model)
+        bare = run_bare(args.workers, frames, in_flight, args.seconds, tmp)
+        same = run_bare(args.workers, frames, in_flight, args.seconds, tmp, model_path=model)
         options = () if args.max_batch is None else ("--max-batch", str(args.max_batch))
-        pool = run_workerpool(model, args.workers, frames, levels, args.seconds, tmp, *options)
+        pool = run_workerpool(model, args.workers, frames, in_flight, args.seconds, tmp, *options)
     print(f"{args.workers} workers, 1 MiB mlp, one-row float32 input; {args.seconds:g}s per level")
     print("bare: echo broker and echo workers; bare+model: the same broker, workers running the model")
     print(f"{'in flight':>9} | {'bare req/s':>10} {'p50 us':>7} | {'bare+model':>10} {'p50 us':>7} | "
