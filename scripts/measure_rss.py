@@ -81,7 +81,7 @@ def touch_all(control_endpoint: str, endpoint: str, workers: int, load: str, siz
     deadline = time.monotonic() + timeout
     sent = 0
     with workerpool.Client(endpoint, timeout=60) as client:
-        x = np.ones((1, client.info()["input_shape"][1]), np.float32)
+        x = np.ones((1, client.info()["inputs"][0]["shape"][1]), np.float32)
         while True:
             for _ in client.infer_many(itertools.repeat(x, 2 * workers), window=workers):
                 sent += 1

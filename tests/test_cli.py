@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import pickle
 import pty
 import re
 import signal
@@ -24,6 +25,7 @@ import zmq
 from helpers import CurveKeys, cli, free_backend
 from server import Server
 
+import workerpool
 from workerpool import burnpack, security
 from workerpool.cli import build_parser
 
@@ -116,6 +118,9 @@ def test_version_and_the_command_list():
     (["status", "--control", "ipc://@pool"], "an abstract @name is open to every user"),
     (["infer", "--input", "x.npy", "--endpoint", "tcp://[::1]:5555"], "IPv6 addresses are not supported"),
     (["infer", "--input", "x.npy", "--endpoint", "inproc://pool"], "inproc:// reaches only sockets"),
+    (["infer", "--input", "x.npy", "--endpoint", "tcp://127.0.0.1:70000"], "a port from 1 to 65535"),
+    (["infer", "--input", "x.npy", "--endpoint", "http://127.0.0.1:8002"], "this speaks ZeroMQ"),
+    (["serve", "m.bpk", "--bind", "tcp://127.0.0.1"], "names no port"),
     (["reload", "--control", "tcp://127.0.0.1:5555"], "the control socket is an ipc://PATH"),
     (["infer", "--inptu", "x.npy"], "required: --input"),
 ])
@@ -147,7 +152,6 @@ def test_what_is_not_an_endpoint_or_an_input_is_named(tmp_path, x_npy):
         (["infer", "--input", tmp_path / "lies.npy"], "declares 400000000000 bytes of data, the file holds 64"),
         (["infer", "--input", tmp_path / "objects.npy"], "holds Python objects, which are never unpickled"),
         (["infer", "--input", tmp_path / "notes.zip"], "a zip archive but not an .npz of arrays"),
-        (["infer", "--input", x_npy, "--endpoint", "tcp://127.0.0.1:70000"], "a port from 1 to 65535"),
         (["status", "--control", f"ipc://{tmp_path}/folder"], "folder is a folder, not a socket"),
     ]
     for args, message in cases:
@@ -344,3 +348,99 @@ def test_publish_says_when_it_could_not_ask_the_server(small_model, tmp_path):
     assert done.returncode == 1 and "cannot ask the running server to check it: nothing listens" \
         in done.stderr, done.stderr
     assert not (tmp_path / "served.bpk").exists()
+
+
+def test_infer_writes_exactly_the_output_path_given(small_model, local_model, tmp_path):
+    """``--output y.txt`` writes y.txt (an .npy file) and says so; numpy alone would add .npy."""
+    x = np.ones((3, local_model.input_shape[1]), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    with Server(small_model, workers=1) as server:
+        done = cli("infer", "--input", tmp_path / "x.npy", "--output", tmp_path / "y.txt",
+                   "--endpoint", server.endpoint)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"workerpool: wrote {tmp_path / 'y.txt'} (worker ")
+    np.testing.assert_allclose(np.load(tmp_path / "y.txt"), local_model(x), rtol=1e-5, atol=1e-6)
+    assert not (tmp_path / "y.txt.npy").exists()
+
+
+def test_texts_for_an_array_model_are_refused_saying_so(small_model, local_model):
+    """The server's own message, so that library users read it too, not only ``embed``'s."""
+    width = local_model.input_shape[1]
+    expected = f"the model mlp takes arrays, not texts: send float32 [B, {width}] or [{width}]"
+    with Server(small_model, workers=1) as server:
+        done = cli("embed", "hello", "--endpoint", server.endpoint)
+        with workerpool.Client(server.endpoint) as client, \
+                pytest.raises(workerpool.BadRequest, match=re.escape(expected)):
+            client.infer(["hello"])
+    assert done.returncode == 1 and expected in done.stderr and "got a list" not in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def _torch_zip(path: Path) -> None:
+    """A file laid out as torch.save writes one: a zip whose first member is the pickle."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("tiny/data.pkl", b"\x80\x02}q\x00.")
+        archive.writestr("tiny/data/0", b"\0" * 16)
+
+
+@pytest.mark.parametrize(("name", "write", "hint"), [
+    ("tiny.safetensors", lambda p: p.write_bytes(_safetensors_bytes()),
+     "a safetensors file: 'workerpool convert {path} {stem}.bpk' makes a Burnpack file of it"),
+    ("tiny.npz", lambda p: np.savez(p, w=np.ones(3, np.float32)),
+     "an .npz archive: 'workerpool convert {path} {stem}.bpk' makes a Burnpack file of it"),
+    ("tiny.pt", _torch_zip, "a PyTorch file (torch.save), which workerpool convert does not read"),
+    ("tiny.bin", lambda p: p.write_bytes(pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)),  # torch's magic
+     "a Python pickle (a PyTorch file?), which workerpool convert does not read"),
+    ("tiny.onnx", lambda p: p.write_bytes(b"\x08\x07\x12\x07pytorch" + b"\0" * 32),
+     "an ONNX model, which workerpool convert does not read"),
+    ("tiny.bpk", lambda p: p.write_bytes(b"not a burnpack file"),
+     "workerpool convert makes one from a .safetensors file, an .npz archive or a model folder"),
+])
+def test_a_file_of_another_format_says_what_it_is_and_how_to_convert_it(tmp_path, name, write, hint):
+    path = tmp_path / name
+    write(path)
+    expected = hint.format(path=path, stem=tmp_path / "tiny")
+    for command in ("inspect", "serve"):
+        done = cli(command, path, timeout=60)
+        assert done.returncode == (1 if command == "inspect" else 2), done.stderr
+        assert f"{path}: not a Burnpack file" in done.stderr and expected in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+
+
+def _safetensors_bytes() -> bytes:
+    from safetensors.numpy import save
+
+    return save({"w": np.ones(3, np.float32)})
+
+
+def test_publishing_what_is_already_published_is_refused(small_model, tmp_path):
+    """The same file, or a copy with the same bytes, would only start a pointless generation."""
+    served = tmp_path / "served.bpk"
+    served.write_bytes(Path(small_model).read_bytes())
+    inode = served.stat().st_ino
+    for source, why in ((served, "the same file"), (small_model, "the same content")):
+        done = cli("publish", source, served, timeout=60)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr == f"workerpool: error: {source} is already published as {served} ({why}): " \
+            "nothing renamed\n"
+    assert served.stat().st_ino == inode and sorted(os.listdir(tmp_path)) == ["served.bpk"]
+
+
+def test_status_fits_the_terminal_and_json_keeps_everything(small_model):
+    def status(*args: str, env: dict[str, str]) -> str:
+        done = cli("status", "--control", server.control, *args, env=env, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    with Server(small_model, workers=2) as server:
+        narrow, wide = status(env={"COLUMNS": "80"}), status(env={"COLUMNS": ""})  # "": unset
+        described = json.loads(status("--json", env={"COLUMNS": "80"}))
+    lines = narrow.splitlines()
+    assert max(map(len, lines)) <= 80, narrow
+    header = next(line for line in lines if line.split()[:2] == ["pid", "role"])
+    assert {"pid", "role", "state", "served", "pss"} <= set(header.split())
+    worker = described["workers"][0]
+    row = next(line for line in lines if line.split()[:1] == [str(worker["pid"])])
+    assert row.split()[1:3] == ["worker", "ready"] and len(row) == len(header)  # under its titles
+    assert "weights" in wide and "pte" in wide  # not a terminal: every column
+    assert {"rss", "uss", "pss", "shared", "anon", "pte"} <= set(worker["memory"])

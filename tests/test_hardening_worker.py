@@ -108,7 +108,7 @@ def test_a_flood_of_poison_under_load_fails_no_legitimate_request(mlp_server, lo
         with workerpool.Client(mlp_server.endpoint, timeout=20, retries=0) as client:
             for _ in range(40):
                 x = rng.standard_normal((2, width)).astype(np.float32)
-                np.testing.assert_allclose(client.infer(x), local_model(x), rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(client.infer(x), local_model(x), rtol=1e-5, atol=1e-5)
         return 40
 
     loads = [Background(lambda seed=seed: load(seed)) for seed in range(4)]

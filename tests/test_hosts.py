@@ -96,7 +96,7 @@ def test_host_with_a_model_that_does_not_fit_is_refused(model, tmp_path):
     with Server(model, "--backend", backend, workers=0) as router, Host(other, backend, workers=1) as host:
         router.wait_for(lambda s: "refused worker" in router.log(), timeout=20)
         assert ready_pids(router.status()) == set()
-    assert "its model does not fit: input_shape is [None, 128], the served model's is [None, 64]" in router.log()
+    assert "its model does not fit: inputs are <f4 [None, 128], the served model's <f4 [None, 64]" in router.log()
     assert "the router refuses this worker" in host.log()
 
 
@@ -112,9 +112,11 @@ def test_curve_serves_allowed_keys_only(model, tmp_path):
         alice = workerpool.ClientKeys(alice_secret, server_public)
         assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
         x = np.ones((1, WIDTH), np.float32)
-        for keys_used in (None, workerpool.ClientKeys(mallory_secret, server_public)):
-            with workerpool.Client(router.endpoint, timeout=1, retries=0, keys=keys_used) as client:
-                with pytest.raises(workerpool.Timeout):
+        for keys_used, why in ((None, "the server requires CURVE keys"),
+                               (workerpool.ClientKeys(mallory_secret, server_public),
+                                "the server refused this client's key")):
+            with workerpool.Client(router.endpoint, connect_timeout=1, keys=keys_used) as client:
+                with pytest.raises(workerpool.Unreachable, match=why):
                     client.infer(x)
         assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
 

@@ -33,7 +33,7 @@ def touch_weights(server: Server, done, timeout: float = 30.0) -> dict:
     """Send requests, one per worker in flight, until ``done(worker)`` holds for every worker."""
     deadline = time.monotonic() + timeout
     with workerpool.Client(server.endpoint) as client:
-        x = np.ones((1, client.info()["input_shape"][1]), np.float32)
+        x = np.ones((1, client.info()["inputs"][0]["shape"][1]), np.float32)
         while True:
             for _ in client.infer_many([x] * 2 * WORKERS, window=WORKERS):
                 pass
@@ -92,7 +92,7 @@ def test_copy_workers_each_hold_the_weights(model):
 def test_status_json_and_explain_carry_every_memory_figure(model):
     with Server(model, workers=2) as server:
         raw, human = (
-            cli("status", "--control", server.control, flag, timeout=30)
+            cli("status", "--control", server.control, flag, timeout=30, env={"COLUMNS": "200"})
             for flag in ("--json", "--explain")
         )
     assert raw.returncode == 0, raw.stderr

@@ -494,7 +494,7 @@ def test_a_stacked_batch_answers_each_input_as_it_would_alone(tmp_path):
     path = tmp_path / "m.bpk"
     generate_mlp(path, 1 << 20)
     loaded = LoadedModel(str(path), None)
-    width = loaded.describe()["input_shape"][1]
+    width = loaded.describe()["inputs"][0]["shape"][1]
     rng = np.random.default_rng(0)
     inputs = [rng.random((2, width), np.float32), rng.random(width, dtype=np.float32),
               np.zeros((1, 3), np.float32), {"input": rng.random((3, width), np.float32)}]
@@ -519,6 +519,6 @@ def test_float64_input_is_refused_with_the_fix(tmp_path):
     path = tmp_path / "m.bpk"
     generate_mlp(path, 1 << 20)
     loaded = LoadedModel(str(path), None)
-    width = loaded.describe()["input_shape"][1]
+    width = loaded.describe()["inputs"][0]["shape"][1]
     with pytest.raises(ModelInputError, match=r"send x\.astype\(np\.float32\)"):
         loaded.infer(np.ones((1, width)))

@@ -174,12 +174,25 @@ def test_config_file_environment_and_command_line_in_that_order(tmp_path, small_
     ("no-watch = 3\n", "--no-watch is a switch"),
     ("workers = [1]\n", "--workers takes a value"),
     ("workers = \n", "not valid TOML"),
+    ('workers = "x"\n', "bad.toml: workers: invalid count 'x'"),
+    ('log-level = "loud"\n', "bad.toml: log-level: invalid choice: 'loud'"),
 ])
 def test_a_config_that_cannot_be_used_is_one_line(tmp_path, small_model, content, message):
     (tmp_path / "bad.toml").write_text(content)
     done = cli("serve", small_model, "--config", tmp_path / "bad.toml")
     assert done.returncode == 2 and message in done.stderr
-    assert done.stderr.count("\n") == 1
+    assert done.stderr.count("\n") == 1 and "argument --" not in done.stderr
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("WORKERPOOL_WORKERS", "x", "invalid count 'x'"),
+    ("WORKERPOOL_MAX_QUEUE_BYTES", "12q", "invalid size '12q'"),
+])
+def test_a_bad_value_from_the_environment_names_the_variable(small_model, monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    done = cli("serve", small_model, "--print-config")
+    assert done.returncode == 2 and done.stderr.startswith(f"workerpool: error: {name}: {message}")
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 def test_json_logs_are_one_object_per_line(small_model):
@@ -226,12 +239,17 @@ def test_the_unit_file_passes_systemd_analyze(tmp_path):
 
 
 def test_the_readmes_config_example_is_accepted(tmp_path, small_model):
-    text = (ROOT / "README.md").read_text()
-    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "serve.toml").write_text(example)
-    done = cli("serve", small_model, "--config", tmp_path / "serve.toml", "--print-config")
-    assert done.returncode == 0, done.stderr
-    assert 'http = "127.0.0.1:8002"' in done.stdout and "max_batch = 16" in done.stdout
+    """The README's TOML example, and every one in docs/configuration.md, is a valid ``--config``."""
+    readme = (ROOT / "README.md").read_text().split("```toml\n", 1)[1].split("```", 1)[0]
+    docs = (ROOT / "docs" / "configuration.md").read_text().split("```toml\n")[1:]
+    assert docs, "docs/configuration.md shows a --config example"
+    printed = []
+    for example in [readme, *(block.split("```", 1)[0] for block in docs)]:
+        (tmp_path / "serve.toml").write_text(example)
+        done = cli("serve", small_model, "--config", tmp_path / "serve.toml", "--print-config")
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout)
+    assert 'http = "127.0.0.1:8002"' in printed[0] and "max_batch = 16" in printed[0]
 
 
 def test_workers_take_connect_from_the_environment_too(small_model, monkeypatch):

@@ -86,11 +86,25 @@ def test_slow_request_does_not_delay_free_workers(small_model):
 def test_infer_many_and_info(small_model, local_model):
     with Server(small_model, workers=2) as server, workerpool.Client(server.endpoint) as c:
         info = c.info()
-        assert info["model"] == "mlp" and info["input_shape"][1] > 0
-        width = info["input_shape"][1]
+        assert info["model"] == "mlp" and info["inputs"][0]["shape"][1] > 0
+        width = info["inputs"][0]["shape"][1]
         xs = [np.full((1, width), float(i), np.float32) for i in range(30)]
         for x, y in zip(xs, c.infer_many(xs, window=6)):
             np.testing.assert_allclose(y, local_model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_info_describes_arrays_as_the_wire_does(small_model, local_model):
+    """One format: ``inputs`` and ``outputs`` with dtypes as array descriptors write them; the
+    README's first request reads the input width as ``info["inputs"][0]["shape"][1]``."""
+    with Server(small_model, workers=1) as server, workerpool.Client(server.endpoint) as client:
+        info = client.info()
+        x = np.ones((2, info["inputs"][0]["shape"][1]), dtype=np.float32)
+        result = client.request(x)
+    width = local_model.input_shape[1]
+    assert info["inputs"] == [{"name": None, "dtype": "<f4", "shape": [None, width]}]
+    assert info["outputs"] == [{"name": None, "dtype": "<f4", "shape": [None, 10]}]
+    assert result.outputs.dtype.str == info["outputs"][0]["dtype"] and result.outputs.shape == (2, 10)
+    assert not {"input_shape", "output_shape", "input_dtype", "output_dtype", "accepts_text"} & set(info)
 
 
 def test_async_client(small_model):
@@ -232,7 +246,7 @@ def test_ttin_ttou_change_the_worker_count(small_model):
         server.signal(signal.SIGTTOU)
         server.wait_for(lambda s: len(s["workers"]) == 2)
         with workerpool.Client(server.endpoint) as c:
-            assert c.infer(np.ones((1, c.info()["input_shape"][1]), np.float32)).shape == (1, 10)
+            assert c.infer(np.ones((1, c.info()["inputs"][0]["shape"][1]), np.float32)).shape == (1, 10)
 
 
 def test_infer_command_round_trip(small_model, tmp_path):

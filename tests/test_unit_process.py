@@ -61,6 +61,13 @@ def test_ready_lines_read_back_as_written(workers):
     assert parse_ready_line("workerpool: error: no such file") is None
 
 
+def test_ready_lines_count_one_worker_in_the_singular():
+    endpoint = "tcp://127.0.0.1:5555"
+    assert serve_line("m.bpk", "1.0 MiB", "mlp", 1, endpoint).endswith(f" with 1 worker on {endpoint}")
+    assert serve_line("m.bpk", "1.0 MiB", "mlp", 2, endpoint).endswith(f" with 2 workers on {endpoint}")
+    assert workers_line("m.bpk", "1.0 MiB", "mlp", 1, endpoint).startswith("workerpool: 1 worker for ")
+
+
 class IdleRole:
     """A role with no router: nothing but the supervisor's own bookkeeping runs."""
 

@@ -20,7 +20,8 @@ from workerpool.batching import BatchPolicy
 from workerpool.registry import WorkerRecord
 from workerpool.router import Router
 
-SIGNATURE = {"input_shape": [None, 4], "input_dtype": "<f4"}
+SIGNATURE = {"inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
+             "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}]}
 _endpoints = itertools.count()
 
 
@@ -179,7 +180,7 @@ def test_a_lost_worker_request_is_retried_once_then_fails(context):
 
 def test_a_worker_whose_model_does_not_fit_is_refused(context):
     pool = Pool(context)
-    worker = pool.worker(5, input_shape=[None, 8])
+    worker = pool.worker(5, inputs=[{"name": None, "dtype": "<f4", "shape": [None, 8]}])
     pool.pump(received(worker))
     frames = worker.recv_multipart()
     assert frames[0] == protocol.REFUSE and b"input" in frames[1]
@@ -498,7 +499,7 @@ def test_a_request_that_cannot_share_a_pass_is_not_held_for_one(context, case):
 
 
 def test_texts_batch_as_one_list_of_texts_with_their_own_stride(context):
-    pool = Pool(context, max_queue=64, signature={"accepts_text": True},
+    pool = Pool(context, max_queue=64, signature={"inputs": [{"name": None, "dtype": "text", "shape": [None]}]},
                 batching=BatchPolicy(max_rows=4))
     client = pool.client()
     worker = busy_with_one(pool, client)  # request 0: an array, which a text model refuses alone

@@ -229,6 +229,19 @@ def test_an_undeclared_model_must_return_arrays():
             contract.check_output(bad, None)
 
 
+def test_info_lists_every_declared_array_in_one_format():
+    """Named outputs, dtypes as the wire's descriptors write them, extra accepted dtypes, and
+    None for what a model leaves undeclared."""
+    named = type("Mixed", (Named,), {"also_accepted": (np.uint8,)})()
+    assert models.Contract.of(named, "named").info() == {
+        "inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4], "also_accepted": ["|u1"]}],
+        "outputs": [{"name": "logits", "dtype": "<f4", "shape": [None, 10]},
+                    {"name": "embedding", "dtype": "<f2", "shape": [None, None]}],
+    }
+    undeclared = {"name": None, "dtype": None, "shape": None}
+    assert models.Contract.of(object(), "bare").info() == {"inputs": [undeclared], "outputs": [undeclared]}
+
+
 def test_the_built_in_models_declare_what_they_return(loaded):
     assert loaded.contract.check_input(np.zeros((0, 16), np.float32)) == 0
     loaded.contract.check_output(loaded.infer(np.zeros((2, 16), np.float32)), 2)

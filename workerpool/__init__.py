@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     BadRequest,
+    ConnectionLost,
     DeadlineExceeded,
     InternalError,
     Overloaded,
@@ -18,6 +19,7 @@ from .errors import (
     RequestTimeout,
     ShuttingDown,
     Timeout,
+    Unreachable,
     WorkerFailed,
     WorkerpoolError,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "BadRequest",
     "Client",
     "ClientKeys",
+    "ConnectionLost",
     "DeadlineExceeded",
     "InternalError",
     "Overloaded",
@@ -42,6 +45,7 @@ __all__ = [
     "Result",
     "ShuttingDown",
     "Timeout",
+    "Unreachable",
     "WorkerFailed",
     "WorkerpoolError",
 ]

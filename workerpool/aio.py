@@ -29,6 +29,8 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
     """
 
     _socket_class = zmq.asyncio.Socket
+    _poller_class = zmq.asyncio.Poller
+    _poller: zmq.asyncio.Poller
     _reader: asyncio.Task[None] | None = None
 
     async def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
@@ -106,10 +108,9 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
         try:
             while self._calls.outstanding:
                 poll_ms = self._poll_ms()
-                socket = self._open()
-                # POLLIN is poll's default flag (pyzmq's type stub for the async poll omits it).
-                if poll_ms is not None and await socket.poll(poll_ms):
-                    self._calls.reply(await socket.recv_multipart(copy=False))
+                if poll_ms is not None:
+                    self._open()
+                    self._take(dict(await self._poller.poll(poll_ms)))
         except Exception as exc:  # noqa: BLE001 - whatever stops the reader must reach every caller
             self._calls.abandon(exc)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from . import (
     burnpack,
     config_sources,
     control,
+    endpoints,
     metrics,
     models,
     npy,
@@ -261,41 +263,63 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    _print_status(status)
-    if args.explain:
-        _print_memory_legend()
+    _print_status(status, _output_width(), explain=args.explain)
     return 0
 
 
-def _print_status(status: dict[str, Any]) -> None:
+def _output_width() -> int:
+    """The terminal's width (or ``COLUMNS``); no limit when stdout is a file or a pipe, whose
+    reader gets every column."""
+    import shutil
+
+    return shutil.get_terminal_size((sys.maxsize, 0)).columns
+
+
+def _print_status(status: dict[str, Any], width: int, *, explain: bool = False) -> None:
+    """The status in ``width`` columns: its lines wrapped, the table's least important columns
+    left out (``--json`` has them all)."""
     model, queue = status["model"], status["queue"]
-    print(f"supervisor {status['supervisor_pid']} serving on {status['endpoint']}")
-    print(f"model {model['name']}: {model['path']} ({format_size(model['size'])}, inode {model['inode']}, "
-          f"generation {model['generation']}, {model['load']})")
-    print(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
-          f"{status['threads_per_worker']} BLAS threads per worker")
-    _print_batches(status["workers"])
-    print(f"{'pid':>8}  {'role':<10} {'host':<16} {'state':<10} {'gen':>4} {'served':>8} {'errors':>6} "
-          f"{'batches':>8} {'rows':>8} " + " ".join(f"{_MEMORY_COLUMNS[k]:>10}" for k in _MEMORY_COLUMNS))
+    say = functools.partial(_print_wrapped, width=width)
+    say(f"supervisor {status['supervisor_pid']} serving on {status['endpoint']}")
+    say(f"model {model['name']}: {model['path']} ({format_size(model['size'])}, inode {model['inode']}, "
+        f"generation {model['generation']}, {model['load']})")
+    threads = status["threads_per_worker"]
+    say(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
+        f"{threads} BLAS thread{'' if threads == 1 else 's'} per worker")
+    _print_batches(status["workers"], say)
     host = os.uname().nodename
     helpers = [("supervisor", status["supervisor_pid"], status.get("supervisor_memory"))]
     template = status.get("template")
     if template is not None:
         helpers.append(("template", template["pid"], template["memory"]))
-    for role, pid, memory in helpers:
-        _print_process_row(pid, role, host, "restarting" if pid is None else "-", ("-",) * 5, memory)
+    rows = [_process_row(pid, role, host, "restarting" if pid is None else "-", ("-",) * 5, memory)
+            for role, pid, memory in helpers]
     for worker in status["workers"]:
         counts = (worker["generation"], worker["served"], worker["errors"], worker["batches"], worker["rows"])
-        _print_process_row(worker["pid"], "worker", worker["host"], worker["state"], counts,
-                           worker.get("memory"))
+        rows.append(_process_row(worker["pid"], "worker", worker["host"], worker["state"], counts,
+                                 worker.get("memory")))
+    shown = _print_table(rows, width)
     totals = status["totals"]
     model_size = "-" if totals["model_size"] is None else format_size(totals["model_size"])
     processes = "supervisor, template and" if template and template["pid"] else "supervisor and"
-    print(f"total PSS of the {processes} {totals['workers']} workers: {format_size(totals['pss'])} "
-          f"(workers alone {format_size(totals['workers_pss'])}; model file {model_size})")
+    say(f"total PSS of the {processes} {totals['workers']} workers: {format_size(totals['pss'])} "
+        f"(workers alone {format_size(totals['workers_pss'])}; model file {model_size})")
+    if explain:
+        for key, column in _MEMORY_COLUMNS.items():
+            if column in shown:
+                say(f"  {column:<8} {metrics.MEMORY_FIELDS[key]}", indent=11)
+        say(f"  {'total':<8} {metrics.TOTAL_FIELDS['pss']}", indent=11)
 
 
-def _print_batches(workers: list[dict[str, Any]]) -> None:
+def _print_wrapped(text: str, width: int, indent: int = 2) -> None:
+    """``text`` in lines of at most ``width`` characters where it has spaces to break at."""
+    import textwrap
+
+    print(textwrap.fill(text, width, subsequent_indent=" " * indent, break_long_words=False,
+                        break_on_hyphens=False))
+
+
+def _print_batches(workers: list[dict[str, Any]], say: Callable[[str], None]) -> None:
     """The pool's batch sizes, e.g. ``batches: 310 carrying 4,960 rows; by rows 1: 10, 3-4: 20``."""
     sizes: dict[int, int] = {}
     for worker in workers:
@@ -306,26 +330,47 @@ def _print_batches(workers: list[dict[str, Any]]) -> None:
         return
     buckets = ", ".join(f"{size // 2 + 1 if size > 2 else size}"
                         f"{f'-{size}' if size > 2 else ''}: {count:,}" for size, count in sorted(sizes.items()))
-    print(f"batches: {batches:,} carrying {rows:,} rows; batches by rows {buckets}")
+    say(f"batches: {batches:,} carrying {rows:,} rows; batches by rows {buckets}")
 
 
-def _print_process_row(pid: int | None, role: str, host: str, state: str, counts: tuple[Any, ...],
-                       memory: dict[str, int] | None) -> None:
-    sizes = [format_size(memory[k]) if memory and k in memory else "-" for k in _MEMORY_COLUMNS]
+def _process_row(pid: int | None, role: str, host: str, state: str, counts: tuple[Any, ...],
+                 memory: dict[str, int] | None) -> dict[str, str]:
+    """One process's cells of the status table, by column title."""
     generation, served, errors, batches, rows = counts
-    print(f"{pid or '-':>8}  {role:<10} {host[:16]:<16} {state:<10} {generation:>4} {served:>8} {errors:>6} "
-          f"{batches:>8} {rows:>8} " + " ".join(f"{s:>10}" for s in sizes))
-
-
-def _print_memory_legend() -> None:
+    cells = {"pid": str(pid or "-"), "role": role, "host": host[:16], "state": state,
+             "gen": str(generation), "served": str(served), "errors": str(errors),
+             "batches": str(batches), "rows": str(rows)}
     for key, column in _MEMORY_COLUMNS.items():
-        print(f"  {column:<8} {metrics.MEMORY_FIELDS[key]}")
-    print(f"  {'total':<8} {metrics.TOTAL_FIELDS['pss']}")
+        cells[column] = format_size(memory[key]) if memory and key in memory else "-"
+    return cells
+
+
+def _print_table(rows: list[dict[str, str]], width: int) -> list[str]:
+    """The rows under their titles in the columns that fit in ``width``, the least important left
+    out first (never the essential ones); the titles of the columns shown."""
+    widths = {title: max([least, *(len(row[title]) for row in rows)])
+              for title, least in _STATUS_COLUMNS.items()}
+    kept = list(_STATUS_IMPORTANCE)
+    while len(kept) > _ESSENTIAL_COLUMNS and sum(widths[title] + 1 for title in kept) - 1 > width:
+        kept.pop()
+    shown = [title for title in _STATUS_COLUMNS if title in kept]
+    for row in [{title: title for title in shown}, *rows]:
+        cells = (row[t].ljust(widths[t]) if t in _LEFT_ALIGNED else row[t].rjust(widths[t]) for t in shown)
+        print(" ".join(cells).rstrip())
+    return shown
 
 
 _MEMORY_COLUMNS = {"rss": "rss", "uss": "uss", "pss": "pss", "shared": "shared", "anon": "anon",
                    "pte": "pte", "weights_resident": "weights"}
 """The memory figures ``status`` shows, by key, with their column titles; ``--json`` has all."""
+_STATUS_COLUMNS = {"pid": 8, "role": 10, "host": 16, "state": 10, "gen": 4, "served": 8, "errors": 6,
+                   "batches": 8, "rows": 8, **dict.fromkeys(_MEMORY_COLUMNS.values(), 10)}
+"""The status table's columns, in order, with their least widths."""
+_LEFT_ALIGNED = {"role", "host", "state"}
+_STATUS_IMPORTANCE = ("pid", "role", "state", "served", "pss", "errors", "rss", "gen", "host", "uss",
+                      "shared", "batches", "rows", "anon", "weights", "pte")
+"""The columns, most important first: a narrow terminal loses them from the end."""
+_ESSENTIAL_COLUMNS = 5  # pid, role, state, served and pss: shown however narrow the terminal
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
@@ -432,7 +477,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if not isinstance(embedding, np.ndarray):
         raise CommandError(f"{args.endpoint}: the server's model returned no 'embedding' for texts")
     if args.output:
-        np.save(args.output, embedding)
+        _save(args.output, embedding)
         print(f"workerpool: wrote {args.output} ({embedding.shape[0]} embeddings of {embedding.shape[1]})")
     else:
         for row in embedding:
@@ -491,13 +536,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _save(path: str, outputs: Outputs) -> None:
-    """Named outputs to a .npz, one unnamed output (or none) to a .npy."""
+    """Named outputs as an .npz, one unnamed output (or none) as an .npy, at exactly ``path``:
+    given a name, numpy would add its own extension to one without it."""
     import numpy as np
 
-    if isinstance(outputs, dict):
-        np.savez(path, **cast(dict[str, Any], outputs))  # Any: numpy's stub types **kwds as allow_pickle
-    else:
-        np.save(path, np.asanyarray(outputs))
+    try:
+        with open(path, "wb") as f:
+            if isinstance(outputs, dict):  # Any: numpy's stub types **kwds as allow_pickle
+                np.savez(f, **cast(dict[str, Any], outputs))
+            else:
+                np.save(f, np.asanyarray(outputs))
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot write it: {exc.strerror or exc}") from exc
 
 
 class _Parser(argparse.ArgumentParser):
@@ -642,7 +692,7 @@ def _add_serve(sub: Subcommands) -> None:
     parser = _command(sub, "serve", cmd_serve)
     _add_pool_options(parser, "the Burnpack weight file",
                       "on SIGTERM, seconds to finish in-flight requests")
-    parser.add_argument("--bind", type=_endpoint, default=DEFAULT_BIND, metavar="ENDPOINT",
+    parser.add_argument("--bind", type=_bind_endpoint, default=DEFAULT_BIND, metavar="ENDPOINT",
                         help="client endpoint (default: %(default)s, loopback only)")
     _add_control(parser, "control endpoint for status (default: an ipc socket in a private runtime "
                  "directory)")
@@ -673,7 +723,7 @@ def _add_serve(sub: Subcommands) -> None:
     parser.add_argument("--http", metavar="HOST:PORT",
                         help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here; a "
                         "bare :PORT is loopback (default: off)")
-    parser.add_argument("--backend", type=_endpoint, metavar="ENDPOINT",
+    parser.add_argument("--backend", type=_bind_endpoint, metavar="ENDPOINT",
                         help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on "
                         "other hosts join (default: none; local workers always use a private ipc socket)")
     _add_server_key_options(parser)
@@ -835,7 +885,7 @@ def _control(text: str) -> str:
     if text.startswith("ipc://@"):
         raise argparse.ArgumentTypeError(f"{text!r}: the control socket must be a file, which only "
                                          "you can open (an abstract @name is open to every user)")
-    if text.startswith(TRANSPORTS) or ":" in text or not text:
+    if text.startswith(endpoints.TRANSPORTS) or ":" in text or not text:
         raise argparse.ArgumentTypeError(f"{text!r}: the control socket is an ipc://PATH (the "
                                          "client endpoint, tcp://..., is another socket)")
     raise argparse.ArgumentTypeError(f"{text!r} names no transport: write ipc://{text}")
@@ -894,21 +944,20 @@ def _milliseconds(text: str) -> float:
     return _amount(text, "milliseconds") / MS_PER_SECOND
 
 
-TRANSPORTS = ("tcp://", "ipc://")
-
-
 def _endpoint(text: str) -> str:
-    """A ZeroMQ endpoint, which names its transport; a bare address gets a hint."""
-    if text.startswith("tcp://["):
-        raise argparse.ArgumentTypeError(f"{text!r}: IPv6 addresses are not supported; use an "
-                                         "IPv4 address or a host name")
-    if text.startswith("inproc://"):
-        raise argparse.ArgumentTypeError(f"{text!r}: inproc:// reaches only sockets inside one "
-                                         "process; use tcp:// or ipc://")
-    if text.startswith(TRANSPORTS):
-        return text
-    raise argparse.ArgumentTypeError(f"{text!r} names no transport: write tcp://{text} (or "
-                                     "ipc://PATH for a local socket)")
+    """A ZeroMQ endpoint to connect to, which names its transport; a bare address gets a hint."""
+    try:
+        return endpoints.check(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bind_endpoint(text: str) -> str:
+    """An endpoint to bind, where ``tcp://HOST:*`` picks a free port."""
+    try:
+        return endpoints.check(text, bind=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _amount(text: str, unit: str) -> float:

@@ -26,15 +26,22 @@ class Client(BaseClient[zmq.Socket]):
     threads at once. Use one client per thread. Within a thread, calls may interleave freely
     (``info()`` inside an ``infer_many`` loop works): replies are routed to requests by id.
 
-    Each request waits up to ``timeout`` seconds for its reply. When a reply is overdue the
-    socket is closed and replaced and every outstanding request is resent (inference is
-    idempotent); a request sent ``retries + 1`` times without a reply raises ``Timeout``.
+    ``endpoint`` is ``tcp://HOST:PORT`` or ``ipc://PATH``; anything else is a ``ValueError``
+    at once. A request waits up to ``connect_timeout`` seconds for a server to complete the
+    ZeroMQ handshake, else raises ``Unreachable``. When the connection drops under requests in
+    flight (a server that exits or is killed), they are resent at once and reach a server that
+    is there again within ``connect_timeout`` (a restart); otherwise, or at once with no retry
+    left, they raise ``ConnectionLost``. A connected server's
+    reply is awaited up to ``timeout`` seconds; when it is overdue the socket is replaced and
+    every outstanding request resent (inference is idempotent). Each resend counts against
+    ``retries``: a request sent ``retries + 1`` times without a reply raises ``Timeout``.
 
     ``keys`` (:class:`workerpool.security.ClientKeys`) speaks CURVE to a server started with
     ``--curve-server-key``: without allowed keys such a server does not answer at all.
     """
 
     _socket_class = zmq.Socket
+    _poller_class = zmq.Poller
 
     def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
         """Run the model on ``x`` (an array, or a dict of named arrays).
@@ -96,9 +103,9 @@ class Client(BaseClient[zmq.Socket]):
         try:
             while not call.done:
                 poll_ms = self._poll_ms()
-                socket = self._open()
-                if poll_ms is not None and socket.poll(poll_ms, zmq.POLLIN):
-                    self._calls.reply(socket.recv_multipart(copy=False))
+                if poll_ms is not None:
+                    self._open()
+                    self._take(dict(self._poller.poll(poll_ms)))
         finally:
             self._calls.forget(call)
         return call

@@ -3,10 +3,11 @@
 A TOML file (``--config FILE``) and environment variables ``WORKERPOOL_<OPTION>`` (the option's
 long name in capitals, dashes as underscores: ``WORKERPOOL_MAX_BATCH=16``) are turned into
 command-line arguments placed before the real ones, file first, so that argparse itself
-applies the precedence: command line over environment over file over default, and every value
-goes through the same checks as on the command line. A key the command does not know is an
-error naming it; environment variables that name no option are left alone, and an empty one
-counts as unset.
+applies the precedence: command line over environment over file over default. Every value goes
+through the same checks as on the command line, first here, so that a bad one is reported with
+the key and file, or the variable, it came from. A key the command does not know is an error
+naming it; environment variables that name no option are left alone, and an empty one counts as
+unset.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ def arguments(parser: argparse.ArgumentParser, config: str | None, environ: Mapp
             if action is None:
                 raise SourceError(f"{config}: unknown key {key!r} (the options of "
                                   f"'{parser.prog}' are: {', '.join(sorted(options))})")
-            found += _as_arguments(action, value, f"{config}: {key}")
+            found += _as_arguments(parser, action, value, f"{config}: {key}")
     for dest, action in options.items():
         name = ENV_PREFIX + dest.upper()
         if environ.get(name):  # set and not empty: `WORKERPOOL_X=` unsets X, as shells expect
-            found += _as_arguments(action, environ[name], name)
+            found += _as_arguments(parser, action, environ[name], name)
     return found
 
 
@@ -60,7 +61,8 @@ def _read(path: str) -> dict[str, Any]:
         raise SourceError(f"{path}: not valid TOML: {exc}") from exc
 
 
-def _as_arguments(action: argparse.Action, value: Any, where: str) -> list[str]:
+def _as_arguments(parser: argparse.ArgumentParser, action: argparse.Action, value: Any,
+                  where: str) -> list[str]:
     flag = action.option_strings[-1]
     if action.nargs == 0:  # a switch such as --no-watch
         if isinstance(value, str) and value.lower() in TRUE | FALSE:
@@ -70,6 +72,10 @@ def _as_arguments(action: argparse.Action, value: Any, where: str) -> list[str]:
         return [flag] if value else []
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise SourceError(f"{where}: {flag} takes a value such as on the command line, not {value!r}")
+    try:
+        parser._get_values(action, [str(value)])  # argparse's own checks, named by ``where``
+    except argparse.ArgumentError as exc:
+        raise SourceError(f"{where}: {exc.message}") from None
     return [f"{flag}={value}"]
 
 

@@ -61,7 +61,17 @@ class InternalError(RemoteError):
 
 
 class Timeout(WorkerpoolError):
-    """No reply arrived within the client's timeout, after every retry."""
+    """A connected server sent no reply within the client's timeout, after every retry."""
+
+
+class Unreachable(WorkerpoolError, ConnectionError):
+    """No workerpool server completed a ZeroMQ handshake in time; the message says what was
+    seen instead (nothing listening, another program, keys the server refuses)."""
+
+
+class ConnectionLost(WorkerpoolError, ConnectionError):
+    """The connection to the server dropped while the request was in flight, and no server
+    took the request back in time (or no retry was left)."""
 
 
 ERRORS_BY_CODE: dict[str, type[RemoteError]] = {

@@ -6,6 +6,7 @@ old file keep its pages until they let go, so nobody reads a half-written file.
 
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 
@@ -35,6 +36,10 @@ def publish(
     otherwise ``model`` (or the file's own choice) is built here.
     """
     source, destination = os.fspath(source), os.fspath(destination)
+    same = _published_as(source, destination)
+    if same:  # a rename would only make a server start a generation of the weights it serves
+        raise PublishError(f"{source} is already published as {destination} ({same}): "
+                           "nothing renamed")
     try:
         pack = burnpack.read(source)
         if control_endpoint is None:
@@ -51,6 +56,16 @@ def publish(
     except OSError as exc:
         raise PublishError(f"cannot publish {source} to {destination}: {exc.strerror or exc}") from exc
     return burnpack.FileIdentity.of(os.stat(destination))
+
+
+def _published_as(source: str, destination: str) -> str | None:
+    """How ``destination`` already is ``source`` (the same file, or the same bytes), or None."""
+    try:
+        if os.path.samefile(source, destination):
+            return "the same file"
+        return "the same content" if filecmp.cmp(source, destination, shallow=False) else None
+    except OSError:  # no destination yet, say; a source that cannot be read is refused later
+        return None
 
 
 def _server_check(control_endpoint: str, source: str, copy: str) -> None:

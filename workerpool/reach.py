@@ -21,7 +21,9 @@ from functools import partial
 
 import zmq
 
+from . import endpoints
 from .connections import MONITOR_EVENT
+from .errors import Unreachable
 from .runtime import ipc_path, socket_address
 from .security import ClientKeys
 from .units import MS_PER_SECOND
@@ -40,10 +42,6 @@ _WATCHED = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNE
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-class Unreachable(ConnectionError):
-    """No workerpool server can be talked to at the endpoint; the message says why."""
-
-
 class NothingListens(Unreachable):
     """No process accepts connections there; after other failures something (a stuck server,
     another program) may still hold the endpoint."""
@@ -53,32 +51,39 @@ def check(endpoint: str, keys: ClientKeys | None = None, *,
           handshake_seconds: float = HANDSHAKE_SECONDS) -> None:
     """Return once a ZeroMQ peer at ``endpoint`` completes a handshake with this client's
     ``keys``; raise :class:`Unreachable` saying what is there instead."""
-    if endpoint.startswith(("tcp://", "ipc://")):
-        mechanism = _greeting_mechanism(endpoint)
-        if mechanism == "CURVE" and keys is None:
-            raise Unreachable(f"{endpoint}: the server requires CURVE keys: give --curve-key and "
-                              "--curve-server-key")
-        if mechanism == "NULL" and keys is not None:
-            raise Unreachable(f"{endpoint}: the server takes no CURVE keys: leave out --curve-key "
-                              "and --curve-server-key")
-        if mechanism not in ("CURVE", "NULL"):
-            raise Unreachable(f"{endpoint}: a ZeroMQ peer with the {mechanism!r} security "
-                              "mechanism, which workerpool never uses: wrong port?")
+    check_greeting(endpoint, keys)
     _handshake(endpoint, keys, handshake_seconds)
 
 
-def _open(endpoint: str) -> socket.socket:
+def check_greeting(endpoint: str, keys: ClientKeys | None, seconds: float = CONNECT_SECONDS) -> None:
+    """Raise :class:`Unreachable` unless a ZeroMQ peer answers at ``endpoint`` within
+    ``seconds`` with the security mechanism that ``keys`` (or their absence) call for."""
+    try:
+        endpoints.check(endpoint)
+    except ValueError as exc:
+        raise Unreachable(str(exc)) from None
+    mechanism = _greeting_mechanism(endpoint, seconds)
+    if mechanism == "CURVE" and keys is None:
+        raise Unreachable(f"{endpoint}: the server requires CURVE keys: give --curve-key and "
+                          "--curve-server-key")
+    if mechanism == "NULL" and keys is not None:
+        raise Unreachable(f"{endpoint}: the server takes no CURVE keys: leave out --curve-key "
+                          "and --curve-server-key")
+    if mechanism not in ("CURVE", "NULL"):
+        raise Unreachable(f"{endpoint}: a ZeroMQ peer with the {mechanism!r} security "
+                          "mechanism, which workerpool never uses: wrong port?")
+
+
+def _open(endpoint: str, seconds: float) -> socket.socket:
     """A plain connection: the kernel's reason (refused, unknown host) is the clearest."""
     transport, _, address = endpoint.partition("://")
     connect: Callable[[], socket.socket]
     if transport == "ipc":
         _check_is_socket(endpoint)
-        connect = partial(_connect_unix, socket_address(address))
+        connect = partial(_connect_unix, socket_address(address), seconds)
     else:
         host, _, port = address.rpartition(":")
-        if not port.isdigit() or not 0 < int(port) < 2**16:
-            raise Unreachable(f"{endpoint}: not tcp://HOST:PORT with a port from 1 to 65535")
-        connect = partial(socket.create_connection, (host.strip("[]"), int(port)), CONNECT_SECONDS)
+        connect = partial(socket.create_connection, (host.strip("[]"), int(port)), seconds)
     try:
         return connect()
     except FileNotFoundError:
@@ -98,10 +103,10 @@ def _wrong_port(endpoint: str) -> str:
     return " (wrong port?)" if endpoint.startswith("tcp://") else ""
 
 
-def _connect_unix(path: str) -> socket.socket:
+def _connect_unix(path: str, seconds: float) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX)
     try:
-        sock.settimeout(CONNECT_SECONDS)
+        sock.settimeout(seconds)
         sock.connect(path)
     except BaseException:
         sock.close()
@@ -121,11 +126,11 @@ def _check_is_socket(endpoint: str) -> None:
             raise Unreachable(f"{endpoint}: {path} is {kind}, not a socket")
 
 
-def _greeting_mechanism(endpoint: str) -> str:
+def _greeting_mechanism(endpoint: str, seconds: float) -> str:
     """The security mechanism a ZeroMQ peer at ``endpoint`` names in its greeting."""
     greeting, waited = b"", False
-    with _open(endpoint) as sock:
-        deadline = time.monotonic() + CONNECT_SECONDS
+    with _open(endpoint, seconds) as sock:
+        deadline = time.monotonic() + seconds
         try:
             sock.sendall(SIGNATURE + bytes([MAJOR_VERSION]))
             while len(greeting) < MECHANISM.stop and (left := deadline - time.monotonic()) > 0:
@@ -140,7 +145,7 @@ def _greeting_mechanism(endpoint: str) -> str:
             pass  # reset by the peer: what it sent before is still worth reading
     if not greeting and waited:
         raise Unreachable(f"something at {endpoint} accepted the connection but sent nothing in "
-                          f"{CONNECT_SECONDS:g} s: a stopped or hung server, or not a workerpool "
+                          f"{seconds:g} s: a stopped or hung server, or not a workerpool "
                           f"endpoint{_wrong_port(endpoint)}")
     if not greeting:
         raise Unreachable(f"something at {endpoint} accepted the connection and closed it at once: "

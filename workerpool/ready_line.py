@@ -35,12 +35,18 @@ class Ready:
 
 
 def serve_line(path: str, size: str, model: str, workers: int, endpoint: str) -> str:
-    return f"{SERVE_READY_PREFIX}{path} ({size}, model {model}) with {workers} workers on {endpoint}"
+    return (f"{SERVE_READY_PREFIX}{path} ({size}, model {model}) with {worker_count(workers)} "
+            f"on {endpoint}")
 
 
 def workers_line(path: str, size: str, model: str, workers: int, connect: str) -> str:
-    plural = "s" if workers != 1 else ""
-    return f"workerpool: {workers} worker{plural} for {path} ({size}, model {model}) serving through {connect}"
+    return (f"workerpool: {worker_count(workers)} for {path} ({size}, model {model}) serving "
+            f"through {connect}")
+
+
+def worker_count(count: int) -> str:
+    """``1 worker``, ``8 workers``: as both lines (and their patterns) say it."""
+    return f"{count} worker{'' if count == 1 else 's'}"
 
 
 def parse_ready_line(line: str) -> Ready | None:

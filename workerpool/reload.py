@@ -42,7 +42,7 @@ def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, 
         loaded = LoadedModel(path, model)
     except (burnpack.BurnpackError, models.ModelError) as exc:
         raise WeightsRefused(str(exc)) from exc
-    return loaded.name, loaded.pack.identity, models.signature(loaded.model)
+    return loaded.name, loaded.pack.identity, loaded.contract.info()
 
 
 class Watcher:

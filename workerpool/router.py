@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from . import protocol
+from . import models, protocol
 from .batching import BatchPolicy, BatchShape
 from .config import HEARTBEAT_SECONDS, LIVENESS_BEATS
 from .intake import Intake, Pending
@@ -84,10 +84,10 @@ class Router:
     ) -> None:
         self.signature = signature or {}
         self.batching = batching or BatchPolicy()
-        declared = self.signature.get("input_shape")
-        if declared and declared[0] is None:  # a batch axis: requests can be stacked along it
-            self.batching.rank = len(declared)
-        self.batching.text = self.signature.get("accepts_text") is True
+        declared = models.array_input(self.signature)
+        if declared and declared["shape"][:1] == [None]:  # a batch axis: requests stack along it
+            self.batching.rank = len(declared["shape"])
+        self.batching.text = models.takes_text(self.signature)
         self.wake_at: float | None = None  # when a held request is due to be released
         self.request_timeout = request_timeout
         self.quarantine = Quarantine()

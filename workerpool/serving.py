@@ -381,8 +381,9 @@ class ServingRole:
 def default_max_message_size(signature: dict[str, Any]) -> int:
     """Room for a batch of 4096 inputs of the model's declared shape (at least 1 MiB); 64 MiB
     when the model declares none."""
-    shape, dtype = signature.get("input_shape"), signature.get("input_dtype")
-    if not shape or dtype is None or any(d is None for d in shape[1:]):
+    declared = models.array_input(signature) or {}
+    dtype, shape = declared.get("dtype"), declared.get("shape")
+    if dtype is None or shape is None or any(d is None for d in shape[1:]):
         return UNDECLARED_MESSAGE_SIZE
     sample = math.prod(shape[1:]) * np.dtype(dtype).itemsize
     return max(MiB, BATCH_ROOM * sample + 64 * KiB)

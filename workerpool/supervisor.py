@@ -21,6 +21,7 @@ from . import reload
 from .config import POLLS_PER_HEARTBEAT, PoolConfig
 from .loop import Loop
 from .process import Backoff, Child, Process, describe_exit
+from .ready_line import worker_count
 from .starters import SpawnStarter, Starter, StartOrder
 from .systemd import Notifier
 from .template_starter import TemplateStarter
@@ -319,7 +320,7 @@ class Supervisor:
         """One line for the service manager's status."""
         current = self.watcher.current
         ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
-        return f"serving {current.model} generation {current.generation} with {ready} workers"
+        return f"serving {current.model} generation {current.generation} with {worker_count(ready)}"
 
     def stop_child(self, child: Child) -> None:
         child.terminate()

@@ -28,7 +28,7 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 PACK = burnpack.read(os.environ["COMPARE_MODEL"])
 MODEL = models.build_model(PACK.tensors, PACK.metadata)
-WIDTH = int(models.signature(MODEL)["input_shape"][-1])
+WIDTH = int(models.Contract.of(MODEL, "mlp").info()["inputs"][0]["shape"][-1])
 
 
 def infer(body: bytes) -> bytes | None:

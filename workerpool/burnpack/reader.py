@@ -11,6 +11,7 @@ import logging
 import math
 import mmap as _mmap
 import os
+import shlex
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -187,6 +188,40 @@ def _frombuffer(buffer: Any, dtype: np.dtype, count: int, offset: int) -> np.nda
     return array
 
 
+SNIFF_SIZE = 512  # bytes read to tell what another kind of file is: a zip's first member name
+
+
+def _what_else(path: str, head: bytes) -> str:
+    """What a file that is not Burnpack looks like, and how to make a Burnpack file of it: every
+    command that reads weights (serve, inspect, publish) meets this message first."""
+    if len(head) > 8 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100 * 1024**2:
+        return f"it is a safetensors file: {_convert_command(path)} makes a Burnpack file of it"
+    if head.startswith(b"PK\x03\x04"):
+        first = head[30:30 + int.from_bytes(head[26:28], "little")]
+        if first.endswith(b".npy"):
+            return f"it is an .npz archive: {_convert_command(path)} makes a Burnpack file of it"
+        if first.endswith(b"data.pkl"):
+            return f"it is a PyTorch file (torch.save), {_NOT_CONVERTED}"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return f"it is a Python pickle (a PyTorch file?), {_NOT_CONVERTED}"
+    if path.endswith(".onnx"):
+        return ("it is an ONNX model, which workerpool convert does not read: save its weights as "
+                ".safetensors or .npz and convert those")
+    return ("workerpool convert makes one from a .safetensors file, an .npz archive or a model "
+            "folder")
+
+
+_NOT_CONVERTED = ("which workerpool convert does not read: save its state dict with "
+                  "safetensors.torch.save_file and convert that")
+
+
+def _convert_command(path: str) -> str:
+    """``'workerpool convert tiny.safetensors tiny.bpk'``, never with the source as destination."""
+    stem = os.path.splitext(path)[0]
+    destination = stem + ".bpk" if stem + ".bpk" != path else stem + "-converted.bpk"
+    return f"'workerpool convert {shlex.quote(path)} {shlex.quote(destination)}'"
+
+
 class _Parser:
     """Checks a file's header and metadata in Burn's order, reading only those bytes."""
 
@@ -205,7 +240,8 @@ class _Parser:
             raise self.fail(f"file is {self.size} bytes, too short for the {HEADER_SIZE}-byte header")
         magic, version, metadata_size = HEADER.unpack(self._pread(HEADER_SIZE, 0))
         if magic != MAGIC:
-            raise self.fail(f"not a Burnpack file (magic {magic:#010x}, expected {MAGIC:#010x})")
+            raise self.fail(f"not a Burnpack file (magic {magic:#010x}, expected {MAGIC:#010x}); "
+                            + _what_else(self.path, self._pread(min(self.size, SNIFF_SIZE), 0)))
         if version > FORMAT_VERSION:
             raise self.fail(f"unsupported format version {version} (this reader knows {FORMAT_VERSION})")
         if metadata_size > MAX_METADATA_SIZE:

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import bert, mlp, mnist
 from .base import MODEL_KEY, Model, ModelError, ModelInputError
-from .contract import Contract, ModelOutputError
+from .contract import Contract, ModelOutputError, array_input, format_entries, takes_text
 from .mlp import GeneratedMlp, Mlp, generate_mlp
 from .mnist import BurnMnist
 
@@ -45,13 +45,14 @@ __all__ = [
     "ModelError",
     "ModelInputError",
     "ModelOutputError",
+    "array_input",
     "build_model",
     "choose_model",
     "generate_mlp",
     "recognise",
     "resolve",
-    "signature",
     "signature_mismatch",
+    "takes_text",
 ]
 
 CHOICES = (
@@ -143,32 +144,10 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-def _dtype_name(dtype: Any) -> str:
-    return str(np.dtype(dtype))  # "float32" whether declared as np.float32, "<f4" or a dtype
-
-
-# What a model may declare, and how each value reads in JSON.
-_DECLARED: Mapping[str, Callable[[Any], Any]] = MappingProxyType(
-    {"input_shape": list, "output_shape": list, "input_dtype": _dtype_name, "output_dtype": _dtype_name,
-     "accepts_text": bool}
-)
-
-
-def signature(model: Any) -> dict[str, Any]:
-    """The input and output a model declares (if it does), for clients and for checking that new
-    weights or another host's model serve the same requests. Named outputs are objects by name."""
-    declared: dict[str, Any] = {}
-    for key, convert in _DECLARED.items():
-        value = getattr(model, key, None)
-        if isinstance(value, Mapping):
-            declared[key] = {str(name): convert(item) for name, item in value.items()}
-        elif value is not None:
-            declared[key] = convert(value)
-    return declared
-
-
 def signature_mismatch(served: Mapping[str, Any], other: Mapping[str, Any]) -> str | None:
-    """How ``other`` differs from the ``served`` signature, in one line, or None when it fits."""
-    differences = [f"{key} is {other.get(key)}, the served model's is {value}"
+    """How the ``inputs`` and ``outputs`` of ``other`` (an ``info``, a worker's READY) differ from
+    the ``served`` ones (:meth:`Contract.info`), in one line, or None when they fit."""
+    differences = [f"{key} are {format_entries(other.get(key))}, "
+                   f"the served model's {format_entries(value)}"
                    for key, value in served.items() if other.get(key) != value]
     return "; ".join(differences) or None

@@ -40,11 +40,12 @@ class Bert(Model):
     name = NAME
     input_dtype = None  # named integer inputs or texts, checked here
     output_dtype = None
-    accepts_text = True
+    text_output_dtype = np.float32  # texts give {"embedding": [B, hidden]} (see __init__)
 
     def __init__(self, weights: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
         config = _config(metadata)
         self.hidden, self.heads = config["hidden_size"], config["num_attention_heads"]
+        self.text_output_shape = {"embedding": (None, self.hidden)}
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         layers = config["num_hidden_layers"]
 
@@ -73,6 +74,7 @@ class Bert(Model):
                                       and name != "embeddings.position_ids")
         self.max_length = min(_int(metadata.get(MAX_LENGTH_KEY), len(self.positions)), len(self.positions))
         self.tokenizer = _tokenizer(metadata.get(TOKENIZER_KEY), self.max_length)
+        self.accepts_text = self.tokenizer is not None  # what info tells clients it takes
 
     def __call__(self, inputs: Any) -> Any:
         if isinstance(inputs, list):

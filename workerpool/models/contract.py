@@ -4,24 +4,32 @@ A model may declare ``input_shape`` and ``input_dtype`` (plus ``also_accepted`` 
 ``output_shape`` and ``output_dtype``; ``None`` in a shape is an axis of any size, and a
 leading ``None`` is the batch axis. A model that returns named arrays declares
 ``output_shape`` (and ``output_dtype``, or one dtype for all) as a mapping from name to value.
+A model that also takes a list of strings says ``accepts_text = True``, and may declare what it
+returns for texts as ``text_output_shape`` and ``text_output_dtype``, in the same forms.
 
 The input is checked before the model runs, so a request that does not fit is the client's
 error, answered before numpy allocates anything for it. The output is checked before it is
 sent, so a model that breaks its own declaration is never mistaken for a success. What a model
-does not declare is not checked, except that its output must be arrays.
+does not declare is not checked, except that its output must be arrays. Texts sent to a model
+that declares an array input and takes no texts are refused with a message saying so.
+
+What is declared is also what ``info`` tells clients (:meth:`Contract.info`), in one format for
+every model: ``inputs`` and ``outputs`` are lists of ``{"name", "dtype", "shape"}``, the dtype
+as the wire's array descriptors write it (``"<f4"``) or ``"text"``, None where undeclared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .base import INPUT_NAME, ModelError, ModelInputError
 
 Shape = tuple[int | None, ...]
+TEXT = "text"  # the dtype ``info`` gives a list of strings
 
 
 class ModelOutputError(Exception):
@@ -62,6 +70,14 @@ class Declared:
         shape = "of any shape" if self.shape is None else _format(self.with_batch(batch))
         return f"{dtypes} {shape}"
 
+    def entry(self, name: str | None) -> dict[str, Any]:
+        """This array as ``info`` lists it (see :meth:`Contract.info`)."""
+        first, *others = self.dtypes or (None,)
+        entry = _entry(name, None if first is None else first.str, self.shape)
+        if others:
+            entry["also_accepted"] = [dtype.str for dtype in others]
+        return entry
+
 
 @dataclass(frozen=True)
 class Contract:
@@ -70,14 +86,37 @@ class Contract:
     model: str
     input: Declared | None  # None: nothing declared
     outputs: Mapping[str | None, Declared] | None  # by name; the None key: one unnamed output
+    texts: bool = False  # the model takes a list of strings too
+    text_outputs: Mapping[str | None, Declared] | None = None  # what it returns for texts
 
     @classmethod
     def of(cls, model: Any, name: str) -> Contract:
         """Read what ``model`` declares; one that cannot be read is a :class:`ModelError`."""
         try:
-            return cls(name, _input_of(model), _outputs_of(model))
+            return cls(name, _input_of(model), _outputs_of(model),
+                       bool(getattr(model, "accepts_text", False)), _outputs_of(model, "text_"))
         except (TypeError, ValueError) as exc:
             raise ModelError(f"model {name!r} declares an unreadable signature: {exc}") from exc
+
+    def info(self) -> dict[str, list[dict[str, Any]]]:
+        """The ``inputs`` and ``outputs`` that ``info`` tells clients, and that new weights or
+        another host's model must match: one ``{"name", "dtype", "shape"}`` per array (name None
+        for the single unnamed one), texts as dtype ``"text"``, None for what is undeclared.
+
+        The outputs are those of the array input, or of texts for a model that declares only
+        what texts give (bert).
+        """
+        undeclared = _entry(None, None, None)
+        inputs = [_entry(None, TEXT, (None,))] if self.texts else []
+        if self.input is not None:
+            inputs.append(self.input.entry(None))
+        elif not self.texts:
+            inputs.append(undeclared)
+        only_texts = self.texts and self.input is None and self.outputs is None
+        outputs = self.text_outputs if only_texts else self.outputs
+        return {"inputs": inputs,
+                "outputs": [undeclared] if outputs is None else
+                [declared.entry(name) for name, declared in outputs.items()]}
 
     @property
     def batched(self) -> bool:
@@ -97,11 +136,17 @@ class Contract:
         """The batch size of an input that fits the declaration (None: no batch axis declared).
 
         One array is expected, bare or named ``input``; without its batch axis it is a batch of
-        one, as built-in models take it. Raises :class:`ModelInputError` for anything else.
+        one, as built-in models take it. Texts are a batch of their number for a model that takes
+        them. Raises :class:`ModelInputError` for anything else.
         """
         declared = self.input
+        if isinstance(inputs, list) and self.texts:
+            return len(inputs)
         if declared is None:
             return None
+        if isinstance(inputs, list):
+            raise ModelInputError(f"the model {self.model} takes arrays, not texts: send "
+                                  f"{self._forms(declared)} (workerpool infer)")
         array = inputs
         if isinstance(inputs, Mapping) and len(inputs) == 1:
             array = inputs.get(INPUT_NAME)
@@ -113,19 +158,20 @@ class Contract:
             return 1
         raise self._refuse(declared, _describe(array))
 
-    def check_output(self, outputs: Any, batch: int | None) -> None:
-        """Raise :class:`ModelOutputError` unless ``outputs`` are arrays as declared, with the
-        batch size of the input."""
-        if self.outputs is None:
+    def check_output(self, outputs: Any, batch: int | None, *, texts: bool = False) -> None:
+        """Raise :class:`ModelOutputError` unless ``outputs`` are arrays as declared (for texts,
+        when ``texts``), with the batch size of the input."""
+        expected = self.text_outputs if texts and self.texts else self.outputs
+        if expected is None:
             if not _are_arrays(outputs):
                 raise self._misfit(f"{_describe(outputs)}, not an array or named arrays")
-        elif None in self.outputs:
-            self._check_array("", outputs, self.outputs[None], batch)
-        elif not isinstance(outputs, Mapping) or set(outputs) != set(self.outputs):
-            names = sorted(map(str, self.outputs))
+        elif None in expected:
+            self._check_array("", outputs, expected[None], batch)
+        elif not isinstance(outputs, Mapping) or set(outputs) != set(expected):
+            names = sorted(map(str, expected))
             raise self._misfit(f"{_describe(outputs)}, declared arrays named {names}")
         else:
-            for name, declared in self.outputs.items():
+            for name, declared in expected.items():
                 self._check_array(f"{name}: ", outputs[name], declared, batch)
 
     def _check_array(self, label: str, value: Any, declared: Declared, batch: int | None) -> None:
@@ -134,16 +180,55 @@ class Contract:
             raise self._misfit(f"{label}{_describe(value)}, declared {declared.describe(batch)}")
 
     def _refuse(self, declared: Declared, got: str) -> ModelInputError:
-        forms = declared.describe()
-        if declared.shape is not None and declared.has_batch:
-            forms += f" or {_format(declared.shape[1:])}"
         hint = ""
         if got.startswith("float64") and np.dtype(np.float32) in declared.dtypes:
             hint = " (numpy makes float64 by default: send x.astype(np.float32))"
-        return ModelInputError(f"{self.model}: expected {forms}, got {got}{hint}")
+        return ModelInputError(f"{self.model}: expected {self._forms(declared)}, got {got}{hint}")
+
+    @staticmethod
+    def _forms(declared: Declared) -> str:
+        """``float32 [B, 16] or [16]``: the input with its batch axis, and a bare row."""
+        forms = declared.describe()
+        if declared.shape is not None and declared.has_batch:
+            forms += f" or {_format(declared.shape[1:])}"
+        return forms
 
     def _misfit(self, what: str) -> ModelOutputError:
         return ModelOutputError(f"model {self.model} returned {what}")
+
+
+def array_input(info: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The array input whose shape an ``info`` declares, if any."""
+    for entry in info.get("inputs") or ():
+        if entry.get("dtype") != TEXT and entry.get("shape") is not None:
+            return cast(Mapping[str, Any], entry)
+    return None
+
+
+def takes_text(info: Mapping[str, Any]) -> bool:
+    """Whether an ``info`` says the model takes a list of strings."""
+    return any(entry.get("dtype") == TEXT for entry in info.get("inputs") or ())
+
+
+def format_entries(entries: Any) -> str:
+    """``embedding <f4 [None, 384]``: an ``info``'s inputs or outputs on one line, whatever a
+    worker sent."""
+    if not isinstance(entries, list):
+        return repr(entries)
+    return ", ".join(_format_entry(entry) for entry in entries)
+
+
+def _format_entry(entry: Any) -> str:
+    if not isinstance(entry, Mapping):
+        return repr(entry)
+    dtype, shape = entry.get("dtype"), entry.get("shape")
+    parts = [entry.get("name"), "any dtype" if dtype is None else dtype,
+             "any shape" if shape is None else shape]
+    return " ".join(str(part) for part in parts if part is not None)
+
+
+def _entry(name: str | None, dtype: str | None, shape: Shape | None) -> dict[str, Any]:
+    return {"name": name, "dtype": dtype, "shape": None if shape is None else list(shape)}
 
 
 def _describe(value: Any) -> str:
@@ -180,17 +265,19 @@ def _input_of(model: Any) -> Declared | None:
     return Declared(None if shape is None else _shape(shape), accepted)
 
 
-def _outputs_of(model: Any) -> dict[str | None, Declared] | None:
-    shape, dtype = getattr(model, "output_shape", None), getattr(model, "output_dtype", None)
+def _outputs_of(model: Any, prefix: str = "") -> dict[str | None, Declared] | None:
+    """The outputs declared as ``{prefix}output_shape`` and ``{prefix}output_dtype``."""
+    shape_key, dtype_key = f"{prefix}output_shape", f"{prefix}output_dtype"
+    shape, dtype = getattr(model, shape_key, None), getattr(model, dtype_key, None)
     if shape is None and dtype is None:
         return None
     if not isinstance(shape, Mapping):
         if isinstance(dtype, Mapping):
-            raise TypeError("output_dtype names outputs but output_shape does not")
+            raise TypeError(f"{dtype_key} names outputs but {shape_key} does not")
         return {None: _declared(shape, dtype)}
     dtypes = dtype if isinstance(dtype, Mapping) else dict.fromkeys(shape, dtype)
     if set(dtypes) != set(shape):
-        raise ValueError(f"output_dtype names {sorted(dtypes)}, output_shape {sorted(shape)}")
+        raise ValueError(f"{dtype_key} names {sorted(dtypes)}, {shape_key} {sorted(shape)}")
     return {str(name): Declared(_shape(shape[name]), _dtypes(dtypes[name])) for name in shape}
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import burnpack
 from ..config import DEFAULT_LOAD
-from . import build_model, choose_model, signature
+from . import build_model, choose_model
 from .base import ModelInputError
 from .contract import Contract
 
@@ -30,9 +30,8 @@ class LoadedModel:
         self.contract = Contract.of(self.model, self.name)
         self.generation = generation
         self.misfit_logged = False  # whether this worker logged an output that broke the contract
-        self.accepts_text = bool(getattr(self.model, "accepts_text", False))
         self.batching = bool(getattr(self.model, "batching", False)) and (
-            self.contract.batched or self.accepts_text)
+            self.contract.batched or self.contract.texts)
         self.batch_failure_logged = False
 
     def infer(self, inputs: Any) -> Any:
@@ -44,7 +43,7 @@ class LoadedModel:
         """
         batch = self.contract.check_input(inputs)
         outputs = self.model(inputs)
-        self.contract.check_output(outputs, batch)
+        self.contract.check_output(outputs, batch, texts=isinstance(inputs, list))
         return outputs
 
     def infer_batch(self, inputs: list[Any]) -> list[Any]:
@@ -84,7 +83,7 @@ class LoadedModel:
         a stacked pass gives it: it runs alone, so that its reply never depends on its company.
         """
         if isinstance(inputs, list):
-            return (_TEXTS, inputs) if self.accepts_text else None
+            return (_TEXTS, inputs) if self.contract.texts else None
         if not self.contract.batched:
             return None
         array, bare = self.contract.as_batch(inputs)
@@ -143,7 +142,7 @@ class LoadedModel:
             "inode": self.pack.identity.inode,
             "generation": self.generation,
             "batching": self.batching,
-            **signature(self.model),
+            **self.contract.info(),
         }
 
 
