@@ -944,20 +944,16 @@ def _milliseconds(text: str) -> float:
     return _amount(text, "milliseconds") / MS_PER_SECOND
 
 
-def _endpoint(text: str) -> str:
-    """A ZeroMQ endpoint to connect to, which names its transport; a bare address gets a hint."""
+def _endpoint(text: str, *, bind: bool = False) -> str:
+    """A ZeroMQ endpoint, which names its transport (a bare address gets a hint); one to
+    ``bind`` may pick a free port (``tcp://HOST:*``)."""
     try:
-        return endpoints.check(text)
+        return endpoints.check(text, bind=bind)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _bind_endpoint(text: str) -> str:
-    """An endpoint to bind, where ``tcp://HOST:*`` picks a free port."""
-    try:
-        return endpoints.check(text, bind=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_bind_endpoint = functools.partial(_endpoint, bind=True)
 
 
 def _amount(text: str, unit: str) -> float:

@@ -17,7 +17,6 @@ import asyncio
 import itertools
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
