@@ -407,6 +407,16 @@ def test_a_file_of_another_format_says_what_it_is_and_how_to_convert_it(tmp_path
         assert done.stderr.count("\n") == 1, done.stderr
 
 
+def test_a_safetensors_file_in_a_model_folder_is_told_to_convert_the_folder(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(_safetensors_bytes())
+    done = cli("inspect", folder / "model.safetensors", timeout=60)
+    assert done.returncode == 1 and f"'workerpool convert {folder} {folder}.bpk'" in done.stderr
+    assert "config and tokenizer included" in done.stderr and done.stderr.count("\n") == 1
+
+
 def _safetensors_bytes() -> bytes:
     from safetensors.numpy import save
 

@@ -522,3 +522,34 @@ def test_float64_input_is_refused_with_the_fix(tmp_path):
     width = loaded.describe()["inputs"][0]["shape"][1]
     with pytest.raises(ModelInputError, match=r"send x\.astype\(np\.float32\)"):
         loaded.infer(np.ones((1, width)))
+
+
+def test_a_bare_row_reaches_a_model_with_declared_outputs_with_its_batch_axis(tmp_path):
+    """The README's own model: ``x @ w`` on a bare row would give ``[2]`` where ``[1, 2]`` is
+    declared. It is handed ``[1, 3]``, alone or stacked, and answers the same either way."""
+    (tmp_path / "linear_model.py").write_text(
+        "import numpy as np\n"
+        "class Linear:\n"
+        "    input_shape, input_dtype = (None, 3), np.float32\n"
+        "    output_shape, output_dtype = (None, 2), np.float32\n"
+        "    batching = True\n"
+        "    def __init__(self, weights):\n"
+        "        self.w, self.b = weights['w'], weights['b']\n"
+        "    def __call__(self, x):\n"
+        "        return x @ self.w + self.b\n"
+        "def factory(weights, metadata):\n"
+        "    return Linear(weights)\n")
+    path = tmp_path / "linear.bpk"
+    burnpack.write(path, {"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)})
+    sys.path.insert(0, str(tmp_path))
+    try:
+        loaded = LoadedModel(str(path), "linear_model:factory")
+    finally:
+        sys.path.remove(str(tmp_path))
+    bare, rows = np.ones(3, np.float32), np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(loaded.infer(bare), [[3, 3]])
+    alone, = loaded.infer_batch([bare])
+    stacked = loaded.infer_batch([bare, rows])
+    np.testing.assert_array_equal(alone, [[3, 3]])
+    np.testing.assert_array_equal(stacked[0], [[3, 3]])
+    np.testing.assert_array_equal(stacked[1], [[3, 3], [3, 3]])

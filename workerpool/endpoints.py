@@ -17,8 +17,9 @@ def check(text: str, *, bind: bool = False) -> str:
     if not text.strip() or text != text.strip():
         raise ValueError(f"{text!r}: an endpoint is tcp://HOST:PORT or ipc://PATH, with no spaces")
     if not sep:
-        raise ValueError(f"{text!r} names no transport: write tcp://{text} (or ipc://PATH for a "
-                         "local socket)")
+        address = f"127.0.0.1:{text}" if text.isascii() and text.isdigit() else text
+        raise ValueError(f"{text!r} names no transport: write tcp://{address} (or ipc://PATH for "
+                         "a local socket)")
     if scheme in ("http", "https"):
         raise ValueError(f"{text!r}: an HTTP address, but this speaks ZeroMQ: write "
                          "tcp://HOST:PORT, the server's --bind (its --http port serves metrics "

@@ -195,6 +195,11 @@ def _what_else(path: str, head: bytes) -> str:
     """What a file that is not Burnpack looks like, and how to make a Burnpack file of it: every
     command that reads weights (serve, inspect, publish) meets this message first."""
     if len(head) > 8 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100 * 1024**2:
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isfile(os.path.join(folder, "config.json")):  # a Hugging Face model folder
+            return (f"it is a safetensors file in a model folder: 'workerpool convert "
+                    f"{shlex.quote(folder)} {shlex.quote(folder + '.bpk')}' makes a Burnpack file "
+                    "of the folder, its config and tokenizer included")
         return f"it is a safetensors file: {_convert_command(path)} makes a Burnpack file of it"
     if head.startswith(b"PK\x03\x04"):
         first = head[30:30 + int.from_bytes(head[26:28], "little")]

@@ -132,6 +132,18 @@ class Contract:
         bare = array.ndim < len(self.input.shape)
         return (array[np.newaxis] if bare else array), bare
 
+    def as_model_takes(self, inputs: Any) -> Any:
+        """``inputs`` as the model receives them. Where the outputs are declared, and so checked
+        with the batch axis, a bare row gets that axis too: the model sees the shape it declares,
+        whether the row runs alone or stacked with others. Otherwise the model sees the row as
+        sent and answers it as it likes (the row then always runs alone)."""
+        if self.outputs is None or not self.batched or isinstance(inputs, list):
+            return inputs
+        array, bare = self.as_batch(inputs)
+        if not bare:
+            return inputs
+        return {INPUT_NAME: array} if isinstance(inputs, Mapping) else array
+
     def check_input(self, inputs: Any) -> int | None:
         """The batch size of an input that fits the declaration (None: no batch axis declared).
 

@@ -42,7 +42,7 @@ class LoadedModel:
         itself raises passes through.
         """
         batch = self.contract.check_input(inputs)
-        outputs = self.model(inputs)
+        outputs = self.model(self.contract.as_model_takes(inputs))
         self.contract.check_output(outputs, batch, texts=isinstance(inputs, list))
         return outputs
 
