@@ -232,7 +232,9 @@ def test_curve_key_mistakes_are_named_before_any_request(small_model, tmp_path, 
     allowed = keys.client("alice")
     _, stranger = security.generate(str(tmp_path / "strangers"), "mallory")
     _, other_server = security.generate(str(tmp_path / "other"), "server")
-    with Server(small_model, "--backend", free_backend(), *keys.serve_args(), workers=0) as server:
+    # No worker ever takes the admitted request: a short drain stops the server without waiting.
+    with Server(small_model, "--backend", free_backend(), *keys.serve_args(), "--graceful-timeout",
+                "1", workers=0) as server:
         def infer(*key_args: str) -> subprocess.CompletedProcess[str]:
             return cli("infer", "--input", x_npy, "--endpoint", server.endpoint, "--timeout", "0.5",
                        "--retries", "0", *key_args, timeout=30)

@@ -29,7 +29,7 @@ def test_the_default_shares_the_cpus_among_the_workers(small_model, workers):
         expected = max(1, cpus // workers)
         assert reported_threads(server.endpoint) == {expected}
         assert server.status()["threads_per_worker"] == expected
-        assert f"{expected} BLAS threads each" in server.log()
+        assert f"{expected} BLAS thread{'' if expected == 1 else 's'} each" in server.log()
 
 
 def test_an_explicit_budget_is_applied_and_kept_when_scaling(small_model):

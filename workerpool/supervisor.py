@@ -140,8 +140,8 @@ class Supervisor:
             self.role.open(self, cleanup)
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self._signals())
-            log.info("starting %d workers for %s (model %s, %s, %s, %d BLAS thread%s each)",
-                     self.target, self.config.path, self.watcher.current.model, self.config.load,
+            log.info("starting %s for %s (model %s, %s, %s, %d BLAS thread%s each)",
+                     worker_count(self.target), self.config.path, self.watcher.current.model, self.config.load,
                      "forked from a template" if self.config.start == "fork" else "spawned",
                      self.threads_per_worker, "" if self.threads_per_worker == 1 else "s")
             for _ in range(self.target):
