@@ -193,10 +193,12 @@ class Calls:
     """The outstanding calls of one client, independent of its socket and of how it waits.
 
     ``start`` sends a new call, ``reply`` takes every message received, ``connected`` and
-    ``resend`` follow the connection, and ``expire`` runs once ``next_expiry`` has passed.
+    ``resend`` follow the connection (``link``, that of the socket in use), and ``expire`` runs
+    once ``next_expiry`` has passed.
     """
 
-    def __init__(self, endpoint: str, timeout: float, retries: int, connect_timeout: float) -> None:
+    def __init__(self, endpoint: str, timeout: float, retries: int, connect_timeout: float,
+                 link: Link) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
         if not connect_timeout > 0:
@@ -207,13 +209,18 @@ class Calls:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.retries = retries
-        self.linked = False
+        self.link = link
         self._ids = itertools.count(1)
         self._outstanding: dict[int, Call] = {}
 
     @property
     def outstanding(self) -> bool:
         return bool(self._outstanding)
+
+    @property
+    def linked(self) -> bool:
+        """Whether a server has completed the handshake on the socket in use."""
+        return self.link.up
 
     def next_expiry(self) -> float:
         """When the next call runs out of time: for a reply while connected, else for a server."""
@@ -255,19 +262,20 @@ class Calls:
     def connected(self, now: float) -> None:
         """A server completed the handshake: what was queued has gone to it, and its reply is
         awaited from now."""
-        self.linked = True
         for call in self._outstanding.values():
             call.connect_by, call.expires, call.lost = math.inf, now + self.timeout, False
 
-    def resend(self, now: float, send: Callable[[list], None], *, dropped: bool,
+    def resend(self, now: float, send: Callable[[list], None], link: Link, *, dropped: bool,
                why: str = "") -> None:
-        """After the front end replaced its socket, which took every outstanding request with it.
+        """After the front end replaced its socket (``link`` is the new one's), which took every
+        outstanding request with it.
 
         ``dropped``: the connection went down under them; a request with no retry left fails
-        with ``ConnectionLost``, ``why`` added to its message. Otherwise (Lazy Pirate) a reply was overdue, and a request whose
-        own reply was overdue with no retry left fails with ``Timeout``. The rest are resent.
+        with ``ConnectionLost``, ``why`` added to its message. Otherwise (Lazy Pirate) a reply
+        was overdue, and a request whose own reply was overdue with no retry left fails with
+        ``Timeout``. The rest are resent.
         """
-        self.linked = False
+        self.link = link
         calls = list(self._outstanding.values())
         self._outstanding.clear()
         for call in calls:
@@ -284,13 +292,13 @@ class Calls:
             else:
                 self._attempt(call, now, send)
 
-    def expire(self, now: float, link: Link) -> None:
+    def expire(self, now: float) -> None:
         """Fail each call that waited ``connect_timeout`` for a server in vain."""
         expired = [c for c in self._outstanding.values() if c.connect_by <= now]
         if not expired:
             return
         unreachable = None if all(c.lost for c in expired) else \
-            link.why_unreachable(self.connect_timeout)
+            self.link.why_unreachable(self.connect_timeout)
         for call in expired:
             if call.lost:
                 self._finish(call, ConnectionLost(
@@ -395,7 +403,6 @@ class BaseClient(Generic[SocketT]):
     _poller_class: type[zmq.Poller]
     _poller: zmq.Poller
     _monitor: SocketT
-    _link: Link
 
     def __init__(
         self,
@@ -410,9 +417,8 @@ class BaseClient(Generic[SocketT]):
         self.endpoint = endpoints.check(endpoint)
         self._keys = keys
         self._context = context or zmq.Context.instance()
-        self._calls = Calls(self.endpoint, timeout, retries, connect_timeout)
         self._socket: SocketT | None = None
-        self._connect()
+        self._calls = Calls(self.endpoint, timeout, retries, connect_timeout, self._connect())
 
     def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> Call:
         """Send a new call, once the monitor's news (a drop while idle, say) is taken in."""
@@ -431,7 +437,7 @@ class BaseClient(Generic[SocketT]):
         if self._calls.linked:
             self._replace(dropped=False)
         else:
-            self._calls.expire(now, self._link)
+            self._calls.expire(now)
             if not self._calls.outstanding:  # their requests wait in the queue: discard them
                 self._replace(dropped=False)
         return None
@@ -463,12 +469,12 @@ class BaseClient(Generic[SocketT]):
             except zmq.Again:
                 return
             kind, _ = MONITOR_EVENT.unpack(event[0][:MONITOR_EVENT.size])
-            change = self._link.event(kind)
+            change = self._calls.link.event(kind)
             if change is True:
                 self._calls.connected(time.monotonic())
             elif change is False:
                 _log.debug("connection to %s lost; resending what was in flight", self.endpoint)
-                self._replace(dropped=True, why=self._link.why_dropped())
+                self._replace(dropped=True, why=self._calls.link.why_dropped())
                 return  # the old monitor's remaining events are of the old socket
 
     def _replace(self, *, dropped: bool, why: str = "") -> None:
@@ -476,8 +482,8 @@ class BaseClient(Generic[SocketT]):
         old one holds settle their calls first."""
         self._receive_all()
         self._close_socket()
-        self._connect()
-        self._calls.resend(time.monotonic(), self._send, dropped=dropped, why=why)
+        link = self._connect()
+        self._calls.resend(time.monotonic(), self._send, link, dropped=dropped, why=why)
 
     def _open(self) -> SocketT:
         if self._socket is None:
@@ -498,9 +504,9 @@ class BaseClient(Generic[SocketT]):
         socket.close(linger=0)
         self._socket = None
 
-    def _connect(self) -> None:
+    def _connect(self) -> Link:
         """A DEALER connected to the server's ROUTER (with CURVE when ``keys`` are given), its
-        monitor, and a poller on both.
+        monitor, and a poller on both; the new connection's :class:`Link`.
 
         No ``IMMEDIATE``: a fresh socket (every retry makes one) has no finished connection yet,
         and with ``IMMEDIATE`` a non-blocking send would fail there; without it the message waits
@@ -521,10 +527,10 @@ class BaseClient(Generic[SocketT]):
         self._monitor.connect(address)
         socket.connect(self.endpoint)
         self._socket = socket
-        self._link = Link(self.endpoint, self._keys)
         self._poller = self._poller_class()
         self._poller.register(socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        return Link(self.endpoint, self._keys)
 
     def _send(self, frames: list) -> None:
         """Queue a request without ever blocking. If the queue is full the request is lost, which

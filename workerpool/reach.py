@@ -83,7 +83,7 @@ def _open(endpoint: str, seconds: float) -> socket.socket:
         connect = partial(_connect_unix, socket_address(address), seconds)
     else:
         host, _, port = address.rpartition(":")
-        connect = partial(socket.create_connection, (host.strip("[]"), int(port)), seconds)
+        connect = partial(socket.create_connection, (host, int(port)), seconds)
     try:
         return connect()
     except FileNotFoundError:
