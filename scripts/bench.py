@@ -26,8 +26,9 @@ from collections.abc import Callable
 import numpy as np
 import zmq
 
-from workerpool import burnpack, models, protocol
-from workerpool.launcher import NotReady, ServerProcess, serve_args
+from workerpool import burnpack, models
+from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
 
 
 def drive(endpoint: str, frames: list, in_flight: int, seconds: float,

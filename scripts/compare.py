@@ -46,9 +46,10 @@ from bench import demo_model, drive, load_average, summary
 from server_memory import tree_memory
 from threadpoolctl import threadpool_limits
 
-from workerpool import control, protocol
-from workerpool.launcher import NotReady, ServerProcess, serve_args
+from workerpool.control import client as control
 from workerpool.models.loaded import LoadedModel
+from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
 from workerpool.units import format_size, parse_size
 
 APP_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -346,7 +347,7 @@ def run_in_process(load: Load) -> dict[str, Any]:
     calls after ``IN_PROCESS_WARMUP``. The model is dropped before returning: a mapping of the
     file left in this process would take its share of the servers' PSS."""
     inputs = protocol.decode_request(protocol.encode_request(0, load.row)[1:]).payload()
-    loaded = LoadedModel(load.model, None)
+    loaded = LoadedModel(load.model, None, "mmap")
     timings: list[float] = []
     try:
         with threadpool_limits(limits=1):

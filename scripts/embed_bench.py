@@ -30,11 +30,12 @@ from bench import add_load_options, demo_model, drive, levels, load_average
 from compare import warm_workerpool
 from threadpoolctl import threadpool_limits
 
-from workerpool import control, protocol
-from workerpool.convert import convert
-from workerpool.launcher import ServerProcess, serve_args
+from workerpool.control import client as control
 from workerpool.models.loaded import LoadedModel
+from workerpool.pool.launcher import ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
 from workerpool.units import MiB
+from workerpool.weights.convert import convert
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -74,7 +75,7 @@ def baseline_memory(workers: int, directory: str) -> dict[str, Any]:
 
 def in_process(model: str, batch: int, seconds: float) -> float:
     """Sentences/s of the numpy model in this process, ``batch`` sentences per call."""
-    loaded = LoadedModel(model, None)
+    loaded = LoadedModel(model, None, "mmap")
     texts = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
     loaded.infer(texts)
     done, start = 0, time.perf_counter()

@@ -17,8 +17,9 @@ import statistics
 import tempfile
 import time
 
-from workerpool import control, models
-from workerpool.launcher import NotReady, ServerProcess, serve_args
+from workerpool import models
+from workerpool.control import client as control
+from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.units import parse_size
 
 

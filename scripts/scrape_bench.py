@@ -23,8 +23,8 @@ import urllib.request
 
 from bench import add_load_options, demo_model, drive, levels, load_average
 
-from workerpool import protocol
-from workerpool.launcher import ServerProcess, serve_args
+from workerpool.pool.launcher import ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
 from workerpool.units import MiB
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from workerpool import metrics
+from workerpool.ops import metrics
 
 
 def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:

@@ -40,8 +40,9 @@ import numpy as np
 import zmq
 from bench import demo_model, load_average
 
-from workerpool import models, protocol
-from workerpool.launcher import NotReady, ServerProcess, serve_args
+from workerpool import models
+from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
 from workerpool.units import format_size, parse_size
 
 STARTS = ("fork", "spawn")
@@ -51,8 +52,8 @@ REPLY_TIMEOUT = 30.0  # seconds with no reply at all before the run is abandoned
 SETTLE = 0.25  # seconds of load between one added worker answering and the next SIGTTIN
 
 LOG_TIME = r"(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[(?P<pid>\d+)\] INFO "
-TTIN_LINE = re.compile(LOG_TIME + r"workerpool\.supervisor: SIGTTIN: adding a worker")
-READY_LINE = re.compile(LOG_TIME + r"workerpool\.router: worker (?P<worker>\d+) on \S+ ready ")
+TTIN_LINE = re.compile(LOG_TIME + r"workerpool\.supervisor[.\w]*: SIGTTIN: adding a worker")
+READY_LINE = re.compile(LOG_TIME + r"workerpool\.router[.\w]*: worker (?P<worker>\d+) on \S+ ready ")
 
 
 def log_time(text: str) -> float:

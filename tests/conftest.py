@@ -16,7 +16,7 @@ import zmq
 from helpers import build_local
 
 from workerpool import models
-from workerpool.config import START_METHODS
+from workerpool.config.pool import START_METHODS
 
 BURN_MNIST = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "burn-mnist.bpk"
 

@@ -6,7 +6,7 @@ import signal
 
 import numpy as np
 
-from workerpool.worker_spec import STOP_SIGNAL
+from workerpool.worker.spec import STOP_SIGNAL
 
 
 class Deaf:

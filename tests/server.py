@@ -12,8 +12,8 @@ from typing import Any
 
 import psutil
 
-from workerpool import control
-from workerpool.launcher import ServerProcess, serve_args, workers_args
+from workerpool.control import client as control
+from workerpool.pool.launcher import ServerProcess, serve_args, workers_args
 
 TESTS = Path(__file__).resolve().parent
 START = "fork"  # how servers start their workers; the start_method fixture sets it

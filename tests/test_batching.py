@@ -22,8 +22,9 @@ from helpers import collect, dealer, f32, header, reply_header
 from server import Server
 
 import workerpool
-from workerpool import models, protocol
-from workerpool.publish import publish
+from workerpool import models
+from workerpool.protocol import messages as protocol
+from workerpool.weights.publish import publish
 
 pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 

@@ -14,12 +14,13 @@ from helpers import cli, dealer
 from server import Server
 
 import workerpool
-from workerpool import burnpack, protocol
-from workerpool.convert import convert
+from workerpool import burnpack
 from workerpool.models import ModelError, ModelInputError, build_model, ops
 from workerpool.models.base import MODEL_KEY
 from workerpool.models.bert import CONFIG_KEY, TOKENIZER_KEY
 from workerpool.models.loaded import LoadedModel
+from workerpool.protocol import messages as protocol
+from workerpool.weights.convert import convert
 
 REFERENCE = Path(__file__).parent / "fixtures" / "minilm-reference.npz"
 COSINE_MIN, ABS_MAX = 0.99999, 1e-4  # the targets against the PyTorch reference
@@ -75,7 +76,7 @@ def ids_and_mask(rows: list[list[int]]) -> dict[str, np.ndarray]:
 
 
 def test_padding_changes_no_embedding_and_embeddings_are_unit_length(tmp_path):
-    model = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None)
+    model = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None, "mmap")
     rows = [[1, 5, 7, 2], [1, 9, 2], [1, 3, 4, 6, 8, 2], []]  # the last: a padding row
     together = model.infer(ids_and_mask(rows))
     assert together["last_hidden_state"].shape == (4, 6, HIDDEN)
@@ -87,7 +88,7 @@ def test_padding_changes_no_embedding_and_embeddings_are_unit_length(tmp_path):
 
 
 def test_many_rows_run_in_chunks_with_the_same_answers(tmp_path):
-    model = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None)
+    model = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None, "mmap")
     rows = [[1 + i % 7, 2 + i % 5, 3] for i in range(2000)]  # 6000 tokens: two chunks
     together = model.infer(ids_and_mask(rows))["embedding"]
     for i in (0, 1500, 1999):
@@ -115,7 +116,7 @@ def test_weights_are_used_in_place_through_transposed_views(tmp_path):
     (ids_and_mask([[1] * 11] * 6000), "66000 tokens in one request, over 65536"),
 ])
 def test_inputs_that_do_not_fit_are_the_clients_error(tmp_path, inputs, message):
-    model = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None)
+    model = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None, "mmap")
     with pytest.raises(ModelInputError, match=message):
         model.infer(inputs)
 
@@ -132,7 +133,7 @@ def test_a_served_bert_tells_in_info_that_it_takes_texts_and_gives_embeddings(tm
 
 
 def test_a_bert_without_a_tokenizer_does_not_claim_texts_in_info(tmp_path):
-    described = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None).describe()
+    described = LoadedModel(str(tiny_bert(tmp_path / "b.bpk")), None, "mmap").describe()
     undeclared = {"name": None, "dtype": None, "shape": None}
     assert (described["inputs"], described["outputs"]) == ([undeclared], [undeclared])
 
@@ -153,7 +154,7 @@ def test_a_sequence_length_below_one_is_refused(tmp_path):
     burnpack.write(tmp_path / "c.bpk", dict(pack.tensors),
                    metadata={**pack.metadata, "workerpool.max_seq_length": "-5"})
     with pytest.raises(ModelError, match="max_seq_length '-5' is not a whole number from 1 up"):
-        LoadedModel(str(tmp_path / "c.bpk"), None)
+        LoadedModel(str(tmp_path / "c.bpk"), None, "mmap")
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -163,7 +164,7 @@ def test_a_sequence_length_below_one_is_refused(tmp_path):
 ])
 def test_a_config_it_cannot_run_is_refused_when_the_model_is_built(tmp_path, change, message):
     with pytest.raises(ModelError, match=message):
-        LoadedModel(str(tiny_bert(tmp_path / "b.bpk", **change)), None)
+        LoadedModel(str(tiny_bert(tmp_path / "b.bpk", **change)), None, "mmap")
 
 
 # The real model.
@@ -221,7 +222,7 @@ def test_served_embeddings_match_pytorch_one_request_each_and_all_in_one(minilm,
 
 def test_a_text_costs_its_own_tokens_whatever_its_company(minilm, reference):
     sentences, expected = reference
-    model = LoadedModel(str(minilm), None)
+    model = LoadedModel(str(minilm), None, "mmap")
     short = model.infer(sentences[:2])["embedding"]
     with_long = model.infer([*sentences[:2], "! " * 300, *(["a"] * 2000)])["embedding"]
     np.testing.assert_allclose(with_long[:2], short, rtol=1e-5, atol=1e-6)

@@ -27,7 +27,7 @@ from server import Server
 
 import workerpool
 from workerpool import burnpack, security
-from workerpool.cli import build_parser
+from workerpool.cli.main import build_parser
 
 
 def test_inspect_table_of_the_burn_fixture(burn_mnist_path):

@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 import workerpool
-from workerpool import protocol
 from workerpool.errors import ERRORS_BY_CODE
+from workerpool.protocol import messages as protocol
 
 pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 

@@ -17,7 +17,7 @@ from server import Server
 
 import workerpool
 from workerpool import security
-from workerpool.client_base import CONNECT_TIMEOUT
+from workerpool.client.base import CONNECT_TIMEOUT
 
 SLACK = 4.0  # seconds a loaded machine may add to any wait measured here
 

@@ -13,8 +13,8 @@ import pytest
 from helpers import cli
 
 from workerpool import burnpack
-from workerpool.convert import ConvertError, convert
 from workerpool.models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
+from workerpool.weights.convert import ConvertError, convert
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="needs the safetensors package")
 

@@ -351,7 +351,7 @@ def test_malformed_header_while_queued_is_a_bad_request(small_model, context):
 
 
 FAILED_START = re.compile(
-    r"^(.*) ERROR workerpool\.supervisor: worker (\d+) exited with code 3 before it was ready; "
+    r"^(.*) ERROR workerpool\.supervisor\.core: worker (\d+) exited with code 3 before it was ready; "
     r"restarting in ([\d.]+)s \((\d+) failed starts in a row\)$",
     re.MULTILINE,
 )

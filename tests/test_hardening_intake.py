@@ -15,7 +15,7 @@ from helpers import SLOW, dealer, f32, flood, header, reply_header, vm_hwm
 from server import Server
 
 import workerpool
-from workerpool import control
+from workerpool.control import client as control
 from workerpool.units import MiB
 
 

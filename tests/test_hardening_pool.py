@@ -21,8 +21,9 @@ from helpers import Background, CurveKeys, cli, dealer, free_backend, pool_ready
 from server import TESTS, Host, Server
 
 import workerpool
-from workerpool import control, protocol
-from workerpool.launcher import ServerProcess, serve_args
+from workerpool.control import client as control
+from workerpool.pool.launcher import ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
 
 SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
 
@@ -282,7 +283,7 @@ def test_a_message_of_a_million_frames_is_dropped_cheaply(small_model, context):
 
 
 def test_requests_that_differ_only_in_frame_boundaries_are_not_the_same():
-    from workerpool.quarantine import fingerprint
+    from workerpool.router.quarantine import fingerprint
 
     head = json.dumps({"v": 1, "id": 1, "method": "infer", "arrays": []}).encode()
     assert fingerprint([head, b"ab", b"c"]) != fingerprint([head, b"a", b"bc"])
@@ -291,8 +292,8 @@ def test_requests_that_differ_only_in_frame_boundaries_are_not_the_same():
 
 
 def test_text_requests_are_told_apart_by_their_texts():
-    from workerpool import protocol
-    from workerpool.quarantine import fingerprint
+    from workerpool.protocol import messages as protocol
+    from workerpool.router.quarantine import fingerprint
 
     def texts(request_id: int, *text: str) -> bytes:
         return protocol.encode_request(request_id, list(text))[1]

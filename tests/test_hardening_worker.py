@@ -30,7 +30,7 @@ from test_hosts import free_backend
 
 import workerpool
 from workerpool.units import MS_PER_SECOND, KiB, MiB
-from workerpool.worker_spec import STOP_SIGNAL
+from workerpool.worker.spec import STOP_SIGNAL
 
 HOSTILE = ("--model", "hostile_models:factory")
 POISON_SHAPES = [

@@ -13,7 +13,7 @@ from server import Host, Server
 
 import workerpool
 from workerpool import models, security
-from workerpool.publish import publish
+from workerpool.weights.publish import publish
 
 pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 

@@ -16,7 +16,8 @@ from helpers import cli
 from server import Server
 
 import workerpool
-from workerpool import metrics, models
+from workerpool import models
+from workerpool.ops import metrics
 
 MiB = 1024 * 1024
 WORKERS = 3

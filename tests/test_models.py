@@ -493,7 +493,7 @@ def test_generate_mlp_refuses_bad_arguments(tmp_path):
 def test_a_stacked_batch_answers_each_input_as_it_would_alone(tmp_path):
     path = tmp_path / "m.bpk"
     generate_mlp(path, 1 << 20)
-    loaded = LoadedModel(str(path), None)
+    loaded = LoadedModel(str(path), None, "mmap")
     width = loaded.describe()["inputs"][0]["shape"][1]
     rng = np.random.default_rng(0)
     inputs = [rng.random((2, width), np.float32), rng.random(width, dtype=np.float32),
@@ -509,7 +509,7 @@ def test_a_stacked_batch_answers_each_input_as_it_would_alone(tmp_path):
 def test_a_bare_row_keeps_its_own_output_shape_when_the_output_is_undeclared(tmp_path):
     path = tmp_path / "m.bpk"
     generate_mlp(path, 1 << 20)
-    loaded = LoadedModel(str(path), "batch_model:undeclared_output")
+    loaded = LoadedModel(str(path), "batch_model:undeclared_output", "mmap")
     bare, row = np.ones(4, np.float32), np.ones((1, 4), np.float32)
     results = loaded.infer_batch([bare, row, bare, row])
     assert [r.shape for r in results] == [(4,), (1, 4), (4,), (1, 4)]
@@ -518,7 +518,7 @@ def test_a_bare_row_keeps_its_own_output_shape_when_the_output_is_undeclared(tmp
 def test_float64_input_is_refused_with_the_fix(tmp_path):
     path = tmp_path / "m.bpk"
     generate_mlp(path, 1 << 20)
-    loaded = LoadedModel(str(path), None)
+    loaded = LoadedModel(str(path), None, "mmap")
     width = loaded.describe()["inputs"][0]["shape"][1]
     with pytest.raises(ModelInputError, match=r"send x\.astype\(np\.float32\)"):
         loaded.infer(np.ones((1, width)))
@@ -543,7 +543,7 @@ def test_a_bare_row_reaches_a_model_with_declared_outputs_with_its_batch_axis(tm
     burnpack.write(path, {"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)})
     sys.path.insert(0, str(tmp_path))
     try:
-        loaded = LoadedModel(str(path), "linear_model:factory")
+        loaded = LoadedModel(str(path), "linear_model:factory", "mmap")
     finally:
         sys.path.remove(str(tmp_path))
     bare, rows = np.ones(3, np.float32), np.ones((2, 3), np.float32)

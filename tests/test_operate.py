@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server import Server
 
 import workerpool
-from workerpool.publish import publish
+from workerpool.weights.publish import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,7 +202,7 @@ def test_json_logs_are_one_object_per_line(small_model):
     lines = [line for line in server.log().splitlines() if line.startswith("{")]
     entries = [json.loads(line) for line in lines]
     assert entries and all({"time", "level", "logger", "message", "pid"} <= set(e) for e in entries)
-    assert any(e.get("worker") and e["logger"] == "workerpool.router" for e in entries)
+    assert any(e.get("worker") and e["logger"] == "workerpool.router.core" for e in entries)
     assert {e["pid"] for e in entries} - {server.proc.pid}  # the workers log as JSON too
     assert not any("lost" in e["message"] for e in entries)  # a normal stop is no loss
 

@@ -17,7 +17,7 @@ from server import Server
 
 import workerpool
 from workerpool import burnpack, models
-from workerpool.publish import publish
+from workerpool.weights.publish import publish
 
 pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 

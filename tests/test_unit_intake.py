@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from workerpool.intake import BYTES, COUNT, Intake, Pending, QueueFull, RequestQueue
+from workerpool.router.intake import BYTES, COUNT, Intake, Pending, QueueFull, RequestQueue
 
 _endpoints = itertools.count()
 

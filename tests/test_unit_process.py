@@ -8,13 +8,14 @@ import time
 
 import pytest
 
-from workerpool import models, reload
-from workerpool.config import PoolConfig
-from workerpool.process import Backoff, describe_exit
-from workerpool.ready_line import Ready, parse_ready_line, serve_line, workers_line
-from workerpool.starters import SpawnStarter
-from workerpool.supervisor import Supervisor
-from workerpool.worker_spec import WorkerSpec
+from workerpool import models
+from workerpool.config.pool import PoolConfig
+from workerpool.supervisor.core import Supervisor
+from workerpool.supervisor.process import Backoff, describe_exit
+from workerpool.supervisor.ready_line import Ready, parse_ready_line, serve_line, workers_line
+from workerpool.supervisor.starters import SpawnStarter
+from workerpool.weights import reload
+from workerpool.worker.spec import WorkerSpec
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from workerpool.registry import WorkerRecord
-from workerpool.rollout import Rollout
+from workerpool.router.registry import WorkerRecord
+from workerpool.router.rollout import Rollout
 
 
 def record(address: bytes, generation: int = 1, *, local: bool = True) -> WorkerRecord:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import zmq
 
-from workerpool import protocol
-from workerpool.batching import BatchPolicy
-from workerpool.registry import WorkerRecord
-from workerpool.router import Router
+from workerpool.protocol import messages as protocol
+from workerpool.router.batching import BatchPolicy
+from workerpool.router.core import Router
+from workerpool.router.registry import WorkerRecord
 
 SIGNATURE = {"inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
              "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}]}

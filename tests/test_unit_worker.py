@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 import zmq
 
-from workerpool import models, protocol
+from workerpool import models
 from workerpool.models.loaded import LoadedModel
-from workerpool.worker import handle_request
+from workerpool.protocol import messages as protocol
+from workerpool.worker.main import handle_request
 
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory) -> LoadedModel:
     path = tmp_path_factory.mktemp("model") / "unit.bpk"
     models.generate_mlp(path, 64 * 1024, width=16)
-    return LoadedModel(str(path), None, generation=3)
+    return LoadedModel(str(path), None, "mmap", generation=3)
 
 
 @pytest.fixture

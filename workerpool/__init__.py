@@ -25,8 +25,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .aio import AsyncClient
-    from .client import Client, Result
+    from .client.aio import AsyncClient
+    from .client.sync import Client, Result
     from .security import ClientKeys
 
 __version__ = "0.1.0"
@@ -50,7 +50,7 @@ __all__ = [
     "WorkerpoolError",
 ]
 
-_LAZY = {"AsyncClient": ".aio", "Client": ".client", "Result": ".client", "ClientKeys": ".security"}
+_LAZY = {"AsyncClient": ".client.aio", "Client": ".client", "Result": ".client", "ClientKeys": ".security"}
 
 
 def __getattr__(name: str) -> Any:

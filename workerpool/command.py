@@ -22,7 +22,7 @@ signal.signal(signal.SIGINT, _quit_quietly)
 
 
 def main() -> int:
-    from .cli import main as run
+    from .cli.main import main as run
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     return run()

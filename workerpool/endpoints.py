@@ -8,6 +8,7 @@ first and say what to write instead.
 from __future__ import annotations
 
 TRANSPORTS = ("tcp://", "ipc://")
+DEFAULT_BIND = "tcp://127.0.0.1:5555"  # where serve listens and clients connect: loopback only
 
 
 def check(text: str, *, bind: bool = False) -> str:

@@ -19,7 +19,7 @@ import time
 
 import psutil
 
-log = logging.getLogger("workerpool.runtime")
+log = logging.getLogger(__name__)
 
 UNOWNED_GRACE = 60.0  # seconds a pool directory may exist without its owner file
 POOL_PREFIX = "pool-"

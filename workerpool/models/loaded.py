@@ -10,12 +10,11 @@ from typing import Any
 import numpy as np
 
 from .. import burnpack
-from ..config import DEFAULT_LOAD
 from . import build_model, choose_model
 from .base import ModelInputError
 from .contract import Contract
 
-log = logging.getLogger("workerpool.worker")
+log = logging.getLogger(__name__)
 
 _TEXTS = ("texts",)  # the stacking key of text inputs
 
@@ -23,7 +22,7 @@ _TEXTS = ("texts",)  # the stacking key of text inputs
 class LoadedModel:
     """The model of one generation, with the mapping it runs on and what it declares."""
 
-    def __init__(self, path: str, spec: str | None, load: str = DEFAULT_LOAD, generation: int = 0) -> None:
+    def __init__(self, path: str, spec: str | None, load: str, generation: int = 0) -> None:
         self.pack = burnpack.read(path, mmap=load == "mmap")
         self.name = choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
         self.model = build_model(self.pack.tensors, self.pack.metadata, self.name)

@@ -1,0 +1,1 @@
+"""The ``workerpool`` command line."""

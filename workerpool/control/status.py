@@ -1,0 +1,81 @@
+"""The status document: what ``workerpool status --json`` prints and tests and scripts read."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class MemoryFigures(TypedDict, total=False):
+    """Bytes; see ``workerpool.metrics.MEMORY_FIELDS``."""
+
+    rss: int
+    uss: int
+    pss: int
+    shared: int
+    anon: int
+    pte: int
+    swap: int
+    weights_resident: int
+
+
+class WorkerStatus(TypedDict):
+    pid: int
+    host: str
+    state: str  # starting, ready, busy, reloading or stopping
+    generation: int
+    served: int
+    errors: int
+    batches: int  # forward passes it was sent (a request alone is a batch of one)
+    rows: int  # rows of the batch axis in them
+    batch_sizes: dict[str, int]  # batches by rows, in power-of-two buckets: "1", "2", "4" (3-4), ...
+    started: float  # Unix time
+    memory: MemoryFigures | None  # None: not read (remote, or status without memory)
+
+
+class ModelStatus(TypedDict):
+    name: str
+    path: str
+    size: int
+    inode: int
+    generation: int
+    load: str
+    watch_interval: float | None
+    last_reload: dict[str, Any] | None
+
+
+class QueueStatus(TypedDict):
+    depth: int
+    max: int
+    in_flight: int
+
+
+class TemplateStatus(TypedDict):
+    pid: int | None  # None while it is being restarted
+    restarts: int
+    memory: MemoryFigures | None
+
+
+class Status(TypedDict):
+    supervisor_pid: int
+    draining: bool  # stopping: new requests are refused
+    supervisor_memory: MemoryFigures | None
+    template: TemplateStatus | None  # None: workers are spawned (--start spawn)
+    endpoint: str
+    http: str | None  # the operations endpoint's URL, if --http was given
+    threads_per_worker: int  # each worker's BLAS/OpenMP threads
+    model: ModelStatus
+    queue: QueueStatus
+    workers: list[WorkerStatus]
+    totals: dict[str, int | None] | None  # see metrics.TOTAL_FIELDS
+
+
+def unready(status: Status) -> str | None:
+    """Why the pool would not answer a request now, in one line; None when it would (what
+    ``/readyz`` and ``status --ready`` report). A worker of any generation counts: during a
+    rolling reload, or one paused on a file that fails, the pool keeps serving."""
+    if status["draining"]:
+        return "the server is shutting down"
+    if any(w["state"] in ("ready", "busy", "reloading") for w in status["workers"]):
+        return None
+    starting = sum(1 for w in status["workers"] if w["state"] == "starting")
+    return f"no worker is ready yet ({starting} starting)"

@@ -1,0 +1,284 @@
+"""The operations endpoint (``serve --http HOST:PORT``): Prometheus metrics and probes.
+
+- ``/metrics``: the Prometheus text format, made by ``prometheus_client`` from a snapshot of
+  the pool (counts the router keeps) and the processes' memory.
+- ``/healthz``: 200 while the supervisor's loop turns (it answered within ``LOOP_PATIENCE``).
+- ``/readyz``: 200 while a worker serves the current weights and the server is not draining;
+  503 with a one-line reason otherwise (the same test as ``workerpool status --ready``).
+
+It runs on its own threads with the standard library's WSGI server, so a scrape never waits in
+the router's loop: the thread asks the loop for a snapshot through a pipe (the loop answers
+between two events, which costs it a status document), then reads memory itself, off the loop,
+as ``status`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from socketserver import ThreadingMixIn
+from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from ..control.status import unready
+from ..supervisor.loop import Loop
+from . import metrics
+
+log = logging.getLogger(__name__)
+
+LOOP_PATIENCE = 2.0  # seconds the loop may take to hand over a snapshot before it counts as stuck
+CLIENT_TIMEOUT = 5.0  # seconds an HTTP client may stay silent
+MAX_CONNECTIONS = 16  # HTTP connections served at once
+MEMORY_MAX_AGE = 10.0  # seconds a memory reading serves scrapes before it is read again
+Snapshot = dict[str, Any]
+
+
+class Snapshots:
+    """The HTTP thread asks, the supervisor's loop answers between two events."""
+
+    def __init__(self, loop: Loop, produce: Callable[[], Snapshot]) -> None:
+        self._produce = produce
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._waiting: list[Future[Snapshot]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        loop.read(self._read, self._answer)
+
+    def ask(self) -> Snapshot | None:
+        """The pool's state now, or None when the loop did not answer within ``LOOP_PATIENCE``."""
+        answer: Future[Snapshot] = Future()
+        with self._lock:  # held while writing: close() cannot close the pipe under us
+            if self._closed:
+                return None
+            self._waiting.append(answer)
+            try:
+                os.write(self._write, b"?")
+            except BlockingIOError:  # the loop has many wake-ups to read already
+                pass
+        try:
+            return answer.result(LOOP_PATIENCE)
+        except Exception:  # noqa: BLE001 - timed out, or the snapshot failed (logged by the loop)
+            return None
+
+    def _answer(self) -> None:
+        while True:
+            try:
+                if not os.read(self._read, 4096):
+                    break
+            except BlockingIOError:
+                break
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        if not waiting:
+            return
+        try:
+            snapshot = self._produce()
+        except Exception as exc:  # a scrape's failure is the scrape's, not the loop's
+            log.exception("snapshot for the operations endpoint failed")
+            for answer in waiting:
+                answer.set_exception(exc)
+            return
+        for answer in waiting:
+            answer.set_result(snapshot)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            os.close(self._read)
+            os.close(self._write)
+
+
+class PoolCollector:
+    """The metric families of one scrape (``prometheus_client``'s custom collector protocol)."""
+
+    def __init__(self, snapshots: Snapshots, path: str) -> None:
+        self.snapshots = snapshots
+        self.path = path
+        self._memory_read: tuple[float, list[int], metrics.PoolMemory] | None = None
+        self._memory_lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.snapshots.ask()
+        if snapshot is None:
+            raise LoopStuck
+        status = snapshot["status"]
+        yield _labelled(CounterMetricFamily, "workerpool_requests",
+                        "Requests answered, by result code ('ok' or the error code).", "code",
+                        snapshot["outcomes"])
+        yield _histogram("workerpool_queue_wait_seconds", "Time from a request's arrival to its dispatch to a worker.",
+                         snapshot["queue_waits"])
+        yield _histogram("workerpool_run_seconds", "Time from a request's dispatch to its reply.",
+                         snapshot["run_times"])
+        yield GaugeMetricFamily("workerpool_queue_depth", "Requests waiting for a worker.",
+                                value=status["queue"]["depth"])
+        yield GaugeMetricFamily("workerpool_in_flight", "Requests running on workers.",
+                                value=status["queue"]["in_flight"])
+        states = {state: 0 for state in ("starting", "ready", "busy", "reloading", "stopping")}
+        for worker in status["workers"]:
+            states[worker["state"]] = states.get(worker["state"], 0) + 1
+        yield _labelled(GaugeMetricFamily, "workerpool_workers", "Workers by state.", "state", states)
+        yield GaugeMetricFamily("workerpool_generation", "Newest generation of weights accepted "
+                                "(workers move to it one at a time).",
+                                value=status["model"]["generation"])
+        yield _labelled(CounterMetricFamily, "workerpool_reloads", "New weight files taken or refused.",
+                        "outcome", snapshot["reloads"])
+        yield CounterMetricFamily("workerpool_worker_restarts", "Serving workers that died and were replaced.",
+                                  value=snapshot["replacements"])
+        yield _histogram("workerpool_batch_rows", "Rows of the batch axis per forward pass.",
+                         snapshot["batch_rows"])
+        yield from self._memory(status, snapshot)
+
+    def _read_memory(self, snapshot: Snapshot) -> metrics.PoolMemory:
+        """The processes' memory, read again only every ``MEMORY_MAX_AGE`` seconds (or when the
+        processes changed): parsing smaps holds the GIL the router's loop needs too."""
+        pids = sorted(snapshot["pids"])
+        with self._memory_lock:
+            now = time.monotonic()
+            cached = self._memory_read
+            if cached is None or now - cached[0] > MEMORY_MAX_AGE or cached[1] != pids:
+                memory = metrics.pool_memory(pids, self.path, snapshot["helpers"])
+                self._memory_read = cached = (now, pids, memory)
+            return cached[2]
+
+    def _memory(self, status: dict[str, Any], snapshot: Snapshot) -> Iterable[Metric]:
+        memory = self._read_memory(snapshot)
+        per_worker = GaugeMetricFamily("workerpool_worker_memory_bytes", "A worker's memory, by kind.",
+                                       labels=["pid", "kind"])
+        for pid, figures in sorted(memory.workers.items()):
+            for kind in ("anon", "pss", "weights_resident"):
+                if figures and kind in figures:
+                    per_worker.add_metric([str(pid), kind], figures[kind])
+        yield per_worker
+        totals = GaugeMetricFamily("workerpool_memory_bytes", "Memory of the whole pool: PSS of every "
+                                   "process, of the workers alone, and the model file's size.", labels=["kind"])
+        for kind in ("pss", "workers_pss", "model_size"):
+            value = memory.totals.get(kind)
+            if value is not None:
+                totals.add_metric([kind], value)
+        yield totals
+
+
+Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)
+
+
+def _labelled(kind: type[Family], name: str, text: str, label: str, values: dict[str, int]) -> Family:
+    """A counter or gauge family with one sample per value of ``label``."""
+    family = kind(name, text, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
+
+
+def _histogram(name: str, text: str, copy: tuple[tuple[float, ...], list[int], float]) -> HistogramMetricFamily:
+    """A histogram from :meth:`Histogram.copy`: Prometheus wants cumulative buckets."""
+    bounds, counts, total = copy
+    buckets, running = [], 0
+    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+        running += count
+        buckets.append((bound, running))
+    return HistogramMetricFamily(name, text, buckets=buckets, sum_value=total)
+
+
+class LoopStuck(Exception):
+    """The supervisor's loop did not hand over a snapshot in time."""
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = CLIENT_TIMEOUT  # a client that sends nothing lets go of its thread
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would flood the log."""
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most ``MAX_CONNECTIONS`` at once (more are closed at once),
+    so a slow client never holds up a probe and many cannot exhaust the supervisor."""
+
+    daemon_threads = True
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("operations endpoint: a client from %s failed or timed out", client_address)
+
+
+class OpsServer:
+    """The endpoint's HTTP server on its own thread."""
+
+    def __init__(self, host: str, port: int, snapshots: Snapshots, path: str) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(PoolCollector(snapshots, path))
+        self.snapshots = snapshots
+        self._metrics = make_wsgi_app(registry)
+        self.server: WSGIServer = make_server(host, port, self._app, server_class=_Server,
+                                              handler_class=_Handler)
+        self.url = f"http://{host}:{self.server.server_port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, name="ops-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("operations endpoint on %s (/metrics, /healthz, /readyz)", self.url)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join()
+        self.snapshots.close()
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            try:
+                return self._metrics(environ, start_response)
+            except LoopStuck:
+                return _text(start_response, "503 Service Unavailable",
+                             f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s")
+        if path in ("/healthz", "/readyz"):
+            snapshot = self.snapshots.ask()
+            if snapshot is None:
+                reason: str | None = f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s"
+            else:
+                reason = unready(snapshot["status"]) if path == "/readyz" else None
+            return _text(start_response, "503 Service Unavailable" if reason else "200 OK",
+                         reason or ("ready" if path == "/readyz" else "ok"))
+        return _text(start_response, "404 Not Found", "not found: try /metrics, /healthz or /readyz")
+
+
+def _text(start_response: Callable[..., Any], status: str, body: str) -> list[bytes]:
+    data = (body + "\n").encode()
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``:PORT`` (loopback) to a host and port; ValueError when it is neither."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT (such as 127.0.0.1:8002)")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)

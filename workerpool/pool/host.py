@@ -1,0 +1,121 @@
+"""The ``workers`` role: local workers that serve through a remote router.
+
+Composed with a :class:`~workerpool.supervisor.Supervisor`, it gives ``workerpool workers``
+the same supervision as ``serve`` (fresh processes, replacement, back-off, signals, watching
+the weight file) without a router: the workers connect to the router host's backend endpoint
+over TCP and register there. Each worker tells this host through a pipe when its model is
+built. New weights roll through the host one worker at a time: a new worker starts on the new
+file, and once it is ready an old one says goodbye to the router and leaves, so the host never
+serves with fewer than N workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import ExitStack
+from dataclasses import replace
+
+import zmq
+
+from .. import runtime, security
+from ..config.pool import HostConfig, StartupError
+from ..supervisor.core import Supervisor
+from ..supervisor.process import Child
+from ..supervisor.ready_line import workers_line
+from ..worker.spec import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+READY_MESSAGE_MAX = 16
+
+
+class HostRole:
+    """The uplink to a remote router, for ``workerpool workers``."""
+
+    requests = None  # requests wait in the remote router, not here
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.leave_timeout = config.graceful_timeout  # workers finish their request, then leave
+
+    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+        self.pool = pool
+        keys = self.config.keys
+        if keys is not None:
+            _check_keys(keys)
+        elif not runtime.is_local(self.config.connect):
+            log.warning("connecting to %s without CURVE keys: the traffic is neither authenticated nor "
+                        "encrypted (see --curve-key)", self.config.connect)
+
+    @property
+    def backend(self) -> str:
+        return self.config.connect
+
+    ready_pipe = True  # no router here to hear that a worker is ready
+
+    @property
+    def stop_patience(self) -> float:
+        return self.leave_timeout  # the remote router's request timeout is not known here
+
+    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
+        keys = self.config.keys
+        return replace(spec, remote=True,
+                       curve_key=keys.secret_file if keys else None,
+                       curve_server_key=keys.server_public_file if keys else None)
+
+    def child_started(self, child: Child) -> None:
+        assert child.ready_pipe is not None
+        self.pool.loop.read(child.ready_pipe, lambda: self._on_loaded(child))
+
+    def _on_loaded(self, child: Child) -> None:
+        assert child.ready_pipe is not None
+        try:
+            loaded = os.read(child.ready_pipe, READY_MESSAGE_MAX)  # b"": it died before loading
+        except BlockingIOError:
+            return
+        self.pool.loop.forget(child.ready_pipe)
+        child.close_ready_pipe()
+        # A worker that wrote and died within one poll is reaped, not counted as ready.
+        if loaded and child.pid in self.pool.children and child.alive():
+            self.pool.child_ready(child)
+            self.roll_out()
+
+    def child_exited(self, child: Child, why: str) -> None:
+        self.roll_out()
+
+    def roll_out(self) -> None:
+        """Replace one worker of an older generation: start a new one, then stop an old one."""
+        pool = self.pool
+        generation = pool.watcher.current.generation
+        active = [c for c in pool.children.values() if not c.stopping]
+        old = [c for c in active if c.generation < generation]
+        if pool.stopping or not old or pool.watcher.problem is not None:
+            return
+        if pool.starter.pending or any(not c.ready for c in active):
+            return  # a new worker is still loading
+        if len(active) > pool.target:
+            pool.stop_child(min(old, key=lambda c: c.started))
+        else:
+            log.info("starting a worker on generation %d to replace one on generation %d",
+                     generation, old[0].generation)
+            pool.spawn()
+
+    def reload_done(self) -> bool:
+        generation = self.pool.watcher.current.generation
+        return all(c.generation >= generation and c.ready for c in self.pool.children.values()
+                   if not c.stopping)
+
+    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
+        return workers_line(path, size, model, workers, self.config.connect)
+
+
+def _check_keys(keys: security.ClientKeys) -> None:
+    """Read the key files now, so that a bad one stops the host before any worker starts."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        keys.apply(context.socket(zmq.DEALER))
+    except security.KeysError as exc:
+        raise StartupError(str(exc)) from exc
+    finally:
+        context.destroy(linger=0)

@@ -1,0 +1,406 @@
+"""The ``serve`` role: the router, its control socket and what they report.
+
+Composed with a :class:`~workerpool.supervisor.Supervisor`, it binds the client and worker
+endpoints, starts workers that connect to the router's backend, moves them to new weights
+through the router's rolling reload, and answers ``status``, ``reload`` and ``check``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import re
+import resource
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+import zmq
+
+from .. import models, runtime, security
+from ..config.pool import STOP_TIMEOUT_SECONDS, ServeConfig, StartupError
+from ..control.server import ControlServer
+from ..control.status import Status
+from ..ops import metrics
+from ..ops.worker_rows import worker_rows
+from ..protocol.transport import readable
+from ..router.batching import BatchPolicy
+from ..router.connections import ConnectionLimit
+from ..router.core import Router
+from ..router.registry import WorkerRecord
+from ..supervisor.core import Supervisor
+from ..supervisor.loop import Loop
+from ..supervisor.process import Child
+from ..supervisor.ready_line import serve_line
+from ..units import KiB, MiB, format_size
+from ..weights import reload
+from ..worker.spec import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
+UNDECLARED_MESSAGE_SIZE = 64 * MiB
+STRAGGLER_LINGER_MS = 1000
+RESERVED_FDS = 64  # the supervisor's own: sockets, libzmq's internals, logs, the control socket
+FDS_PER_WORKER = 4  # its pidfd, its backend connection and the pipes around starting it
+
+
+class ServingRole:
+    """The local router with its control socket, for ``workerpool serve``."""
+
+    leave_timeout = STOP_TIMEOUT_SECONDS  # local workers leave at once: the router holds nothing
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self._router: Router | None = None
+        self.switch_failure: str | None = None  # why a worker could not switch to the newest weights
+        self.reload_waiters: list[tuple[bytes, int, float]] = []
+        self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
+        self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
+        self.http_url: str | None = None
+
+    @property
+    def router(self) -> Router:
+        assert self._router is not None, "the router is bound in open()"
+        return self._router
+
+    @property
+    def requests(self) -> Router | None:
+        """The router holds the requests: shutdown drains it."""
+        return self._router
+
+    @property
+    def backend(self) -> str:
+        return self.router.backend_endpoint
+
+    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+        self.pool = pool
+        context = zmq.Context()
+        cleanup.callback(context.destroy, linger=0)
+        cleanup.callback(self._memory_reader.shutdown, wait=True, cancel_futures=True)
+        try:
+            private_dir = runtime.make_pool_dir()
+            cleanup.callback(shutil.rmtree, private_dir, ignore_errors=True)
+            control_endpoint = self.config.control or runtime.default_control_endpoint()
+        except OSError as exc:
+            raise StartupError(f"cannot create the runtime directory: {exc}") from exc
+        self.control_server = ControlServer(context, control_endpoint, {
+            "status": self._status_command, "reload": self._reload_command, "check": self._check_command,
+        })
+        self.control_server.claim()
+        self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
+        cleanup.callback(self._answer_stragglers)
+        self.control_server.bind(pool.loop, cleanup)
+        self.connections = ConnectionLimit(self.router.frontend, self._connection_cap())
+        cleanup.callback(self.connections.close)
+        self._read_sockets(pool.loop)
+        self.http_url = self._open_http(pool, cleanup) if self.config.http else None
+
+    def _open_http(self, pool: Supervisor, cleanup: ExitStack) -> str:
+        """The operations endpoint on its own thread (imported only when asked for)."""
+        from ..ops.http import OpsServer, Snapshots, parse_address
+
+        assert self.config.http is not None
+        snapshots = Snapshots(pool.loop, self._snapshot)
+        try:
+            server = OpsServer(*parse_address(self.config.http), snapshots, self.config.path)
+        except (OSError, ValueError) as exc:
+            snapshots.close()
+            raise StartupError(f"cannot serve --http {self.config.http}: {exc}") from exc
+        server.start()
+        cleanup.callback(server.stop)
+        return server.url
+
+    def _snapshot(self) -> dict[str, Any]:
+        """What a scrape reads, taken between two events of the loop."""
+        router, pool = self.router, self.pool
+        return {"status": self.status(), "outcomes": dict(router.intake.outcomes),
+                "queue_waits": router.queue_waits.copy(), "run_times": router.run_times.copy(),
+                "batch_rows": router.batch_rows.copy(),
+                "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
+                "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
+
+    def _connection_cap(self) -> int:
+        """--max-connections, lowered when the descriptor limit could not hold that many beside
+        the workers' own: a cap above it would let idle connections exhaust descriptors."""
+        wanted = self.config.max_connections
+        available = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - RESERVED_FDS \
+            - FDS_PER_WORKER * max(self.config.workers, 1)
+        if wanted > available:
+            log.warning("--max-connections %d is more than the open file limit leaves room for; "
+                        "serving at most %d connections (raise the limit with ulimit -n)",
+                        wanted, max(available, 1))
+        return max(1, min(wanted, available))
+
+    def _bind_router(self, context: zmq.Context, private_dir: str,
+                     secure: Callable[[zmq.Socket, str], None] | None) -> Router:
+        config, current = self.config, self.pool.watcher.current
+        max_message_size = config.max_message_size or default_max_message_size(current.signature)
+        if config.max_worker_memory is not None and config.max_worker_memory < max_message_size:
+            raise StartupError(f"--max-worker-memory {format_size(config.max_worker_memory)} is below "
+                               f"--max-message-size {format_size(max_message_size)}: a worker could not "
+                               "even receive the largest request")
+        backend = f"ipc://{os.path.join(private_dir, 'backend.sock')}"  # local workers only
+        try:
+            return Router(
+                context, self, frontend=config.bind, backend=backend, remote_backend=config.backend,
+                max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
+                max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
+                signature=current.signature, secure=secure, request_timeout=config.request_timeout,
+                batching=BatchPolicy(max_rows=config.max_batch, wait=config.batch_wait,
+                                     running_cap=self._running_cap()),
+            )
+        except zmq.ZMQError as exc:
+            raise StartupError(_bind_failure(exc, {config.bind: "--bind", config.backend: "--backend"})) from exc
+
+    def _running_cap(self) -> int:
+        """Local workers that can run at once: the cores this pool may use, each worker's share."""
+        return max(1, len(os.sched_getaffinity(0)) // self.pool.threads_per_worker)
+
+    def _read_sockets(self, loop: Loop) -> None:
+        router = self.router
+        loop.read(self.connections.monitor, self.connections.on_event)
+        loop.read(router.frontend, router.intake.on_readable)
+        loop.read(router.backend, router.on_backend)
+        remote = router.remote
+        if remote is not None:
+            loop.read(remote, lambda: router.on_remote_backend(remote))
+        loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.status_waiters),
+                        due=lambda: router.wake_at)
+
+    def _secure(self, context: zmq.Context, cleanup: ExitStack) -> Callable[[zmq.Socket, str], None] | None:
+        """Start CURVE when keys are given; warn about endpoints open to the network without."""
+        keys = self.config.server_keys
+        if keys is not None:
+            if self.config.backend and keys.worker_dir is None:
+                raise StartupError(f"--backend {self.config.backend} with CURVE needs --curve-worker-keys DIR: "
+                                   "the public keys of the worker hosts allowed to join")
+            try:
+                authenticator = keys.start(context)
+            except security.KeysError as exc:
+                raise StartupError(str(exc)) from exc
+            cleanup.callback(authenticator.stop)
+            return keys.apply
+        for endpoint in (self.config.bind, self.config.backend):
+            if endpoint and not runtime.is_local(endpoint):
+                log.warning("%s is open to the network without CURVE keys: anyone who can reach it "
+                            "can use it (see --curve-server-key)", endpoint)
+        if self.config.backend and runtime.is_local(self.config.backend):
+            log.warning("worker hosts join %s without CURVE keys: any local user can register there "
+                        "as a worker and answer clients' requests (see --curve-worker-keys)",
+                        self.config.backend)
+        return None
+
+    def _answer_stragglers(self) -> None:
+        """At exit, answer requests that reached the socket after the last poll, and give the
+        replies a moment to leave: every request that reached the router gets an answer."""
+        self.router.stop_accepting()
+        while readable(self.router.frontend):
+            self.router.intake.on_readable()
+        self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
+
+    def _duties(self) -> None:
+        self.router.tick()
+        self._answer_reload_waiters()
+        self._answer_status_waiters()
+
+    # The supervisor's side.
+
+    ready_pipe = False  # the router hears it: the worker registers
+
+    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
+        return spec
+
+    @property
+    def stop_patience(self) -> float:
+        return self.config.request_timeout + self.leave_timeout
+
+    def child_started(self, child: Child) -> None:
+        """A forked worker may register before the template's report of it arrives."""
+        if any(w.local and w.token == child.token for w in self.router.workers):
+            self.pool.child_ready(child)
+
+    def child_exited(self, child: Child, why: str) -> None:
+        self.router.worker_exited(child.token, why, asked=child.stopping)
+
+    def roll_out(self) -> None:
+        self.switch_failure = None
+        current = self.pool.watcher.current
+        self.router.begin_rollout(current.generation, current.identity.as_list())
+
+    def reload_done(self) -> bool:
+        return self.router.reload_complete()
+
+    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
+        return serve_line(path, size, model, workers, self.router.endpoint)
+
+    # The router's side.
+
+    def _local_child(self, worker: WorkerRecord) -> Child | None:
+        """The process behind a registered worker, known by the token it was started with:
+        never by the pid it reports, so no peer can make the supervisor signal a process."""
+        return self._child_with(worker.token) if worker.local else None
+
+    def _child_with(self, token: str | None) -> Child | None:
+        if token is None:
+            return None
+        return next((c for c in self.pool.children.values() if c.token == token), None)
+
+    def started_here(self, token: str | None) -> bool:
+        return self._child_with(token) is not None or token in self.pool.starter.tokens()
+
+    def worker_ready(self, worker: WorkerRecord) -> None:
+        child = self._local_child(worker)
+        if child is not None:
+            self.pool.child_ready(child)
+
+    def worker_lost(self, worker: WorkerRecord, why: str) -> None:
+        child = self._local_child(worker)
+        if child is not None and child.alive():
+            log.warning("killing worker %d: %s", worker.pid, why)
+            child.kill()
+
+    def reload_failed(self, worker: WorkerRecord, why: str) -> None:
+        self.switch_failure = (f"worker {worker.pid} could not switch to generation "
+                               f"{self.pool.watcher.current.generation}: {why}")
+
+    # Control commands.
+
+    def _status_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
+        if not request.get("memory", True):
+            return dict(self.status())
+        # Reading every worker's smaps takes tens of milliseconds: do it beside the loop,
+        # which keeps routing meanwhile, and answer when it is done.
+        try:
+            memory = self._memory_reader.submit(metrics.pool_memory, list(self.pool.children),
+                                                self.config.path, [os.getpid(), *self.pool.helper_pids()])
+        except RuntimeError as exc:  # no thread to read them with (a process limit): answer without
+            log.warning("status without memory figures: %s", exc)
+            return dict(self.status())
+        self.status_waiters.append((client, memory))
+        return None
+
+    def _reload_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
+        if self.pool.stopping:
+            return {"error": "the server is shutting down"}
+        outcome = self.pool.check_weights("reload")
+        watcher = self.pool.watcher
+        if outcome == "unchanged" and self.router.reload_complete():
+            return {"result": "unchanged", "generation": watcher.current.generation}
+        if outcome == "refused":
+            return {"error": watcher.problem}
+        self.reload_waiters.append((client, watcher.current.generation,
+                                    time.monotonic() + self.config.reload_timeout))
+        return None
+
+    def _check_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any]:
+        """Whether a file could be published over the served one. Only files in the served
+        file's directory are looked at, so the answer tells nothing about other paths."""
+        current = self.pool.watcher.current
+        path = request.get("path")
+        if not isinstance(path, str) or not path or "\0" in path:
+            return {"error": "check needs a path"}
+        served_dir = os.path.dirname(os.path.realpath(self.config.path))
+        if os.path.dirname(os.path.realpath(path)) != served_dir:
+            return {"error": f"check only looks at files in {served_dir}, the served file's directory"}
+        try:
+            name, _, signature = reload.validate(path, current.model)
+        except reload.WeightsRefused as exc:
+            return {"error": str(exc)}
+        mismatch = models.signature_mismatch(current.signature, signature)
+        if mismatch:
+            return {"error": f"model {name} does not fit the served one: {mismatch}"}
+        return {"result": "ok", "model": name}
+
+    def _answer_reload_waiters(self) -> None:
+        """Answer ``workerpool reload`` once every worker serves its generation, or time is up."""
+        if not self.reload_waiters:
+            return
+        now = time.monotonic()
+        starting = any(not child.ready for child in self.pool.children.values())
+        done = not starting and self.router.reload_complete() and bool(self.router.workers)
+        current = self.pool.watcher.current.generation
+        waiting = []
+        for client, generation, deadline in self.reload_waiters:
+            if done and current >= generation:
+                self.control_server.reply(client, {"result": "reloaded", "generation": current})
+            elif self.switch_failure is not None and current == generation:
+                self.control_server.reply(client, {"error": self.switch_failure})
+            elif now >= deadline:
+                behind = [w.pid for w in self.router.workers if w.generation < generation]
+                self.control_server.reply(client, {
+                    "error": f"not every worker reached generation {generation} within "
+                    f"{self.config.reload_timeout:g}s (still behind: {behind or 'workers starting'})"
+                })
+            else:
+                waiting.append((client, generation, deadline))
+        self.reload_waiters = waiting
+
+    def _answer_status_waiters(self) -> None:
+        waiting = []
+        for client, memory in self.status_waiters:
+            if memory.done():
+                self.control_server.reply(client, dict(self.status(memory.result())))
+            else:
+                waiting.append((client, memory))
+        self.status_waiters = waiting
+
+    def status(self, memory: metrics.PoolMemory | None = None) -> Status:
+        """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
+        current, router = self.pool.watcher.current, self.router
+        helpers: dict[int, Any] = memory.helpers if memory else {}
+        return {
+            "supervisor_pid": os.getpid(),
+            "draining": self.pool.stopping,
+            "supervisor_memory": helpers.get(os.getpid()),
+            "template": self.pool.starter.status(helpers),
+            "endpoint": router.endpoint,
+            "http": self.http_url,
+            "threads_per_worker": self.pool.threads_per_worker,
+            "model": {
+                "name": current.model,
+                "path": self.config.path,
+                "size": current.identity.size,
+                "inode": current.identity.inode,
+                "generation": current.generation,
+                "load": self.config.load,
+                "watch_interval": self.config.watch_interval,
+                "last_reload": self.pool.watcher.last_reload,
+            },
+            "queue": {"depth": router.queue_depth, "max": self.config.max_queue,
+                      "in_flight": router.in_flight},
+            "workers": worker_rows(self.pool.children.values(), router.workers, current.generation,
+                                   memory.workers if memory else None),
+            "totals": memory.totals if memory else None,
+        }
+
+
+def default_max_message_size(signature: dict[str, Any]) -> int:
+    """Room for a batch of 4096 inputs of the model's declared shape (at least 1 MiB); 64 MiB
+    when the model declares none."""
+    declared = models.array_input(signature) or {}
+    dtype, shape = declared.get("dtype"), declared.get("shape")
+    if dtype is None or shape is None or any(d is None for d in shape[1:]):
+        return UNDECLARED_MESSAGE_SIZE
+    sample = math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    return max(MiB, BATCH_ROOM * sample + 64 * KiB)
+
+
+def _bind_failure(exc: zmq.ZMQError, options: dict[str | None, str]) -> str:
+    """Which endpoint could not be bound, and the option that moves it. pyzmq puts the endpoint
+    only in the message: ``Address already in use (addr='tcp://...')``."""
+    named = re.search(r" \(addr='([^']*)'\)", exc.strerror)
+    if named is None:
+        return f"cannot bind the pool's sockets: {exc.strerror}"
+    endpoint, reason = named.group(1), exc.strerror[:named.start()]
+    option = options.get(endpoint)
+    if option is None:
+        return f"cannot bind {endpoint}: {reason}"
+    hint = f": stop what uses it, or choose another with {option}" if exc.errno == errno.EADDRINUSE else ""
+    return f"cannot bind {option} {endpoint}: {reason}{hint}"

@@ -1,0 +1,358 @@
+"""The wire protocol: JSON headers plus one raw frame per array (README, "Protocol").
+
+Nothing here unpickles or evaluates what arrives: headers are JSON, arrays are raw bytes whose
+dtype comes from a short allow-list and whose length must match the declared shape exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+
+from ..units import MS_PER_SECOND, KiB
+
+VERSION = 1
+MAX_HEADER_BYTES = 64 * KiB
+MAX_RANK = 32
+MAX_ARRAYS = 64
+# The most bytes an array's shape may span, each zero-size axis counted as one: beyond any
+# address space (x86-64 user space is 2**47), and far below numpy's own 2**63 bound, so no
+# product of sizes overflows anywhere, not even for an empty array with huge other axes.
+MAX_EXTENT = 2**48
+MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
+
+METHOD_INFER = "infer"
+METHOD_INFO = "info"
+METHODS = (METHOD_INFER, METHOD_INFO)
+
+# Router <-> worker commands: the first frame of every backend message.
+READY = b"READY"
+HEARTBEAT = b"HB"
+REQUEST = b"REQ"
+BATCH = b"BATCH"  # router: stride, then several requests (client, header, arrays) for one pass
+REPLY = b"REP"
+STOP = b"STOP"
+RELOAD = b"RELOAD"
+RELOADED = b"RELOADED"
+BYE = b"BYE"  # worker: I am leaving; answered with STOP once nothing is in flight
+WHO = b"WHO"  # router: I do not know you (it restarted); answered with READY
+REFUSE = b"REFUSE"  # router: your model does not fit mine; the worker exits
+
+ALLOWED_DTYPES = {
+    np.dtype(code).str: np.dtype(code)
+    for code in ("<f2", "<f4", "<f8", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?")
+}
+
+MAX_TEXTS = 1024  # texts in one request; their bytes are bounded by the header's limit
+Inputs = np.ndarray | Mapping[str, np.ndarray] | Sequence[str]
+
+
+class ProtocolError(ValueError):
+    """A message does not follow the protocol; answered with a ``bad_request`` error.
+
+    ``request_id`` is the id from the header when the header itself was readable, so that the
+    error reply still names the request.
+    """
+
+    def __init__(self, message: str, request_id: Any = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+@dataclass
+class Message:
+    """A decoded request or reply: its JSON header and its arrays (names may be None)."""
+
+    header: dict[str, Any]
+    arrays: list[np.ndarray] = field(default_factory=list)
+    names: list[str | None] = field(default_factory=list)
+
+    @property
+    def id(self) -> Any:
+        return self.header.get("id")
+
+    def payload(self) -> np.ndarray | dict[str, np.ndarray] | list[str] | None:
+        """Texts as a list, one unnamed array as itself, named arrays as a dict, nothing as None."""
+        if "text" in self.header:
+            return list(self.header["text"])
+        if not self.arrays:
+            return None
+        if len(self.arrays) == 1 and self.names[0] is None:
+            return self.arrays[0]
+        # Past the lone unnamed array every name is a str: ``unpack_arrays`` refuses other mixes.
+        return dict(zip(cast(list[str], self.names), self.arrays))
+
+
+def encode_header(header: Mapping[str, Any]) -> bytes:
+    return json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode_header(frame: Any) -> dict[str, Any]:
+    """Parse a JSON header frame; refuse anything but a bounded JSON object."""
+    data = bytes(frame.buffer) if hasattr(frame, "buffer") else bytes(frame)
+    if len(data) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header is {len(data)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
+    try:
+        header = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    # The id is the one value echoed back, and it must stay encodable (Python's JSON recurses).
+    if _nesting(header.get("id")) >= MAX_NESTING:  # the header object is the first level
+        raise ProtocolError(f"the request id nests deeper than {MAX_NESTING} levels")
+    return header
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python accepts NaN and Infinity; JSON does not
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _nesting(value: Any) -> int:
+    """How deep arrays and objects nest in ``value`` (without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            stack.extend((item, depth + 1) for item in value)
+    return deepest
+
+
+def pack_arrays(payload: Inputs | None) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Descriptors and C-contiguous little-endian buffers for a payload (no copy when possible)."""
+    if payload is None:
+        return [], []
+    if is_text(payload):
+        raise ProtocolError("texts are sent in the request header (encode_request), not as arrays")
+    items = payload.items() if isinstance(payload, Mapping) else [(None, payload)]
+    descriptors, buffers = [], []
+    for name, value in items:
+        array = np.asarray(value)
+        if array.dtype.newbyteorder("<").str not in ALLOWED_DTYPES:
+            raise ProtocolError(f"dtype {array.dtype} cannot be sent; use a numeric or bool dtype")
+        # np.asarray, not np.ascontiguousarray: the latter turns shape () into shape (1,).
+        array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+        if array.ndim > MAX_RANK or extent(array.shape, array.itemsize) > MAX_EXTENT:
+            raise ProtocolError(
+                f"shape {list(array.shape)} cannot be sent: at most {MAX_RANK} axes spanning at most "
+                f"{MAX_EXTENT} bytes"
+            )
+        descriptor: dict[str, Any] = {"dtype": array.dtype.str, "shape": list(array.shape)}
+        if name is not None:
+            descriptor["name"] = str(name)
+        descriptors.append(descriptor)
+        buffers.append(array if array.nbytes else b"")
+    return descriptors, buffers
+
+
+def unpack_arrays(descriptors: Any, frames: Sequence[Any]) -> tuple[list[np.ndarray], list[str | None]]:
+    """Read-only array views of ``frames``, checked against their descriptors."""
+    if not isinstance(descriptors, list) or len(descriptors) > MAX_ARRAYS:
+        raise ProtocolError(f"'arrays' must be a list of at most {MAX_ARRAYS} descriptors")
+    if len(descriptors) != len(frames):
+        raise ProtocolError(f"header describes {len(descriptors)} arrays but {len(frames)} frames follow")
+    arrays, names = [], []
+    for index, (descriptor, frame) in enumerate(zip(descriptors, frames)):
+        dtype, shape, name = _check_descriptor(index, descriptor)
+        buffer = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        expected = math.prod(shape) * dtype.itemsize
+        if buffer.nbytes != expected:
+            raise ProtocolError(
+                f"array {index}: {dtype.str} {shape} needs {expected} bytes, frame has {buffer.nbytes}"
+            )
+        array = np.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).reshape(shape)
+        array.flags.writeable = False
+        arrays.append(array)
+        names.append(name)
+    if len(names) > 1 and (None in names or len(set(names)) != len(names)):
+        raise ProtocolError("arrays must be one unnamed array or named arrays with distinct names")
+    return arrays, names
+
+
+def _check_descriptor(index: int, descriptor: Any) -> tuple[np.dtype, list[int], str | None]:
+    if not isinstance(descriptor, dict):
+        raise ProtocolError(f"array {index}: descriptor is not an object")
+    code = descriptor.get("dtype")
+    dtype = ALLOWED_DTYPES.get(code) if isinstance(code, str) else None
+    if dtype is None:
+        raise ProtocolError(
+            f"array {index}: dtype {descriptor.get('dtype')!r} is not one of {sorted(ALLOWED_DTYPES)}"
+        )
+    shape = descriptor.get("shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_RANK
+        or not all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise ProtocolError(f"array {index}: shape must be a list of at most {MAX_RANK} sizes >= 0")
+    if extent(shape, dtype.itemsize) > MAX_EXTENT:
+        raise ProtocolError(
+            f"array {index}: its shape spans more than {MAX_EXTENT} bytes "
+            "(a zero-size axis counted as one)"
+        )
+    name = descriptor.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ProtocolError(f"array {index}: name must be a string")
+    return dtype, shape, name
+
+
+def extent(shape: Sequence[int], itemsize: int) -> int:
+    """Bytes that ``shape`` (sizes >= 0) spans with each zero-size axis counted as one: numpy
+    refuses an empty array whose other axes multiply past its index range.
+
+    Stops multiplying once past :data:`MAX_EXTENT`, so a hostile shape costs no big-integer work.
+    """
+    span = itemsize
+    for size in shape:
+        span *= size or 1
+        if span > MAX_EXTENT:
+            break
+    return span
+
+
+def encode_request(
+    request_id: Any, payload: Inputs | None, *, method: str = METHOD_INFER, deadline_ms: float | None = None
+) -> list[Any]:
+    """The frames a client sends, starting with the empty delimiter a DEALER needs for REQ peers.
+    A list of strings is sent as texts (``"text"`` in the header)."""
+    text = is_text(payload)
+    descriptors, buffers = pack_arrays(None if text else payload)
+    header: dict[str, Any] = {"v": VERSION, "id": request_id, "method": method, "arrays": descriptors}
+    if text:
+        header["text"] = _checked_text(list(cast(Sequence[str], payload)))
+    if deadline_ms is not None:
+        header["deadline_ms"] = deadline_ms
+    encoded = encode_header(header)
+    if len(encoded) > MAX_HEADER_BYTES:  # the server could not even read its id to answer it
+        what = "texts travel in it: send fewer or shorter" if text else \
+            "each array's name, dtype and shape travel in it: send fewer arrays"
+        raise ProtocolError(f"the request header would be {len(encoded)} bytes, over the "
+                            f"{MAX_HEADER_BYTES}-byte limit ({what})")
+    return [b"", encoded, *buffers]
+
+
+def decode_request(frames: Sequence[Any]) -> Message:
+    """Validate a request (header frame, then array frames) as a worker receives it."""
+    if not frames:
+        raise ProtocolError("request has no header frame")
+    header = decode_header(frames[0])
+    request_id = header.get("id")
+    if header.get("v") != VERSION:
+        raise ProtocolError(
+            f"unsupported protocol version {header.get('v')!r} (this server speaks {VERSION})", request_id
+        )
+    if header.get("method") not in METHODS:
+        raise ProtocolError(
+            f"unknown method {header.get('method')!r}; methods are {', '.join(METHODS)}", request_id
+        )
+    try:
+        deadline_of(header)
+        arrays, names = unpack_arrays(header.get("arrays", []), frames[1:])
+        if "text" in header:
+            _checked_text(header["text"])
+            if arrays:
+                raise ProtocolError("a request carries texts or arrays, not both")
+    except ProtocolError as exc:
+        raise ProtocolError(str(exc), request_id) from None
+    return Message(header, arrays, names)
+
+
+def is_text(payload: Any) -> bool:
+    """Whether ``payload`` is texts: a list or tuple whose items are all strings."""
+    return isinstance(payload, list | tuple) and all(isinstance(item, str) for item in payload)
+
+
+def _checked_text(text: Any) -> list[str]:
+    if not isinstance(text, list) or not 0 < len(text) <= MAX_TEXTS \
+            or not all(isinstance(item, str) for item in text):
+        raise ProtocolError(f"'text' must be a list of 1 to {MAX_TEXTS} strings")
+    for item in text:
+        try:
+            item.encode()
+        except UnicodeEncodeError:  # JSON can spell a lone surrogate, which is no text
+            raise ProtocolError("'text' holds a string that is not valid Unicode (a lone "
+                                "surrogate)") from None
+    return text
+
+
+def deadline_of(header: Mapping[str, Any]) -> float | None:
+    """The request's time budget in seconds, or None; invalid values are a protocol error."""
+    value = header.get("deadline_ms")
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not 0 <= value <= sys.float_info.max:
+        raise ProtocolError("deadline_ms must be a non-negative number of milliseconds")
+    return value / MS_PER_SECOND
+
+
+def encode_reply(
+    request_id: Any,
+    payload: Inputs | None = None,
+    *,
+    worker_pid: int | None = None,
+    generation: int | None = None,
+    info: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """A successful reply: header frame then the output arrays."""
+    descriptors, buffers = pack_arrays(payload)
+    header: dict[str, Any] = {
+        "v": VERSION,
+        "id": request_id,
+        "status": "ok",
+        "arrays": descriptors,
+        "worker_pid": worker_pid,
+        "generation": generation,
+    }
+    if info is not None:
+        header["info"] = dict(info)
+    return [encode_header(header), *buffers]
+
+
+def encode_error(
+    request_id: Any, code: str, message: str, *, worker_pid: int | None = None, generation: int | None = None
+) -> list[bytes]:
+    header = {
+        "v": VERSION,
+        "id": request_id,
+        "status": "error",
+        "error": {"code": code, "message": message},
+        "arrays": [],
+        "worker_pid": worker_pid,
+        "generation": generation,
+    }
+    return [encode_header(header)]
+
+
+def decode_reply(frames: Sequence[Any]) -> Message:
+    """Validate a reply as a client receives it (after the empty delimiter)."""
+    if not frames:
+        raise ProtocolError("reply has no header frame")
+    header = decode_header(frames[0])
+    if header.get("status") not in ("ok", "error"):
+        raise ProtocolError(f"reply has unknown status {header.get('status')!r}")
+    arrays, names = unpack_arrays(header.get("arrays", []), frames[1:])
+    return Message(header, arrays, names)
+
+
+def request_id_of(frame: Any) -> Any:
+    """Best-effort request id from a header frame, for error replies to malformed requests."""
+    try:
+        return decode_header(frame).get("id")
+    except ProtocolError:
+        return None

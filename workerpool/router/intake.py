@@ -1,0 +1,355 @@
+"""The client side of the router: the client socket, and requests waiting for a free worker.
+
+Requests are checked only as far as routing needs (framing, total size, the server still
+accepting); the worker validates the rest. Waiting requests carry their deadlines.
+
+The queue is bounded twice, by count (``--max-queue``) and by the bytes its requests hold
+(``--max-queue-bytes``): the count alone let a client with large requests fill the
+supervisor's memory. It is also fair between clients (ZeroMQ routing ids), so one client that
+pipelines thousands of requests cannot starve the others:
+
+- Each client waits in its own first-in-first-out line, and free workers serve the lines in
+  turn, so a newcomer's request is served before the flooder's next one. Requests retried
+  after their worker died go before every line: they have waited longest.
+- While there is room anyone may queue, so a client alone can use the whole queue. When a
+  limit is reached, a client that would still hold no more than its fair share of it (the
+  limit divided among the clients holding requests, itself included) makes room: the newest
+  requests of the client holding the most are answered ``overloaded``; otherwise its own
+  request is. The newest go because the oldest have waited longest and are served next.
+  Finding the biggest holder scans the clients, but only when a limit is reached.
+
+Replies are sent without blocking: libzmq holds up to the socket's SNDHWM replies (1000 by
+default) for a client that does not read, then the router drops the rest, so a stalled client
+never delays anyone else; what it costs is those buffered replies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from ..protocol import messages as protocol
+from ..protocol.transport import NOBLOCK, receive_batch, send_parts
+from ..units import MS_PER_SECOND, KiB
+
+if TYPE_CHECKING:
+    from .batching import BatchShape
+
+log = logging.getLogger(__name__)
+
+EXPIRY_SCAN_INTERVAL = 0.01  # seconds between scans of the queue for passed deadlines
+# libzmq's ZMQ_IN_BATCH_SIZE: a received frame up to this size may point into a shared receive
+# buffer of about 18 KiB, which it keeps alive for as long as it lives.
+SHARED_FRAME_MAX = 8 * KiB
+EVICTED = ("the queue is full and this client held the most of it: its newest request gave "
+           "way to a client holding less than its share")
+COUNT = "count"  # the limits a full queue can be at
+BYTES = "bytes"
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request the router holds: queued, or in flight on one worker."""
+
+    client: bytes
+    frames: list[Any]  # the header frame, then the array frames
+    received: float
+    expires: float | None = None
+    attempts: int = 0
+    size: int = 0  # bytes of the message, counted against the queue's byte limit
+    solo: bool = False  # sent alone from now on: it was in flight on a worker that was lost
+    shape: BatchShape | None = None  # how it batches, once ``shaped``
+    shaped: bool = False
+
+    def header(self) -> dict[str, Any] | None:
+        """The decoded header, None when malformed (the worker's to answer in full)."""
+        try:
+            return protocol.decode_header(self.frames[0])
+        except protocol.ProtocolError:
+            return None
+
+    def read_deadline(self) -> None:
+        """Set ``expires`` from the header: done only when the request has to wait, off the
+        fast path."""
+        if self.expires is not None:
+            return
+        header = self.header()
+        try:
+            budget = None if header is None else protocol.deadline_of(header)
+        except protocol.ProtocolError:
+            return
+        if budget is not None:
+            self.expires = self.received + budget
+
+    def expired(self, now: float) -> bool:
+        return self.expires is not None and now >= self.expires
+
+
+class QueueFull(Exception):
+    """A request may not queue: ``limit`` (``COUNT`` or ``BYTES``) is reached and its client
+    holds its fair share."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+class Line:
+    """One client's queued requests, oldest first, and the bytes they hold."""
+
+    __slots__ = ("nbytes", "requests")
+
+    def __init__(self) -> None:
+        self.requests: deque[Pending] = deque()
+        self.nbytes = 0
+
+    def held(self, limit: str) -> int:
+        return len(self.requests) if limit == COUNT else self.nbytes
+
+
+class RequestQueue:
+    """Per-client lines served in turn, retried requests first; bounded in count and bytes
+    (``max_bytes`` None: unbounded in bytes)."""
+
+    def __init__(self, limit: int, max_bytes: int | None = None) -> None:
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._count = 0
+        self._retried: deque[Pending] = deque()
+        self._lines: dict[bytes, Line] = {}
+        self._turns: deque[bytes] = deque()  # clients with a line, the next one to serve first
+        self._next_scan = 0.0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def put(self, pending: Pending, *, first: bool = False) -> None:
+        """Queue ``pending`` at the end of its client's line, or with ``first`` (a retry, or a
+        request taken but not dispatched) before everything else. No limit is checked here."""
+        if first:
+            self._retried.appendleft(pending)
+        else:
+            line = self._lines.get(pending.client)
+            if line is None:
+                line = self._lines[pending.client] = Line()
+                self._turns.append(pending.client)
+            line.requests.append(pending)
+            line.nbytes += pending.size
+        self._count += 1
+        self.nbytes += pending.size
+
+    def peek(self) -> Pending:
+        """The request :meth:`take` would return, left in place."""
+        if self._retried:
+            return self._retried[0]
+        return self._lines[self._turns[0]].requests[0]
+
+    def take(self) -> Pending:
+        """The next request: a retried one, else the oldest of the client whose turn it is."""
+        if self._retried:
+            pending = self._retried.popleft()
+        else:
+            client = self._turns[0]
+            line = self._lines[client]
+            pending = line.requests.popleft()
+            line.nbytes -= pending.size
+            if line.requests:
+                self._turns.rotate(-1)
+            else:
+                self._turns.popleft()
+                del self._lines[client]
+        self._count -= 1
+        self.nbytes -= pending.size
+        return pending
+
+    @property
+    def holders(self) -> int:
+        """How many clients have requests in their lines."""
+        return len(self._lines)
+
+    def holds(self, client: bytes) -> bool:
+        return client in self._lines
+
+    def _passed(self, size: int) -> list[str]:
+        passed = [COUNT] if self._count >= self.limit else []
+        if self.max_bytes is not None and self.nbytes + size > self.max_bytes:
+            passed.append(BYTES)
+        return passed
+
+    def check_room(self, pending: Pending) -> None:
+        """Raise ``QueueFull`` when ``pending`` may not queue: a limit is reached and its client
+        would hold more than its fair share of it."""
+        for limit in self._passed(pending.size):
+            if not self._within_share(pending, limit):
+                raise QueueFull(limit)
+
+    def make_room(self, pending: Pending) -> list[Pending]:
+        """Remove and return the requests that give way for ``pending``, which ``check_room``
+        let in: the newest of whichever client holds the most of a passed limit."""
+        passed = self._passed(pending.size)
+        evicted = []
+        while passed:
+            biggest = max(self._lines.values(), key=lambda line: line.held(passed[0]))
+            evicted.append(self._evict_newest(biggest))
+            passed = self._passed(pending.size)
+        return evicted
+
+    def _within_share(self, pending: Pending, limit: str) -> bool:
+        """Whether ``pending``'s client, holding it too, keeps within an equal share of what
+        ``limit`` leaves beside the retried requests. Then some other client holds more than
+        its share, and evicting from the biggest holder always ends in room."""
+        if limit == COUNT:
+            capacity, size = self.limit - len(self._retried), 1
+        else:
+            retried = sum(p.size for p in self._retried)
+            capacity, size = (self.max_bytes or 0) - retried, pending.size
+        line = self._lines.get(pending.client)
+        held = 0 if line is None else line.held(limit)
+        holders = len(self._lines) + (line is None)
+        return (held + size) * holders <= capacity
+
+    def _evict_newest(self, line: Line) -> Pending:
+        pending = line.requests.pop()
+        line.nbytes -= pending.size
+        if not line.requests:
+            del self._lines[pending.client]
+            self._turns.remove(pending.client)  # O(clients), as finding the biggest holder was
+        self._count -= 1
+        self.nbytes -= pending.size
+        return pending
+
+    def take_expired(self, now: float) -> list[Pending]:
+        """Remove and return the requests whose deadline passed (scanned at most every 10 ms)."""
+        if not self._count or now < self._next_scan:
+            return []
+        self._next_scan = now + EXPIRY_SCAN_INTERVAL
+        expired = [p for p in self._everything() if p.expired(now)]
+        if expired:
+            self._retried = deque(p for p in self._retried if not p.expired(now))
+            for line in self._lines.values():
+                line.requests = deque(p for p in line.requests if not p.expired(now))
+                line.nbytes = sum(p.size for p in line.requests)
+            self._lines = {client: line for client, line in self._lines.items() if line.requests}
+            self._turns = deque(client for client in self._turns if client in self._lines)
+            self._count -= len(expired)
+            self.nbytes -= sum(p.size for p in expired)
+        return expired
+
+    def take_all(self) -> Iterator[Pending]:
+        while self._count:
+            yield self.take()
+
+    def _everything(self) -> Iterator[Pending]:
+        yield from self._retried
+        for line in self._lines.values():
+            yield from line.requests
+
+
+class Intake:
+    """Owns the client socket: takes requests in, hands each to ``dispatch`` or queues it,
+    and sends replies and errors back without ever blocking on a client."""
+
+    def __init__(self, sock: zmq.Socket, *, max_queue: int, max_message_size: int,
+                 max_queue_bytes: int | None, dispatch: Callable[[Pending], bool]) -> None:
+        self.socket = sock
+        self.max_message_size = max_message_size
+        self.dispatch = dispatch
+        self.queue = RequestQueue(max_queue, max_queue_bytes)
+        self.accepting = True
+        self.outcomes: Counter[str] = Counter()  # replies sent, by "ok" or error code
+
+    def on_readable(self) -> None:
+        receive_batch(self.socket, self._accept)
+
+    def _accept(self, frames: list[zmq.Frame]) -> None:
+        client = frames[0].bytes
+        if len(frames) < 3 or frames[1].bytes != b"":
+            request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
+            self.reply_error(client, request_id, "bad_request",
+                             "a request is an empty delimiter frame, a JSON header frame, then array frames")
+            return
+        if not self.accepting:
+            self.refuse(client, frames[2], "shutting_down", "the server is shutting down")
+            return
+        size = sum(len(frame) for frame in frames)
+        if size > self.max_message_size:  # libzmq's own limit is per frame
+            self.refuse(client, frames[2], "bad_request",
+                        f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
+            return
+        pending = Pending(client, frames[2:], time.monotonic(), size=size)
+        if not self.dispatch(pending):
+            self._wait(pending)
+
+    def _wait(self, pending: Pending) -> None:
+        """Queue a request no worker could take, if its client may have room (module docstring)."""
+        try:
+            self.queue.check_room(pending)
+        except QueueFull as full:
+            self.fail(pending, "overloaded", self._refusal(pending, full.limit))
+            return
+        if self._expired(pending):  # before evicting: a request past its deadline takes no room
+            return
+        for victim in self.queue.make_room(pending):
+            self.fail(victim, "overloaded", EVICTED)
+        pending.frames = [bytes(f) if len(f) <= SHARED_FRAME_MAX else f for f in pending.frames]
+        self.queue.put(pending)
+
+    def _refusal(self, pending: Pending, limit: str) -> str:
+        queue = self.queue
+        if limit == COUNT:
+            why = f"{len(queue)} requests already queued (--max-queue {queue.limit})"
+        else:
+            why = (f"queued requests hold {queue.nbytes} bytes; this one's {pending.size} more "
+                   f"would pass --max-queue-bytes {queue.max_bytes}")
+        if queue.holders > int(queue.holds(pending.client)):  # others hold requests too
+            why += "; this client already holds its fair share"
+        return why
+
+    def enqueue(self, pending: Pending, *, first: bool = False) -> None:
+        """Queue ``pending`` without a limit (a retry), or answer it if its deadline passed."""
+        if not self._expired(pending):
+            self.queue.put(pending, first=first)
+
+    def _expired(self, pending: Pending) -> bool:
+        """Read ``pending``'s deadline; when it has passed, answer it and say so."""
+        pending.read_deadline()
+        if not pending.expired(time.monotonic()):
+            return False
+        self.expire(pending)
+        return True
+
+    def refuse(self, client: bytes, header: Any, code: str, message: str) -> None:
+        self.reply_error(client, protocol.request_id_of(header), code, message)
+
+    def fail(self, pending: Pending, code: str, message: str) -> None:
+        self.refuse(pending.client, pending.frames[0], code, message)
+
+    def reply_error(self, client: bytes, request_id: Any, code: str, message: str) -> None:
+        self.outcomes[code] += 1
+        self.send(client, protocol.encode_error(request_id, code, message))
+
+    def send(self, client: bytes, frames: list[Any]) -> None:
+        try:
+            send_parts(self.socket, [client, b"", *frames], NOBLOCK)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
+            log.debug("reply to a vanished or stalled client dropped: %s", exc)
+
+    def expire(self, pending: Pending) -> None:
+        waited = time.monotonic() - pending.received
+        self.fail(pending, "deadline_exceeded",
+                  f"the deadline passed after {waited * MS_PER_SECOND:.0f} ms in the queue")
+
+    def expire_due(self) -> None:
+        for pending in self.queue.take_expired(time.monotonic()):
+            self.expire(pending)
+
+    def fail_queued(self, code: str, message: str) -> None:
+        for pending in self.queue.take_all():
+            self.fail(pending, code, message)

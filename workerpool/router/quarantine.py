@@ -1,0 +1,89 @@
+"""Requests and clients that kill workers are refused instead of fed to more workers.
+
+A request in flight on a worker that dies is retried once (inference is idempotent, and the
+worker may have died of something else). One that kills a second worker, or runs past
+``--request-timeout``, is a killer: identical requests (same method and arrays, whatever
+their id) are then refused at once for ``REQUEST_TTL`` seconds, and a client connection whose
+requests killed ``CLIENT_KILLS`` workers within ``CLIENT_WINDOW`` seconds is refused for that
+window. Both tables are bounded, oldest entries dropped first.
+"""
+
+from __future__ import annotations
+
+import time
+from _blake2 import blake2b  # hashlib's own; hashlib itself loads OpenSSL into the supervisor
+from collections import OrderedDict
+from typing import Any
+
+from ..protocol import messages as protocol
+
+REQUEST_TTL = 600.0
+CLIENT_KILLS = 3
+CLIENT_WINDOW = 60.0
+MAX_ENTRIES = 1024
+
+
+def fingerprint(frames: list[Any]) -> bytes | None:
+    """What makes two requests the same: method, texts and arrays (not the id or deadline)."""
+    try:
+        header = protocol.decode_header(frames[0])
+    except protocol.ProtocolError:
+        return None
+    digest = blake2b(digest_size=16)
+    digest.update(protocol.encode_header({"method": header.get("method"), "arrays": header.get("arrays"),
+                                          "text": header.get("text"),
+                                          "frames": [len(frame) for frame in frames[1:]]}))
+    for frame in frames[1:]:
+        digest.update(frame.buffer if hasattr(frame, "buffer") else frame)
+    return digest.digest()
+
+
+class Quarantine:
+    """Remembers killer requests and the clients that send them."""
+
+    def __init__(self) -> None:
+        self._requests: OrderedDict[bytes, float] = OrderedDict()  # fingerprint -> refused until
+        self._kills: OrderedDict[bytes, list[float]] = OrderedDict()  # client -> times of kills
+
+    def __bool__(self) -> bool:
+        return bool(self._requests or self._kills)
+
+    def clear(self) -> None:
+        """New weights: what killed workers before may not now."""
+        self._requests.clear()
+        self._kills.clear()
+
+    def killed(self, client: bytes, frames: list[Any], *, proven: bool) -> None:
+        """A request of ``client`` was in flight on a worker that died or ran out of time.
+        ``proven``: it killed twice or timed out, so identical requests are refused too."""
+        now = time.monotonic()
+        kills = [t for t in self._kills.pop(client, []) if now - t < CLIENT_WINDOW] + [now]
+        self._kills[client] = kills
+        if proven:
+            key = fingerprint(frames)
+            if key is not None:
+                self._requests.pop(key, None)
+                self._requests[key] = now + REQUEST_TTL
+        for table in (self._kills, self._requests):
+            while len(table) > MAX_ENTRIES:
+                table.popitem(last=False)
+
+    def refusal(self, client: bytes, frames: list[Any]) -> str | None:
+        """Why this request is refused, or None. Costs a hash only while anything is held."""
+        now = time.monotonic()
+        kills = [t for t in self._kills.get(client, []) if now - t < CLIENT_WINDOW]
+        if len(kills) >= CLIENT_KILLS:
+            return (f"requests from this connection killed {len(kills)} workers in the last "
+                    f"{CLIENT_WINDOW:g}s; it is refused until that passes")
+        if not kills:
+            self._kills.pop(client, None)
+        if not self._requests:
+            return None
+        key = fingerprint(frames)
+        until = None if key is None else self._requests.get(key)
+        if key is None or until is None:
+            return None
+        if now >= until:
+            del self._requests[key]
+            return None
+        return "an identical request killed workers or ran past --request-timeout; it is refused"

@@ -1,0 +1,489 @@
+"""The supervisor (arbiter): keeps N worker processes alive, obeys signals, watches the weights.
+
+One thread runs one :class:`~workerpool.loop.Loop`. Signal handlers only write to a wakeup
+pipe; the loop calls ``handle_<signal>``. What differs between ``serve`` and ``workers`` is
+the :class:`Role` the supervisor is composed with (the local router with its control socket,
+or the uplink to a remote router); the supervisor itself is never subclassed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Protocol
+
+from ..config.pool import POLLS_PER_HEARTBEAT, PoolConfig, StartupError
+from ..units import format_size
+from ..weights import reload
+from ..worker.spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, STOP_SIGNAL, WorkerSpec
+from .loop import Loop
+from .process import Backoff, Child, Process, describe_exit
+from .ready_line import worker_count
+from .starters import SpawnStarter, Starter, StartOrder
+from .systemd import Notifier
+from .template_starter import TemplateStarter
+
+log = logging.getLogger(__name__)
+
+# The signals the loop handles, SIGCHLD aside (ignored by default, so nothing to hold back).
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU,
+                    STOP_SIGNAL)
+
+
+
+class Requests(Protocol):
+    """The requests a role holds, as shutdown sees them."""
+
+    @property
+    def unfinished(self) -> int: ...
+
+    def stop_accepting(self) -> None: ...
+
+    def fail_all(self, code: str, message: str) -> None: ...
+
+
+class Role(Protocol):
+    """What a supervisor is supervising for: ``serve``'s router or ``workers``' uplink."""
+
+    @property
+    def requests(self) -> Requests | None:
+        """The requests this role holds, drained on shutdown; None when it holds none."""
+
+    @property
+    def leave_timeout(self) -> float:
+        """Seconds stopped workers get to leave before they are killed."""
+
+    @property
+    def stop_patience(self) -> float:
+        """Seconds a worker told to stop while the pool serves on (SIGTTOU, a rolling reload)
+        may take: its request, then its goodbye. Past it the worker is killed."""
+
+    @property
+    def backend(self) -> str:
+        """Where this role's workers connect to their router."""
+
+    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+        """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""
+
+    @property
+    def ready_pipe(self) -> bool:
+        """Whether workers report a built model through a pipe (else the router hears of it)."""
+
+    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
+        """``spec`` with what this role's workers need added."""
+
+    def child_started(self, child: Child) -> None: ...
+
+    def child_exited(self, child: Child, why: str) -> None: ...
+
+    def roll_out(self) -> None:
+        """The watcher accepted a new generation: move the workers to it."""
+
+    def reload_done(self) -> bool:
+        """Whether every worker serves the newest generation."""
+
+    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
+        """The one line printed on stdout once every worker is ready (see ``ready_line.py``)."""
+
+
+class Supervisor:
+    """Spawns, reaps and replaces workers with back-off, scales on TTIN/TTOU, reloads on
+    HUP or a changed file, and shuts down gracefully on TERM/INT."""
+
+    def __init__(self, config: PoolConfig, role: Role) -> None:
+        self.config = config
+        self.role = role
+        self.target = config.workers
+        self.children: dict[int, Child] = {}
+        self.spawn_at: list[float] = []  # monotonic times of delayed (re)starts
+        self.start_failures = Backoff()
+        self.refusals = Backoff()
+        self.announced = False
+        self.notifier = Notifier()
+        self.replacements = 0  # workers that were serving and died, replaced
+        self.reloading = False  # told the service manager RELOADING=1, not yet READY=1 again
+        self.stopping = False
+        self._deferred_signals: list[int] = []
+        self.stop_deadline = 0.0
+        self.kill_deadline: float | None = None
+        self.loop = Loop(idle_timeout=config.heartbeat / POLLS_PER_HEARTBEAT)
+        self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
+        self.watcher: reload.Watcher
+        self._next_watch = 0.0
+        self.surplus = 0  # workers on the way that SIGTTOU asked for one fewer of
+        self.starter: Starter = (
+            TemplateStarter(self._started, self._start_failed, log_level=config.log_level,
+                            model=lambda: self.config.model or self.watcher.current.model,
+                            workers=lambda: set(self.children))
+            if config.start == "fork" else SpawnStarter(self._started))
+
+    def run(self) -> int:
+        raise_fd_limit()
+        try:  # the file and the model, checked once before anything starts
+            self.watcher = reload.Watcher(self.config.path, self.config.model)
+        except reload.WeightsRefused as exc:
+            raise StartupError(str(exc)) from exc
+        self._check_memory_limit()
+        self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
+        with ExitStack() as cleanup:
+            self._defer_signals()
+            self.starter.open(self.loop)  # first: a template is forked before any thread
+            cleanup.callback(self.starter.close)  # in case the role cannot open; else _kill_all
+            self.role.open(self, cleanup)
+            cleanup.callback(self._kill_all)  # runs before the role's own clean-up
+            cleanup.enter_context(self._signals())
+            log.info("starting %s for %s (model %s, %s, %s, %d BLAS thread%s each)",
+                     worker_count(self.target), self.config.path, self.watcher.current.model, self.config.load,
+                     "forked from a template" if self.config.start == "fork" else "spawned",
+                     self.threads_per_worker, "" if self.threads_per_worker == 1 else "s")
+            for _ in range(self.target):
+                self.spawn()
+            self.announce_if_ready()
+            while not self._finished():
+                self.loop.turn()
+        log.info("stopped")
+        return 0
+
+    def _check_memory_limit(self) -> None:
+        """A limit below a private copy of the weights would recycle a worker after every request."""
+        limit, size = self.config.max_worker_memory, self.watcher.current.identity.size
+        if limit is not None and self.config.load == "copy" and limit <= size:
+            raise StartupError(f"--max-worker-memory {format_size(limit)} is below the private copy of "
+                               f"the weights each worker holds with --load copy ({format_size(size)})")
+
+    def _duties(self) -> None:
+        self.notifier.ping()
+        self._spawn_due()
+        self._watch()
+        if self.reloading and not self.stopping and self.role.reload_done():
+            self.reloading = False
+            self.notifier.ready(self._summary())
+        if self.stopping:
+            self._shutdown_step()
+        else:
+            self._kill_overdue()
+
+    def _kill_overdue(self) -> None:
+        """A worker told to stop that is still here long after (its model ignores the stop
+        signal, say) would keep the pool one worker over its target for good."""
+        deadline = time.monotonic() - self.role.stop_patience
+        for child in self.children.values():
+            if child.stopping and child.told_to_stop < deadline:
+                log.warning("worker %d did not leave within %gs of being told to; killing it",
+                            child.pid, self.role.stop_patience)
+                child.told_to_stop = float("inf")  # once: its exit is on the way
+                child.kill()
+
+    def _finished(self) -> bool:
+        return self.stopping and not self.children and self.kill_deadline is not None
+
+    def _kill_all(self) -> None:
+        self.starter.close()  # first, or it could start a worker after the others are gone
+        for child in list(self.children.values()):
+            child.kill()
+            child.reap()
+            child.close_ready_pipe()
+        self.children.clear()
+
+    # Workers.
+
+    def spawn(self) -> None:
+        """Start a worker; when the system refuses (no descriptors, no processes left), try
+        again after a back-off instead of failing the pool."""
+        current = self.watcher.current
+        spec = WorkerSpec(
+            path=self.config.path,
+            backend=self.role.backend,
+            model=self.config.model or current.model,
+            load=self.config.load,
+            generation=current.generation,
+            expect=current.identity.as_list(),
+            heartbeat=self.config.heartbeat,
+            liveness=self.config.liveness,
+            log_level=self.config.log_level,
+            max_memory=self.config.max_worker_memory,
+            parent=os.getpid(),
+            threads=self.threads_per_worker,
+        )
+        order = StartOrder.make(self.role.prepare(spec), ready_pipe=self.role.ready_pipe)
+        try:
+            self.starter.start(order)
+        except OSError as exc:
+            self._start_failed(order, str(exc))
+
+    def _started(self, order: StartOrder, process: Process) -> None:
+        child = order.child(process)
+        self.children[child.pid] = child
+        self.loop.read(child.pidfd, lambda: self._reap(child))
+        log.debug("started worker %d", child.pid)
+        self.role.child_started(child)
+        if self.surplus:
+            self.surplus -= 1
+            self.stop_child(child)
+
+    def _start_failed(self, order: StartOrder, why: str) -> None:
+        order.abandon()
+        if self.stopping:
+            return
+        if self.surplus:  # one fewer was asked for meanwhile: this one need not be retried
+            self.surplus -= 1
+            return
+        delay = self.start_failures.fail()
+        log.error("cannot start a worker: %s; trying again in %.1fs", why, delay)
+        self.spawn_at.append(time.monotonic() + delay)
+
+    def helper_pids(self) -> list[int]:
+        """The pool's processes that are neither the supervisor nor a worker: the template."""
+        template = self.starter.template
+        return [] if template is None else [template.pid]
+
+    def _spawn_due(self) -> None:
+        now = time.monotonic()
+        due = [t for t in self.spawn_at if t <= now]
+        if due and not self.stopping and self.watcher.problem is None:
+            self.spawn_at = [t for t in self.spawn_at if t > now]
+            for _ in due:
+                self.spawn()
+
+    def _reap(self, child: Child) -> None:
+        self.loop.forget(child.pidfd)
+        code = child.reap()
+        del self.children[child.pid]
+        why = describe_exit(code)
+        self.role.child_exited(child, why)
+        if child.stopping or self.stopping:
+            log.info("worker %d stopped (%s)", child.pid, why)
+            return
+        if code == -signal.SIGBUS:
+            log.error("worker %d was killed by SIGBUS: %s was truncated or rewritten in place while "
+                      "mapped; publish new weights by rename (workerpool publish NEW.bpk %s)",
+                      child.pid, self.config.path, self.config.path)
+        self.check_weights("worker exit")
+        coming = len(self.spawn_at) + self.starter.pending
+        if sum(not c.stopping for c in self.children.values()) + coming < self.target:
+            self._replace(child, code, why)
+
+    def _replace(self, child: Child, code: int, why: str) -> None:
+        """Start a replacement for a worker that died: at once, or after a back-off."""
+        if self.watcher.problem is not None:
+            log.warning("worker %d %s; waiting for a valid %s before starting a replacement",
+                        child.pid, why, self.config.path)
+            self.spawn_at.append(time.monotonic())
+        elif code == EXIT_FILE_CHANGED:
+            log.info("worker %d found %s replaced while it started; starting another",
+                     child.pid, self.config.path)
+            self.spawn()
+        elif code == EXIT_RECYCLED:
+            log.info("worker %d recycled (its private memory passed --max-worker-memory); starting "
+                     "a replacement", child.pid)
+            self.spawn()
+        elif code == EXIT_REFUSED:  # the same file would be refused again: back off until it changes
+            delay = self.refusals.fail()
+            log.error("worker %d was refused by the router: its model does not fit; trying again in "
+                      "%.1fs (%d refusals in a row)", child.pid, delay, self.refusals.failures)
+            self.spawn_at.append(time.monotonic() + delay)
+        elif child.ready:
+            log.warning("worker %d %s; starting a replacement", child.pid, why)
+            self.replacements += 1
+            self.spawn()
+        else:
+            delay = self.start_failures.fail()
+            log.error("worker %d %s before it was ready; restarting in %.1fs (%d failed starts in a "
+                      "row)", child.pid, why, delay, self.start_failures.failures)
+            self.spawn_at.append(time.monotonic() + delay)
+
+    def child_ready(self, child: Child) -> None:
+        """A worker built its model and can serve: the start succeeded."""
+        child.ready = True
+        self.start_failures.reset()
+        self.announce_if_ready()
+
+    def announce_if_ready(self) -> None:
+        ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
+        if not self.announced and ready >= self.target:
+            self.announced = True
+            current = self.watcher.current
+            line = self.role.ready_line(self.config.path, format_size(current.identity.size),
+                                        current.model, self.target)
+            print(line, flush=True)
+            self.notifier.ready(self._summary())
+
+    def _summary(self) -> str:
+        """One line for the service manager's status."""
+        current = self.watcher.current
+        ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
+        return f"serving {current.model} generation {current.generation} with {worker_count(ready)}"
+
+    def stop_child(self, child: Child) -> None:
+        child.terminate()
+
+    # Weights.
+
+    def _watch(self) -> None:
+        interval = self.config.watch_interval
+        now = time.monotonic()
+        if interval is not None and now >= self._next_watch and not self.stopping:
+            self._next_watch = now + interval
+            self.check_weights("watch")
+
+    def check_weights(self, trigger: str) -> str:
+        """Look at the served path; start moving the pool to a new, valid generation."""
+        outcome = self.watcher.check(trigger)
+        if outcome == "new":
+            self.refusals.reset()
+            self.reloading = True
+            self.notifier.reloading(f"moving to generation {self.watcher.current.generation}")
+            self.role.roll_out()
+        return outcome
+
+    # Signals: the handler only wakes the loop, which calls handle_<name>.
+
+    def _defer_signals(self) -> None:
+        """Until the loop takes signals, they are noted and handled once it does. Ctrl-C raised
+        at once could land in the template's fork, where Python prints the exception and drops
+        it; SIGHUP, SIGTTIN and SIGTTOU would kill or stop the supervisor mid-start."""
+        for signum in DEFERRED_SIGNALS:
+            signal.signal(signum, lambda signum, _: self._deferred_signals.append(signum))
+
+    def _signals(self) -> ExitStack:
+        wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_r, False)
+        os.set_blocking(wakeup_w, False)
+        signal.set_wakeup_fd(wakeup_w)
+        handlers: dict[int, Callable[[], None]] = {
+            signal.SIGTERM: self.handle_term,
+            signal.SIGINT: self.handle_int,
+            signal.SIGHUP: self.handle_hup,
+            signal.SIGTTIN: self.handle_ttin,
+            signal.SIGTTOU: self.handle_ttou,
+            signal.SIGCHLD: self.handle_chld,
+            STOP_SIGNAL: self.handle_usr1,
+        }
+        for signum in handlers:
+            signal.signal(signum, lambda *_: None)
+        os.write(wakeup_w, bytes(self._deferred_signals))  # handled as soon as the loop turns
+
+        def on_signals() -> None:
+            self._dispatch_signals(handlers, os.read(wakeup_r, 256))
+
+        self.loop.read(wakeup_r, on_signals)
+        restore = ExitStack()
+        restore.callback(os.close, wakeup_w)
+        restore.callback(os.close, wakeup_r)
+        for signum in handlers:
+            restore.callback(signal.signal, signum, signal.SIG_DFL)
+        restore.callback(signal.set_wakeup_fd, -1)
+        return restore
+
+    def _dispatch_signals(self, handlers: dict[int, Callable[[], None]], signums: bytes) -> None:
+        for signum in signums:
+            handler = handlers.get(signum)
+            if handler is not None:
+                handler()
+
+    def handle_term(self) -> None:
+        self._stop_requested("SIGTERM")
+
+    def handle_int(self) -> None:
+        self._stop_requested("SIGINT")
+
+    def handle_ttin(self) -> None:
+        if self.stopping:
+            return
+        self.target += 1
+        log.info("SIGTTIN: adding a worker (now %d)", self.target)
+        if self.surplus:  # a worker on its way was to be stopped: keep it instead
+            self.surplus -= 1
+        else:
+            self.spawn()
+
+    def handle_ttou(self) -> None:
+        if self.stopping:
+            return
+        if self.target <= 1:
+            log.info("SIGTTOU ignored: keeping the last worker")
+            return
+        self.target -= 1
+        log.info("SIGTTOU: removing a worker (now %d)", self.target)
+        if self.spawn_at:
+            self.spawn_at.pop()
+            return
+        candidates = [c for c in self.children.values() if not c.stopping]
+        if candidates:
+            self.stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
+        elif self.starter.pending > self.surplus:  # all on their way: the next to arrive is stopped
+            self.surplus += 1
+
+    def handle_usr1(self) -> None:
+        log.info("%s ignored: it is the signal that tells a worker, not the supervisor, to leave "
+                 "(to remove a worker, send SIGTTOU)", STOP_SIGNAL.name)
+
+    def handle_chld(self) -> None:
+        """A child exited: workers are reaped through their pidfds; this reaps the others."""
+        self.starter.collect_strays()
+
+    def handle_hup(self) -> None:
+        if self.stopping:
+            return
+        if self.check_weights("SIGHUP") == "unchanged":
+            log.info("SIGHUP: %s is unchanged; generation %d keeps serving",
+                     self.config.path, self.watcher.current.generation)
+
+    # Shutdown.
+
+    def _stop_requested(self, name: str) -> None:
+        """The first TERM/INT drains gracefully; a second one stops without waiting."""
+        if self.stopping:
+            log.warning("%s again: stopping now", name)
+            self.stop_deadline = 0.0
+        else:
+            self._begin_shutdown(name)
+
+    def _begin_shutdown(self, reason: str) -> None:
+        self.stopping = True
+        self.notifier.stopping(f"{reason}: draining")
+        requests = self.role.requests
+        if requests is not None:
+            requests.stop_accepting()
+        self.spawn_at.clear()
+        self.starter.close()
+        self.stop_deadline = time.monotonic() + self.config.graceful_timeout
+        log.info("%s: finishing %d unfinished requests (up to %gs), then stopping",
+                 reason, self._unfinished(), self.config.graceful_timeout)
+
+    def _unfinished(self) -> int:
+        return 0 if self.role.requests is None else self.role.requests.unfinished
+
+    def _shutdown_step(self) -> None:
+        now = time.monotonic()
+        if self.kill_deadline is None:
+            unfinished = self._unfinished()
+            if unfinished and now < self.stop_deadline:
+                return
+            if unfinished and self.role.requests is not None:
+                log.warning("graceful timeout: failing %d unfinished requests", unfinished)
+                self.role.requests.fail_all("shutting_down",
+                                            "the server stopped before the request finished")
+            for child in list(self.children.values()):
+                self.stop_child(child)
+            self.kill_deadline = now + self.role.leave_timeout
+        elif now >= self.kill_deadline:
+            for child in self.children.values():
+                log.warning("worker %d did not stop in %gs; killing it", child.pid,
+                            self.role.leave_timeout)
+                child.kill()
+            self.kill_deadline = float("inf")
+
+
+def raise_fd_limit() -> None:
+    """Let the pool use every descriptor the hard limit allows: each client connection, worker
+    and pidfd costs some, and running out must not be what stops it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.debug("raised the open file limit from %d to %d", soft, hard)

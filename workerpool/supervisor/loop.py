@@ -1,0 +1,82 @@
+"""The supervisor's event loop: one poll over sockets and file descriptors, plus duties.
+
+Everything a pool reacts to (a request, a worker's message, a dead child's pidfd, a signal
+through the wakeup pipe, a control command) is a readable source with a handler, so events are
+handled one at a time, in order, without locks. Time-driven work (deadlines, heartbeats,
+watching the weight file) runs as duties between polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ..units import MS_PER_SECOND
+
+log = logging.getLogger(__name__)
+
+DUTY_INTERVAL = 0.01  # seconds between runs of the duties while anything is urgent
+
+
+class Loop:
+    """Dispatches readable sources to their handlers and runs duties at most every
+    ``DUTY_INTERVAL``; sleeps up to ``idle_timeout`` seconds when nothing is urgent."""
+
+    def __init__(self, idle_timeout: float) -> None:
+        self.idle_timeout = idle_timeout
+        self._poller = zmq.Poller()
+        self._readers: dict[Any, Callable[[], None]] = {}
+        self._duties: list[Callable[[], None]] = []
+        self._urgent: list[Callable[[], bool]] = []
+        self._due: list[Callable[[], float | None]] = []
+        self._next_duties = 0.0
+
+    def read(self, source: Any, handler: Callable[[], None]) -> None:
+        """Call ``handler`` whenever ``source`` (a socket or a file descriptor) is readable."""
+        self._readers[source] = handler
+        self._poller.register(source, zmq.POLLIN)
+
+    def forget(self, source: Any) -> None:
+        if self._readers.pop(source, None) is not None:
+            self._poller.unregister(source)
+
+    def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None,
+                   due: Callable[[], float | None] | None = None) -> None:
+        """Run ``duty`` between polls; while ``urgent()`` is true, poll at the duty interval;
+        also run it at the monotonic time ``due()`` returns, to the millisecond."""
+        self._duties.append(duty)
+        if urgent is not None:
+            self._urgent.append(urgent)
+        if due is not None:
+            self._due.append(due)
+
+    def turn(self) -> None:
+        """Wait for events, handle them, then run the duties if they are due."""
+        urgent = any(check() for check in self._urgent)
+        timeout = 2 * DUTY_INTERVAL if urgent else self.idle_timeout
+        due = min((at for at in (check() for check in self._due) if at is not None), default=None)
+        if due is not None:
+            timeout = max(0.0, min(timeout, due - time.monotonic()))
+        for source, _ in self._poller.poll(math.ceil(timeout * MS_PER_SECOND)):
+            handler = self._readers.get(source)
+            if handler is not None:
+                _survive(handler)
+        now = time.monotonic()
+        if now >= self._next_duties or (due is not None and now >= due):
+            self._next_duties = now + DUTY_INTERVAL
+            for duty in self._duties:
+                _survive(duty)
+
+
+def _survive(call: Callable[[], None]) -> None:
+    """Run one handler; a system call that fails (out of descriptors or memory for sockets, a
+    peer gone mid-call) is logged and the loop goes on: the next event may go better."""
+    try:
+        call()
+    except (OSError, zmq.ZMQError) as exc:
+        log.error("%s failed: %s; carrying on", getattr(call, "__qualname__", call), exc)

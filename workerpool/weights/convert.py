@@ -1,0 +1,279 @@
+"""``workerpool convert``: weights from the Python world into one Burnpack file.
+
+Sources are ``.safetensors`` files (read tensor by tensor with the safetensors library's numpy
+API), ``.npz`` archives (read without pickle), or a Hugging Face model folder: its
+``*.safetensors`` files, with ``config.json``, ``tokenizer.json`` and the sentence-transformers
+maximum sequence length carried in the metadata, so that weights and tokenizer are one file
+that a reload swaps at once. Names, dtypes and shapes are kept as they are; each tensor is
+read only when the writer reaches it, so a file larger than memory converts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import burnpack
+from ..burnpack import dtypes
+from ..models.base import MODEL_KEY
+from ..models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
+from ..models.bert import NAME as BERT
+from . import npy
+
+# safetensors' dtype names and the Burn dtype each is stored as.
+SAFETENSORS_DTYPES = {
+    "F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16",
+    "I64": "I64", "I32": "I32", "I16": "I16", "I8": "I8",
+    "U64": "U64", "U32": "U32", "U16": "U16", "U8": "U8", "BOOL": "Bool(Native)",
+}
+SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024  # the safetensors library's own limit
+# What reading a damaged .npz raises: a bad CRC, a cut stream, an impossible size.
+_NPZ_ERRORS = (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error)
+
+
+class ConvertError(Exception):
+    """A source that cannot be converted; the message is one line naming the file."""
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What was written: the tensors' count and bytes, the model named, the metadata keys."""
+
+    tensors: int
+    nbytes: int
+    model: str | None
+    metadata: list[str]
+
+
+def convert(source: str, destination: str, *, model: str | None = None,
+            metadata: dict[str, str] | None = None, include: Sequence[str] = (),
+            exclude: Sequence[str] = ()) -> Converted:
+    """Write ``source``'s tensors (those ``include`` globs match, if any, and no ``exclude``
+    glob does) to ``destination``, atomically."""
+    if not os.path.exists(source):
+        raise ConvertError(f"{source}: no such file or folder")
+    folder = os.path.isdir(source)
+    files = _weight_files(source) if folder else [source]
+    meta = _folder_metadata(source) if folder else {}
+    meta.update(metadata or {})
+    if model is not None:
+        meta[MODEL_KEY] = model
+    with ExitStack() as stack:
+        tensors = [(name, tensor) for path in files for name, tensor in _read(path, stack)
+                   if _chosen(name, include, exclude)]
+        names = [name for name, _ in tensors]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ConvertError(f"{source}: tensor {duplicates[0]} appears in more than one file")
+        if not tensors:
+            raise ConvertError(f"{source}: no tensor left to write (check --include and --exclude)")
+        try:
+            burnpack.write(destination, tensors, metadata=meta)
+        except burnpack.BurnpackError as exc:
+            raise ConvertError(str(exc)) from exc
+    nbytes = sum(_nbytes(tensor) for _, tensor in tensors)
+    return Converted(len(tensors), nbytes, meta.get(MODEL_KEY), sorted(meta))
+
+
+def _chosen(name: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
+    if include and not any(fnmatch.fnmatchcase(name, glob) for glob in include):
+        return False
+    return not any(fnmatch.fnmatchcase(name, glob) for glob in exclude)
+
+
+def _nbytes(tensor: burnpack.Deferred) -> int:
+    itemsize = tensor.dtype.itemsize if isinstance(tensor.dtype, dtypes.DType) else np.dtype(tensor.dtype).itemsize
+    return int(np.prod(tensor.shape, dtype=np.int64)) * (itemsize or 1)
+
+
+# Hugging Face folders.
+
+
+def _weight_files(folder: str) -> list[str]:
+    found = sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
+    if not found:
+        raise ConvertError(f"{folder}: no .safetensors file in this folder")
+    return [os.path.join(folder, name) for name in found]
+
+
+def _folder_metadata(folder: str) -> dict[str, str]:
+    """``config.json`` and ``tokenizer.json`` as they are, the maximum sequence length, and
+    the built-in model a BERT config names."""
+    meta: dict[str, str] = {}
+    config = _json_file(folder, "config.json")
+    if config is None:
+        raise ConvertError(f"{folder}: a model folder needs its config.json")
+    meta[CONFIG_KEY] = json.dumps(config)
+    tokenizer = os.path.join(folder, "tokenizer.json")
+    if os.path.exists(tokenizer):
+        meta[TOKENIZER_KEY] = _text(tokenizer)
+    length = _max_length(folder, config)
+    if length is not None:
+        meta[MAX_LENGTH_KEY] = str(length)
+    if config.get("model_type") == "bert":
+        meta[MODEL_KEY] = BERT
+    return meta
+
+
+def _max_length(folder: str, config: dict[str, Any]) -> int | None:
+    """The sequence length the model is used with: sentence-transformers' ``max_seq_length``,
+    else the tokenizer's ``model_max_length``, at most the model's position embeddings."""
+    wanted = None
+    for name, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):
+        settings = _json_file(folder, name) or {}
+        if type(settings.get(key)) is int and settings[key] > 0:
+            wanted = settings[key]
+            break
+    positions = config.get("max_position_embeddings")
+    if type(positions) is int and positions > 0:
+        wanted = positions if wanted is None else min(wanted, positions)
+    return wanted
+
+
+def _json_file(folder: str, name: str) -> dict[str, Any] | None:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    try:
+        value = json.loads(_text(path))
+    except ValueError as exc:
+        raise ConvertError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    return value
+
+
+def _text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConvertError(f"{path}: cannot read: {exc}") from exc
+
+
+# Tensor files.
+
+
+def _read(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]]:
+    if path.endswith(".safetensors"):
+        return _read_safetensors(path, stack)
+    if path.endswith(".npz"):
+        return _read_npz(path, stack)
+    raise ConvertError(f"{path}: not a .safetensors file, an .npz archive or a model folder")
+
+
+def _read_safetensors(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]]:
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise ConvertError(f"{path}: reading .safetensors needs the safetensors package "
+                           "(pip install safetensors)") from None
+
+    try:
+        handle = stack.enter_context(safe_open(path, framework="np"))
+        names = list(handle.keys())
+        shapes = {name: handle.get_slice(name) for name in names}
+    except (OSError, SafetensorError) as exc:
+        raise ConvertError(f"{path}: cannot read as safetensors: {_one_line(exc)}") from exc
+    raw: dict[str, Any] | None = None
+    for name in names:
+        kind, shape = shapes[name].get_dtype(), tuple(shapes[name].get_shape())
+        burn = SAFETENSORS_DTYPES.get(kind)
+        if burn is None:
+            raise ConvertError(f"{path}: tensor {name} has dtype {kind}, which Burnpack cannot "
+                               f"store (supported: {', '.join(SAFETENSORS_DTYPES)})")
+        if kind == "BF16":  # numpy has no bfloat16: its bits, as Burnpack stores them
+            raw = raw if raw is not None else _safetensors_offsets(path)
+            load = _byte_range(path, raw, name, shape)
+            yield name, burnpack.Deferred(dtypes.BY_NAME["BF16"], shape, load)
+        else:
+            yield name, burnpack.Deferred(dtypes.BY_NAME[burn].numpy, shape,
+                                          _tensor_of(handle, path, name))
+
+
+def _tensor_of(handle: Any, path: str, name: str) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        try:
+            return np.asarray(handle.get_tensor(name))
+        except Exception as exc:
+            raise ConvertError(f"{path}: cannot read tensor {name}: {_one_line(exc)}") from exc
+    return load
+
+
+def _safetensors_offsets(path: str) -> dict[str, Any]:
+    """The header of a safetensors file (8-byte length, then JSON): where each tensor's bytes
+    are, which the numpy API does not say; only needed for BF16, which it cannot read."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length > SAFETENSORS_HEADER_MAX:
+            raise ConvertError(f"{path}: safetensors header of {length} bytes is too large")
+        header = json.loads(f.read(length))
+    return {"start": 8 + length, "tensors": header}
+
+
+def _byte_range(path: str, raw: dict[str, Any], name: str, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        begin, end = raw["tensors"][name]["data_offsets"]
+        count = int(np.prod(shape, dtype=np.int64))
+        if end - begin != 2 * count:
+            raise ConvertError(f"{path}: tensor {name} holds {end - begin} bytes, not {2 * count}")
+        with open(path, "rb") as f:
+            f.seek(raw["start"] + begin)
+            data = np.fromfile(f, dtype="<u2", count=count)
+        if data.size != count:
+            raise ConvertError(f"{path}: tensor {name} is cut short")
+        return data.reshape(shape)
+    return load
+
+
+def _read_npz(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]]:
+    try:
+        archive = stack.enter_context(np.load(path, allow_pickle=False))
+    except _NPZ_ERRORS as exc:
+        raise ConvertError(f"{path}: cannot read as .npz: {_one_line(exc)}") from exc
+    for name in archive.files:
+        header, data = _npy_header(path, archive, name)
+        dtype, shape = header.dtype, header.shape
+        try:
+            dtypes.from_numpy(dtype)
+        except burnpack.BurnpackError:
+            raise ConvertError(f"{path}: array {name} has dtype {dtype}, which Burnpack cannot "
+                               "store") from None
+        if header.nbytes != data:  # checked before reading, which would allocate what the header says
+            raise ConvertError(f"{path}: array {name}: its header says {dtype} {list(shape)} "
+                               f"({header.nbytes} bytes), the archive holds {data}")
+        yield name, burnpack.Deferred(dtype.newbyteorder("<"), shape, _member(archive, path, name))
+
+
+def _npy_header(path: str, archive: Any, name: str) -> tuple[npy.NpyHeader, int]:
+    """An array's .npy header, and the bytes of data the member holds, without reading its data."""
+    try:
+        with archive.zip.open(f"{name}.npy") as member:
+            header = npy.read_header(member)
+            data = archive.zip.getinfo(f"{name}.npy").file_size - member.tell()
+    except (*_NPZ_ERRORS, KeyError) as exc:
+        raise ConvertError(f"{path}: array {name}: {_one_line(exc)}") from exc
+    return header, data
+
+
+def _member(archive: Any, path: str, name: str) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        try:
+            return np.ascontiguousarray(archive[name])
+        except _NPZ_ERRORS as exc:
+            raise ConvertError(f"{path}: array {name}: {_one_line(exc)}") from exc
+    return load
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,78 @@
+"""Deploy new weights safely: validate, copy beside the served file, rename over it.
+
+A server watching the destination sees a new inode and reloads; processes that still map the
+old file keep its pages until they let go, so nobody reads a half-written file.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+
+from .. import burnpack, models
+from ..atomic import replace_atomically
+from ..control import client as control
+from ..units import MiB
+
+COPY_CHUNK = 16 * MiB
+CHECK_TIMEOUT = 60.0  # seconds for the server to build its model on the copy
+
+
+class PublishError(Exception):
+    """SRC was refused or could not be copied; DEST is untouched."""
+
+
+def publish(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    *,
+    control_endpoint: str | None = None,
+    model: str | None = None,
+) -> burnpack.FileIdentity:
+    """Validate ``source``, then atomically make ``destination`` a copy of it.
+
+    The model check is the running server's when ``control_endpoint`` is given (it builds its
+    own model on the copy beside ``destination``, the only place it looks, before the rename);
+    otherwise ``model`` (or the file's own choice) is built here.
+    """
+    source, destination = os.fspath(source), os.fspath(destination)
+    same = _published_as(source, destination)
+    if same:  # a rename would only make a server start a generation of the weights it serves
+        raise PublishError(f"{source} is already published as {destination} ({same}): "
+                           "nothing renamed")
+    try:
+        pack = burnpack.read(source)
+        if control_endpoint is None:
+            models.build_model(pack.tensors, pack.metadata, model)
+    except (burnpack.BurnpackError, models.ModelError) as exc:
+        raise PublishError(str(exc)) from exc
+    del pack
+    try:
+        with open(source, "rb") as src, replace_atomically(destination) as dst:
+            shutil.copyfileobj(src, dst, COPY_CHUNK)
+            if control_endpoint is not None:
+                dst.flush()
+                _server_check(control_endpoint, source, dst.name)
+    except OSError as exc:
+        raise PublishError(f"cannot publish {source} to {destination}: {exc.strerror or exc}") from exc
+    return burnpack.FileIdentity.of(os.stat(destination))
+
+
+def _published_as(source: str, destination: str) -> str | None:
+    """How ``destination`` already is ``source`` (the same file, or the same bytes), or None."""
+    try:
+        if os.path.samefile(source, destination):
+            return "the same file"
+        return "the same content" if filecmp.cmp(source, destination, shallow=False) else None
+    except OSError:  # no destination yet, say; a source that cannot be read is refused later
+        return None
+
+
+def _server_check(control_endpoint: str, source: str, copy: str) -> None:
+    try:
+        control.call(control_endpoint, "check", path=os.path.abspath(copy), timeout=CHECK_TIMEOUT)
+    except control.Unanswered as exc:
+        raise PublishError(f"{source}: cannot ask the running server to check it: {exc}") from exc
+    except control.ControlError as exc:
+        raise PublishError(f"{source}: the running server refuses it: {exc}") from exc

@@ -1,0 +1,110 @@
+"""Which weights the pool should serve: the served file's identity, validation of new versions.
+
+A new version is published by renaming a complete file over the served path, which gives it a
+new inode. The supervisor polls the path's identity; a change is validated (the file in full,
+and the served model built on it with the same input and output) before any worker sees it.
+Only then does it become the next generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import burnpack, models
+from ..config.pool import DEFAULT_LOAD
+from ..models.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+class WeightsRefused(Exception):
+    """A weight file is malformed or does not fit the served model."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A validated weight file: what the workers of one generation map."""
+
+    generation: int
+    identity: burnpack.FileIdentity
+    model: str
+    signature: dict[str, Any]
+
+
+def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
+    """Read the file and build the model on it, as a worker will; return the model's name, the
+    file's identity and the model's signature. Reads no tensor data beyond what building the
+    model reads, and keeps nothing mapped."""
+    try:
+        loaded = LoadedModel(path, model, DEFAULT_LOAD)
+    except (burnpack.BurnpackError, models.ModelError) as exc:
+        raise WeightsRefused(str(exc)) from exc
+    return loaded.name, loaded.pack.identity, loaded.contract.info()
+
+
+class Watcher:
+    """Tracks the served file and decides when its content is a new, valid generation."""
+
+    def __init__(self, path: str, model: str | None) -> None:
+        self.path = path
+        name, identity, signature = validate(path, model)
+        self.current = Weights(1, identity, name, signature)
+        self.seen: burnpack.FileIdentity | None = identity
+        self.problem: str | None = None
+        self.last_reload: dict[str, Any] | None = None
+        self.outcomes = {"accepted": 0, "refused": 0}  # new weights taken or refused, so far
+
+    def check(self, trigger: str) -> str:
+        """Look at the path now: ``unchanged``, ``refused`` or ``new`` (then ``current`` moved on)."""
+        try:
+            identity = burnpack.FileIdentity.of(os.stat(self.path))
+        except OSError as exc:
+            self.seen = None  # whatever comes back is looked at afresh
+            if self.problem is None:
+                self.problem = f"cannot stat {self.path}: {exc.strerror}"
+                log.warning("%s; generation %d keeps serving", self.problem, self.current.generation)
+            return "unchanged" if trigger == "watch" else self._refuse(trigger, self.problem)
+        if identity == self.seen:
+            if self.problem is not None and trigger != "watch":
+                return self._refuse(trigger, self.problem)
+            return "unchanged"
+        self.seen = identity
+        if identity == self.current.identity:
+            self.problem = None
+            return "unchanged"
+        same_inode = (identity.device, identity.inode) == (self.current.identity.device,
+                                                           self.current.identity.inode)
+        if same_inode:
+            log.warning("%s was modified in place (same inode, size %d -> %d): workers mapping it may "
+                        "crash with SIGBUS; publish new weights by rename (workerpool publish NEW.bpk %s)",
+                        self.path, self.current.identity.size, identity.size, self.path)
+        try:
+            name, validated, signature = validate(self.path, self.current.model)
+        except WeightsRefused as exc:
+            self.problem = str(exc)
+            return self._refuse(trigger, self.problem)
+        if validated != identity:  # replaced again while we read it: look again next time
+            self.seen = validated
+        mismatch = models.signature_mismatch(self.current.signature, signature)
+        if mismatch:
+            self.problem = f"{self.path}: model {name} does not fit generation {self.current.generation}: {mismatch}"
+            return self._refuse(trigger, self.problem)
+        self.problem = None
+        self.current = Weights(self.current.generation + 1, validated, name, signature)
+        self.outcomes["accepted"] += 1
+        self.last_reload = {"time": time.time(), "trigger": trigger, "result": "ok",
+                            "generation": self.current.generation, "reason": None}
+        log.info("new weights in %s (inode %d, %d bytes): generation %d; switching workers one at a time",
+                 self.path, validated.inode, validated.size, self.current.generation)
+        return "new"
+
+    def _refuse(self, trigger: str, reason: str) -> str:
+        self.outcomes["refused"] += 1
+        self.last_reload = {"time": time.time(), "trigger": trigger, "result": "refused",
+                            "generation": self.current.generation, "reason": reason}
+        log.error("refused new weights: %s; generation %d keeps serving", reason, self.current.generation)
+        return "refused"

@@ -1,0 +1,469 @@
+"""A worker process: maps the weights itself, builds the model on the views, serves requests.
+
+The router gives a worker one request, or a batch of compatible ones, at a time and runs it
+inline: no thread hand-off on the hot path. A batch is validated request by request, stacked
+into one forward pass and answered request by request, in the order it came. While the model
+runs, libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker
+is never mistaken for a dead one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import numpy as np
+import zmq
+from threadpoolctl import ThreadpoolController
+
+from .. import burnpack, linux, models, security
+from ..config.pool import POLLS_PER_HEARTBEAT
+from ..logs import setup_logging
+from ..models.loaded import LoadedModel
+from ..protocol import messages as protocol
+from ..protocol.transport import NOBLOCK, send_parts, transport_heartbeats
+from ..units import MS_PER_SECOND, KiB, format_size
+from .spec import (
+    CONTROL_SIGNALS,
+    EXIT_FILE_CHANGED,
+    EXIT_LOAD_FAILED,
+    EXIT_RECYCLED,
+    EXIT_REFUSED,
+    STOP_SIGNAL,
+    TOKEN_ENV,
+    WorkerSpec,
+)
+
+log = logging.getLogger(__name__)
+
+BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
+BATCH_STRIDES = (b"2", b"3")  # frames per request in a BATCH: client, header, then its one array
+
+
+def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
+    """Run one request; every failure becomes an error reply, never an exception: no message,
+    and nothing the model raises or returns, takes the worker down."""
+    reply = _Replies(loaded.generation)
+    try:
+        message = protocol.decode_request(frames)
+    except protocol.ProtocolError as exc:
+        return reply.error(exc.request_id, "bad_request", str(exc))
+    except Exception as exc:  # out of memory while decoding, say: the worker stays
+        log.exception("request could not be decoded")
+        return reply.error(None, "internal", _one_line(exc))
+    if message.header["method"] == protocol.METHOD_INFO:
+        return reply.ok(message.id, None, info=loaded.describe())
+    return _infer(loaded, message, reply)
+
+
+def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> list[tuple[bool, list[Any]]]:
+    """Answer each request of a batch as :func:`handle_request` would, the ones that decode
+    as ``infer`` requests run as one forward pass."""
+    answers: list[tuple[bool, list[Any]] | None] = [None] * len(requests)
+    runnable: list[tuple[int, protocol.Message]] = []
+    reply = _Replies(loaded.generation)
+    for index, frames in enumerate(requests):
+        try:
+            message = protocol.decode_request(frames)
+        except Exception:  # noqa: BLE001 - handle_request answers it alone, as any request
+            answers[index] = handle_request(loaded, frames)
+            continue
+        if message.header["method"] == protocol.METHOD_INFER:
+            runnable.append((index, message))
+        else:
+            answers[index] = handle_request(loaded, frames)
+    outcomes = loaded.infer_batch([message.payload() for _, message in runnable])
+    for (index, message), outcome in zip(runnable, outcomes, strict=True):
+        answers[index] = _answer(loaded, message.id, reply, outcome)
+    assert all(answer is not None for answer in answers)
+    return cast(list[tuple[bool, list[Any]]], answers)
+
+
+def _infer(
+    loaded: LoadedModel, message: protocol.Message, reply: _Replies
+) -> tuple[bool, list[Any]]:
+    """Run the model on a decoded request: input and output checked, whatever it raises caught."""
+    return _answer(loaded, message.id, reply, loaded.outcome(message.payload()))
+
+
+def _answer(loaded: LoadedModel, request_id: Any, reply: _Replies, outcome: Any) -> tuple[bool, list[Any]]:
+    """The reply for what the model returned or raised (see :meth:`LoadedModel.outcome`)."""
+    if isinstance(outcome, models.ModelInputError):
+        return reply.error(request_id, "bad_request", str(outcome))
+    if isinstance(outcome, models.ModelOutputError):
+        return reply.error(request_id, "internal", _misfit(loaded, str(outcome)))
+    if isinstance(outcome, BaseException):
+        return reply.error(request_id, "internal", _model_failed(request_id, outcome))
+    try:
+        return reply.ok(request_id, outcome)
+    except protocol.ProtocolError as exc:  # an undeclared output that cannot cross the wire
+        problem = f"model {loaded.name}'s output cannot be sent: {exc}"
+        return reply.error(request_id, "internal", _misfit(loaded, problem))
+
+
+class _Replies:
+    """Replies that name this worker and the generation it serves."""
+
+    def __init__(self, generation: int) -> None:
+        self.pid, self.generation = os.getpid(), generation
+
+    def ok(self, request_id: Any, outputs: Any, **extra: Any) -> tuple[bool, list[Any]]:
+        return True, protocol.encode_reply(
+            request_id, outputs, worker_pid=self.pid, generation=self.generation, **extra
+        )
+
+    def error(self, request_id: Any, code: str, message: str) -> tuple[bool, list[Any]]:
+        return False, protocol.encode_error(
+            request_id, code, message, worker_pid=self.pid, generation=self.generation
+        )
+
+
+def _misfit(loaded: LoadedModel, problem: str) -> str:
+    """Log, once per model in this worker, that it broke what it declares; the reply's message."""
+    if not loaded.misfit_logged:
+        loaded.misfit_logged = True
+        log.error("worker %d: %s; every such request is answered 'internal' (logged once)",
+                  os.getpid(), problem)
+    return problem
+
+
+def _model_failed(request_id: Any, exc: BaseException) -> str:
+    """Log what the model raised (with its traceback); the reply's message.
+
+    A MemoryError's traceback holds the frames, and so the buffers, of the call that failed:
+    it is dropped first, so that logging has memory to work with.
+    """
+    if isinstance(exc, MemoryError):
+        exc.__traceback__ = None
+        log.error("request %r failed: %s", request_id, _one_line(exc), extra={"request_id": request_id})
+    else:
+        log.error("request %r failed", request_id, exc_info=exc, extra={"request_id": request_id})
+    return _one_line(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Worker:
+    """One worker's life: load, connect, register, serve requests and reloads, leave."""
+
+    def __init__(self, spec: WorkerSpec, parent: int) -> None:
+        self.spec = spec
+        self.token = os.environ.pop(TOKEN_ENV, None)  # proves to the router that our supervisor started us
+        self.parent = parent  # the supervisor: once it is gone, so is this worker
+        self.identity = f"{socket.gethostname()}/{os.getpid()}".encode()
+        self.stopping = False
+        self.reregister = False
+        self.router_missing = False
+        self.leaving = False  # said or about to say BYE
+        self.exit_code = 0
+        self.memory: MemoryBound | None = None
+
+    def run(self) -> int:
+        spec = self.spec
+        if spec.threads is not None:  # before the model is built: it may run BLAS already
+            self.threads = thread_pools().limit(limits=spec.threads)
+        self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation)
+        if spec.expect and self.loaded.pack.identity.as_list() != spec.expect:
+            log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
+                        os.getpid(), spec.path)
+            return EXIT_FILE_CHANGED
+        log.debug("mapped %s and built model %s", spec.path, self.loaded.name)
+        if spec.ready_fd is not None:  # tell a worker host's supervisor: loaded, now connecting
+            try:
+                os.write(spec.ready_fd, b"ready")
+            except BrokenPipeError:  # it gave up on this start and asked for another worker
+                log.warning("worker %d: the supervisor no longer waits for this worker; exiting",
+                            os.getpid())
+                return 1
+            finally:
+                os.close(spec.ready_fd)
+        context = zmq.Context()
+        router = context.socket(zmq.DEALER)
+        router.setsockopt(zmq.IDENTITY, self.identity)
+        router.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues up for a router that is not there
+        transport_heartbeats(router, spec.heartbeat, spec.liveness)
+        if spec.curve_key and spec.curve_server_key:
+            security.ClientKeys(spec.curve_key, spec.curve_server_key).apply(router)
+        router.connect(spec.backend)
+        wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_w, False)
+        signal.set_wakeup_fd(wakeup_w)
+        signal.signal(STOP_SIGNAL, lambda *_: None)
+        if spec.max_memory is not None:  # last: sockets and their threads are in the baseline
+            self.memory = MemoryBound(spec.max_memory)
+        try:
+            return self._loop(router, wakeup_r)
+        finally:
+            router.close(linger=1000)
+            context.term()
+
+    def _register(self, router: zmq.Socket) -> bool:
+        """Say READY (with what this worker serves); False while no router is connected."""
+        ready = {"pid": os.getpid(), "host": socket.gethostname(), "local": not self.spec.remote,
+                 "token": self.token, **self.loaded.describe()}
+        return _send_now(router, [protocol.READY, json.dumps(ready).encode()])
+
+    def _loop(self, router: zmq.Socket, wakeup: int) -> int:
+        interval = self.spec.heartbeat
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(wakeup, zmq.POLLIN)
+        patience = interval * self.spec.liveness
+        router_seen = last_beat = time.monotonic()
+        leave_by: float | None = None
+        registered = self._register(router)
+        watching = zmq.POLLIN
+        while True:
+            # Until registered, also wake when the connection completes (IMMEDIATE holds the
+            # READY back until then), not a poll interval later.
+            wanted = zmq.POLLIN if registered else zmq.POLLIN | zmq.POLLOUT
+            if wanted != watching:
+                poller.modify(router, wanted)
+                watching = wanted
+            events = dict(poller.poll(int(interval * MS_PER_SECOND / POLLS_PER_HEARTBEAT)))
+            now = time.monotonic()
+            if events.get(router, 0) & zmq.POLLIN:
+                router_seen = now
+                if self._on_router(router, router.recv_multipart(copy=False)):
+                    last_beat = time.monotonic()
+            if self.reregister:
+                self.reregister = False
+                registered = False
+            if not registered:
+                registered = self._register(router)
+            if events.get(wakeup):
+                os.read(wakeup, 64)
+                self._leave(0, f"asked to stop ({STOP_SIGNAL.name})")
+            if self.leaving and leave_by is None:
+                # Say goodbye and wait for the router's STOP: a request it sent meanwhile is
+                # still answered, so leaving loses nothing. No router connected: just go.
+                leave_by = now + patience
+                if not _send_now(router, [protocol.BYE]):
+                    return self.exit_code
+            if self.stopping or (leave_by is not None and (now >= leave_by or not registered)):
+                return self.exit_code
+            if now - last_beat >= interval:
+                _send_now(router, [protocol.HEARTBEAT])
+                last_beat = now
+            if os.getppid() != self.parent:
+                log.warning("worker %d: supervisor is gone, exiting", os.getpid())
+                return 1
+            if now - router_seen > patience:
+                if not self.spec.remote:
+                    log.warning("worker %d: no heartbeat from the router for %.1fs, exiting",
+                                os.getpid(), now - router_seen)
+                    return 1
+                if not self.router_missing:
+                    log.warning("worker %d: no heartbeat from the router at %s for %.1fs; waiting for it",
+                                os.getpid(), self.spec.backend, now - router_seen)
+                self.router_missing = True
+            elif self.router_missing:
+                log.info("worker %d: the router at %s is back", os.getpid(), self.spec.backend)
+                self.router_missing = False
+
+    def _on_router(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
+        """Handle one message from the router; True when a reply was sent."""
+        command = frames[0].bytes
+        if command == protocol.REQUEST and len(frames) >= 2:
+            self._answer(router, [frames[1]], [handle_request(self.loaded, frames[2:])])
+            return True
+        if command == protocol.BATCH and len(frames) >= 2:
+            stride = frames[1].bytes
+            step = int(stride) if stride in BATCH_STRIDES else 0
+            if step and (len(frames) - 2) % step == 0:
+                batch = [frames[i:i + step] for i in range(2, len(frames), step)]
+                answers = handle_batch(self.loaded, [request[1:] for request in batch])
+                self._answer(router, [request[0] for request in batch], answers)
+                return True
+            log.error("worker %d: malformed BATCH of %d frames ignored", os.getpid(), len(frames))
+        if command == protocol.RELOAD and len(frames) >= 2:
+            outcome = self._reload(frames[1].bytes)
+            _send_now(router, [protocol.RELOADED, json.dumps(outcome).encode()])
+            return True
+        if command == protocol.STOP:
+            self.stopping = True
+        elif command == protocol.WHO:  # a restarted router does not know us yet
+            self.reregister = True
+        elif command == protocol.REFUSE:
+            reason = frames[1].bytes.decode(errors="replace") if len(frames) > 1 else "no reason given"
+            log.error("worker %d: the router refuses this worker: %s", os.getpid(), reason)
+            raise Refused(reason)
+        return False
+
+    def _answer(self, router: zmq.Socket, clients: list[Any], answers: list[tuple[bool, list[Any]]]) -> None:
+        for client, (ok, reply) in zip(clients, answers, strict=True):
+            _send_now(router, [protocol.REPLY, client, b"ok" if ok else b"err", *reply])
+        self._check_memory()
+
+    def _leave(self, code: int, why: str) -> None:
+        """Leave the pool once the router lets go (the first reason given is the exit code)."""
+        if not self.leaving:
+            log.info("worker %d: %s, leaving the pool", os.getpid(), why)
+            self.leaving, self.exit_code = True, code
+
+    def _check_memory(self) -> None:
+        """After an answer: a worker whose private memory grew past the limit is replaced."""
+        if self.memory is None:
+            return
+        private = self.memory.private()
+        if private > self.memory.limit:
+            self._leave(EXIT_RECYCLED, f"private memory {format_size(private)} passed "
+                        f"--max-worker-memory {format_size(self.memory.limit)}")
+
+    def _reload(self, order: bytes) -> dict[str, Any]:
+        """Map the file now at the path and build the model on it, between two requests."""
+        wanted = json.loads(order)
+        generation, expected = int(wanted["generation"]), list(wanted["identity"])
+        with self.memory.lifted() if self.memory else contextlib.nullcontext():
+            error = self._switch(generation, expected)
+        if error is not None:
+            return {"ok": False, "ordered": generation, "generation": self.loaded.generation,
+                    "error": error}
+        log.info("worker %d: serving generation %d", os.getpid(), generation)
+        return {"ok": True, "ordered": generation, "generation": generation}
+
+    def _switch(self, generation: int, expected: list[int]) -> str | None:
+        """Serve ``generation`` if it builds from the expected file; why not, or None.
+
+        The old generation is dropped only once the new one is built, and with it the last
+        reference to the old mapping, so the replaced file's pages can be freed.
+        """
+        try:
+            loaded = LoadedModel(self.spec.path, self.spec.model, self.spec.load, generation)
+        except (burnpack.BurnpackError, models.ModelError) as exc:
+            return str(exc)
+        if loaded.pack.identity.as_list() != expected:
+            return f"{self.spec.path} changed again before this worker mapped it"
+        self.loaded = loaded
+        return None
+
+
+class MemoryLimitTooLow(Exception):
+    """The worker would be over --max-worker-memory before serving anything."""
+
+
+class MemoryBound:
+    """``--max-worker-memory`` inside the worker: a hard bound per request, a soft one per worker.
+
+    The hard bound is RLIMIT_DATA, which counts private writable mappings (heap, anonymous
+    memory, thread stacks) and not the read-only shared mapping of the weights. Set to what the
+    worker has mapped once ready plus the limit, it makes an allocation past the limit fail
+    with MemoryError, which fails that request alone instead of growing the worker. The soft
+    bound is checked after each answer: a worker whose resident private memory (RssAnon) is
+    over the limit, kept by a leak or a fragmented heap, leaves the pool to be replaced.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._inherited = resource.getrlimit(resource.RLIMIT_DATA)
+        self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        _warm_up_blas()
+        self.arm()
+        private = self.private()
+        if private > limit:
+            raise MemoryLimitTooLow(f"--max-worker-memory {format_size(limit)} is below this worker's own "
+                                    f"private memory once ready ({format_size(private)}); raise it")
+
+    def _warn_if_over(self) -> None:
+        private = self.private()
+        if private > self.limit:
+            log.warning("worker %d: private memory is %s with the new generation, over "
+                        "--max-worker-memory %s: it will be recycled after every request",
+                        os.getpid(), format_size(private), format_size(self.limit))
+
+    def arm(self) -> None:
+        """Allow the limit beyond what is mapped now (never more than the inherited limits)."""
+        soft, hard = self._inherited
+        inherited = [limit for limit in (soft, hard) if limit != resource.RLIM_INFINITY]
+        bound = min([_mapped_data() + self.limit, *inherited])
+        resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
+
+    @contextlib.contextmanager
+    def lifted(self) -> Iterator[None]:
+        """No hard bound while a new generation is built (``--load copy`` copies its weights),
+        then one measured afresh, once the replaced generation is gone."""
+        resource.setrlimit(resource.RLIMIT_DATA, self._inherited)
+        try:
+            yield
+        finally:
+            self.arm()
+            self._warn_if_over()
+
+    def private(self) -> int:
+        """Resident private memory (RssAnon) in bytes: resident minus file-backed and shmem pages
+        in /proc/self/statm, which is cheap enough to read after every request."""
+        fields = os.pread(self._statm, 256, 0).split()
+        return (int(fields[1]) - int(fields[2])) * resource.getpagesize()
+
+
+def _mapped_data() -> int:
+    """Bytes of private writable mappings (VmData): what RLIMIT_DATA counts."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * KiB
+    raise OSError("/proc/self/status has no VmData")
+
+
+def _warm_up_blas() -> None:
+    """One matrix product per float type: BLAS threads allocate their work buffers on first use
+    and keep them, which must happen before the bound is set, not out of a request's share."""
+    for dtype in (np.float32, np.float64):
+        square = np.ones((BLAS_WARM_UP, BLAS_WARM_UP), dtype)
+        square @ square
+
+
+class Refused(Exception):
+    """The router will not take this worker (its model does not fit the router's)."""
+
+
+def _send_now(sock: zmq.Socket, frames: list[Any]) -> bool:
+    """Send without blocking: with no router connected (gone, restarting) the message is dropped
+    rather than this worker stuck; the router retries a request whose reply never came."""
+    try:
+        send_parts(sock, frames, NOBLOCK)
+        return True
+    except zmq.Again:
+        return False
+
+
+@functools.cache
+def thread_pools() -> ThreadpoolController:
+    """The BLAS and OpenMP libraries loaded here; a template finds them once for all its workers."""
+    return ThreadpoolController()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    spec = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    parent = spec.parent if spec.parent is not None else os.getppid()
+    linux.set_name("wp-worker")
+    orphan = not linux.die_with_parent(parent)
+    for signum in CONTROL_SIGNALS:  # the supervisor's to handle, not the workers'
+        signal.signal(signum, signal.SIG_IGN)
+    setup_logging(spec.log_level)
+    if orphan:
+        log.warning("worker %d: supervisor %d is gone before this worker started, exiting",
+                    os.getpid(), parent)
+        return 1
+    try:
+        return Worker(spec, parent).run()
+    except (burnpack.BurnpackError, models.ModelError, security.KeysError) as exc:
+        log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
+        return EXIT_LOAD_FAILED
+    except MemoryLimitTooLow as exc:
+        log.error("worker %d: %s", os.getpid(), exc)
+        return EXIT_LOAD_FAILED
+    except Refused:
+        return EXIT_REFUSED

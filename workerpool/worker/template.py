@@ -1,0 +1,200 @@
+"""The warm template: a process that has imported everything a worker needs and forks workers.
+
+A worker forked from it skips the interpreter's start and the imports, and shares their pages
+with the template and its siblings (copy-on-write), as gunicorn's ``--preload`` shares its
+arbiter's. It holds no ZeroMQ context, no mapping and no thread, so there is nothing a fork
+could copy in a broken state; each worker maps the weights itself, exactly as a spawned one.
+
+Each worker is forked twice (template, then a short-lived intermediate) and the intermediate
+exits at once, so the worker is reparented to the supervisor, a child subreaper: the
+supervisor reaps it and reads its exit status itself, and the worker's parent-death signal
+follows the supervisor, not the template. A template that dies takes no worker with it.
+
+The supervisor and the template speak over a ``SOCK_SEQPACKET`` socket pair, one JSON object
+per message. The template says ``{"ready": true}`` once its imports are done; a request is
+``{"id": n, "argv": [...], "token": "..."}``, with at most one descriptor attached (a worker
+host's ready pipe), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .. import linux, models
+from ..logs import LEVELS, setup_logging
+from ..units import KiB
+from . import main as worker
+from . import spec as worker_spec
+from .spec import CONTROL_SIGNALS, STOP_SIGNAL, TOKEN_ENV
+
+log = logging.getLogger(__name__)
+
+MAX_ORDER_BYTES = 64 * KiB  # a worker's command line, as JSON
+REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's child
+
+
+def run(sock: socket.socket, parent: int) -> NoReturn:
+    """Serve fork requests until the supervisor closes its end (or dies: then so does this)."""
+    code = 1
+    try:
+        linux.set_name("wp-template")
+        if not linux.die_with_parent(parent):
+            os._exit(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)  # as a spawned worker's stdin
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        _ignore_the_supervisors_signals()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a model's import may have ignored it
+        worker.thread_pools()  # built here once, for all the workers, rather than in each
+        worker_spec.build_parser()
+        gc.collect()
+        gc.freeze()  # what is here now is never traversed again: its pages stay shared
+        sock.send(json.dumps({"ready": True}).encode())
+        while True:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_ORDER_BYTES, 1)
+            if not data:
+                code = 0
+                break
+            try:
+                reply = _fork_order(data, fds, sock)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            sock.send(json.dumps(reply).encode())
+    except BaseException:
+        log.exception("template %d failed", os.getpid())
+    finally:
+        os._exit(code)
+
+
+def _fork_order(data: bytes, fds: list[int], sock: socket.socket) -> dict[str, Any]:
+    order = json.loads(data)
+    argv = [str(arg) for arg in order["argv"]]
+    if fds:
+        argv += ["--ready-fd", str(fds[0])]
+    try:
+        pid = fork_worker(argv, str(order["token"]), sock)
+    except OSError as exc:
+        return {"id": order["id"], "error": f"cannot fork a worker: {exc.strerror or exc}"}
+    return {"id": order["id"], "pid": pid}
+
+
+def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
+    """Fork a worker for ``argv`` through an intermediate that exits at once; its pid."""
+    report_r, report_w = os.pipe()
+    try:
+        intermediate = os.fork()
+    except OSError:
+        os.close(report_r)
+        os.close(report_w)
+        raise
+    if intermediate == 0:
+        try:
+            os.close(report_r)
+            me = os.getpid()
+            linux.die_with_parent(os.getppid())  # a stopped intermediate must not outlive the pool
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                os.write(report_w, f"!{exc.errno}".encode())
+                raise
+            if pid == 0:
+                os.close(report_w)
+                _become_worker(argv, token, sock, me)
+            os.write(report_w, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(report_w)
+    try:
+        reported = os.read(report_r, 32)
+    finally:
+        os.close(report_r)
+        with contextlib.suppress(ChildProcessError):  # reaped already: the pid is the answer
+            os.waitpid(intermediate, 0)
+    if reported.startswith(b"!"):  # the second fork failed: its errno
+        errno = int(reported[1:])
+        raise OSError(errno, os.strerror(errno))
+    if not reported:
+        raise OSError("the intermediate process died before it forked")
+    return int(reported)
+
+
+def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediate: int) -> NoReturn:
+    """In the forked worker: shed what is the template's, then run the worker's main."""
+    code = 1
+    try:
+        sock.close()
+        for signum in signal.valid_signals():  # Python handlers are the template's (the control
+            if callable(signal.getsignal(signum)):  # signals stay ignored: see worker.main)
+                signal.signal(signum, signal.SIG_DFL)
+        signal.signal(STOP_SIGNAL, signal.SIG_DFL)  # stops a worker that has no handler for it yet
+        if "numpy.random" in sys.modules:  # the random module reseeds itself after a fork
+            sys.modules["numpy.random"].seed()  # numpy's global generator does not
+        _wait_until_adopted(intermediate)
+        os.environ[TOKEN_ENV] = token
+        code = worker.main(argv)
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        log.exception("worker %d failed", os.getpid())
+    finally:
+        logging.shutdown()  # os._exit skips what exit would do: at least flush the logs
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _ignore_the_supervisors_signals() -> None:
+    """Only the supervisor stops the template (it closes the socket, or kills it): ``pkill -f``
+    and the like must not reach it through a shared command line."""
+    for signum in (*CONTROL_SIGNALS, STOP_SIGNAL):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _wait_until_adopted(intermediate: int) -> None:
+    """Wait for the intermediate to exit: the kernel reparents its child (us) to the supervisor
+    before it reports the exit, which makes the pidfd readable."""
+    try:
+        pidfd = os.pidfd_open(intermediate)
+    except ProcessLookupError:
+        return  # gone, and reaped: adopted already
+    try:
+        select.select([pidfd], [], [], REPARENT_TIMEOUT)
+    finally:
+        os.close(pidfd)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """A template started as a fresh interpreter (``python -m workerpool.worker.child template``)."""
+    parser = argparse.ArgumentParser(prog="workerpool-template",
+                                     description="Forks workers on request; started by a supervisor.")
+    parser.add_argument("--fd", type=int, required=True, help="the inherited socket to the supervisor")
+    parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
+    parser.add_argument("--model", default=None,
+                        help="the served model (package.module:factory): its module is imported now")
+    parser.add_argument("--log-level", choices=LEVELS, default="info")
+    args = parser.parse_args(argv)
+    linux.set_name("wp-template")
+    if not linux.die_with_parent(args.parent):  # first: a model's import may hang
+        sys.exit(1)
+    _ignore_the_supervisors_signals()
+    os.environ.pop("OPENBLAS_NUM_THREADS", None)  # read when numpy loaded; not the workers' setting
+    setup_logging(args.log_level)
+    if args.model:
+        try:
+            models.resolve(args.model)
+        except models.ModelError as exc:
+            log.error("template %d: %s", os.getpid(), exc)
+            sys.exit(1)
+    run(socket.socket(fileno=args.fd), args.parent)
