@@ -1,10 +1,26 @@
-"""The clients: ``Client`` (blocking) and ``AsyncClient`` (asyncio, in ``aio``) over one
-``BaseClient`` that does no I/O of its own; ``reach`` tells an absent server from a slow one.
+"""The clients: ``Client`` (blocking, in ``sync``) and ``AsyncClient`` (asyncio, in ``aio``) over
+one ``BaseClient`` (``base``) that does no I/O of its own; ``reach`` tells an absent server from
+a slow one.
+
+The clients are imported when first named: ``reach`` serves the control client too, which the
+supervisor loads, and must not bring the clients' asyncio with it.
 """
 
 from __future__ import annotations
 
-from .base import Outputs, Result
-from .sync import Client
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import Outputs, Result
+    from .sync import Client
 
 __all__ = ["Client", "Outputs", "Result"]
+
+_LAZY = {"Client": ".sync", "Outputs": ".base", "Result": ".base"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
