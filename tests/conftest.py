@@ -1,7 +1,10 @@
-"""Shared test fixtures.
+"""Shared test fixtures, and the ``process`` marker.
 
-The Burn-written reference file lives outside the repository (``../shared/fixtures`` beside
-the repo root, as in CI) and is never copied in; tests that need it skip when it is absent.
+``unit/`` holds the in-process tests, by the package they test; ``process/`` the tests that start
+servers, workers or the command line, which are all marked ``process`` here (a unit test that
+starts one is marked where it stands), so that ``pytest -m "not process"`` runs the fast ones
+alone. The Burn-written reference file lives outside the repository (``../shared/fixtures``
+beside the checkout, as in CI); tests that need it skip when it is absent.
 """
 
 from __future__ import annotations
@@ -11,14 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import server
 import zmq
-from helpers import build_local
+from support import server
+from support.models import build_local
+from support.paths import BURN_MNIST, TESTS
 
 from workerpool import models
 from workerpool.config.pool import START_METHODS
 
-BURN_MNIST = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "burn-mnist.bpk"
+PROCESS_TESTS = TESTS / "process"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.process)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,460 @@
+"""The command line as a user meets it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pickle
+import pty
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from support.commands import cli
+from support.keys import CurveKeys
+from support.server import Server
+from support.sockets import free_backend
+
+import workerpool
+from workerpool import burnpack, security
+from workerpool.cli.main import build_parser
+
+
+def test_inspect_table_of_the_burn_fixture(burn_mnist_path):
+    done = cli("inspect", str(burn_mnist_path))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "aligned layout, 18 tensors" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("conv2.conv.weight"))
+    assert row == ["conv2.conv.weight", "F32", "[64,", "64,", "3,", "3]", "147456", "5120", "yes"]
+    assert "fc3.bias" in out and "1044736" in out  # fc3.bias's absolute offset
+    assert "total: 1043240 bytes" in out
+    assert "model: burn-mnist" in out
+
+
+def test_inspect_json(burn_mnist_path):
+    done = cli("inspect", str(burn_mnist_path), "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert set(info) == {"path", "version", "layout", "metadata", "scalars", "model", "total_bytes", "tensors"}
+    assert (info["version"], info["layout"], info["model"]) == (1, "aligned", "burn-mnist")
+    assert len(info["tensors"]) == 18
+    fc1 = next(t for t in info["tensors"] if t["name"] == "fc1.weight")
+    assert fc1 == {"name": "fc1.weight", "dtype": "F32", "shape": [1600, 128], "offset": 153856, "nbytes": 819200}
+
+
+@pytest.mark.parametrize("content", [None, b"", b"NRUB\x02\x00\x00\x00\x00\x00", b"not a burnpack file"])
+def test_inspect_invalid_or_missing_file_is_one_line(tmp_path, content):
+    path = tmp_path / "bad.bpk"
+    if content is not None:
+        path.write_bytes(content)
+    done = cli("inspect", str(path))
+    assert done.returncode == 1
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"workerpool: error: {path}: "), done.stderr
+
+
+def test_new_model_writes_a_recognised_mlp_of_about_the_size(tmp_path):
+    out = tmp_path / "m.bpk"
+    done = cli("new-model", str(out), "--size", "3MiB", "--seed", "4")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"workerpool: wrote {out}: mlp ")
+    assert abs(os.path.getsize(out) - 3 * 2**20) < 0.02 * 3 * 2**20
+    pack = burnpack.read(out)
+    assert pack.metadata["workerpool.model"] == "mlp"
+    inspected = json.loads(cli("inspect", str(out), "--json").stdout)
+    assert inspected["model"] == "mlp"
+
+
+def test_new_model_bad_size_is_a_usage_error(tmp_path):
+    done = cli("new-model", str(tmp_path / "m.bpk"), "--size", "lots")
+    assert done.returncode == 2
+    assert "invalid size 'lots'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "m.bpk").exists()
+
+
+def test_help_explains_every_command():
+    done = cli("--help")
+    assert done.returncode == 0
+    for command in ("serve", "status", "infer", "new-model", "inspect"):
+        assert command in done.stdout
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--max-batch", "0", "must be at least 1"),
+    ("--max-batch", "many", "invalid count 'many'"),
+    ("--batch-wait", "-1", "not a number of milliseconds from 0 up"),
+    ("--batch-wait", "soon", "invalid number of milliseconds 'soon'"),
+])
+def test_batching_options_refuse_nonsense_before_starting(small_model, option, value, message):
+    done = cli("serve", small_model, option, value)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_version_and_the_command_list():
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("workerpool ")
+    alone = cli()
+    assert alone.returncode == 2 and "serve" in alone.stdout and "convert" in alone.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "m.bpk", "--bind", "127.0.0.1:5555"], "write tcp://127.0.0.1:5555"),
+    (["new-model", "x.bpk", "--size", "0"], "--size: 0 is too small: give 16KiB or more"),
+    (["new-model", "x.bpk", "--size", "1"], "--size: 1 is too small"),
+    (["status", "--control", "/tmp/x.sock"], "names no transport: write ipc:///tmp/x.sock"),
+    (["status", "--control", "ipc://@pool"], "an abstract @name is open to every user"),
+    (["infer", "--input", "x.npy", "--endpoint", "tcp://[::1]:5555"], "IPv6 addresses are not supported"),
+    (["infer", "--input", "x.npy", "--endpoint", "inproc://pool"], "inproc:// reaches only sockets"),
+    (["infer", "--input", "x.npy", "--endpoint", "tcp://127.0.0.1:70000"], "a port from 1 to 65535"),
+    (["infer", "--input", "x.npy", "--endpoint", "http://127.0.0.1:8002"], "this speaks ZeroMQ"),
+    (["serve", "m.bpk", "--bind", "tcp://127.0.0.1"], "names no port"),
+    (["reload", "--control", "tcp://127.0.0.1:5555"], "the control socket is an ipc://PATH"),
+    (["infer", "--inptu", "x.npy"], "required: --input"),
+])
+def test_usage_errors_are_one_line(args, message):
+    done = cli(*args)
+    assert done.returncode == 2 and message in done.stderr
+    assert done.stderr.count("\n") == 1 and "usage:" not in done.stderr
+
+
+@pytest.fixture
+def x_npy(tmp_path) -> Path:
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    return tmp_path / "x.npy"
+
+
+def test_what_is_not_an_endpoint_or_an_input_is_named(tmp_path, x_npy):
+    (tmp_path / "first.py").write_text("print(1)\n")
+    (tmp_path / "folder").mkdir()
+    with open(tmp_path / "lies.npy", "wb") as f:  # a header claiming 400 GB, then 64 bytes
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (10**11,)})
+        f.write(bytes(64))
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with zipfile.ZipFile(tmp_path / "notes.zip", "w") as archive:
+        archive.writestr("notes.txt", "not an array")
+    cases = [
+        (["infer", "--input", tmp_path / "first.py"], "first.py: not a .npy file (np.save writes one)"),
+        (["infer", "--input", tmp_path / "none.npy"], "none.npy: cannot read it: No such file"),
+        (["infer", "--input", tmp_path / "lies.npy"], "declares 400000000000 bytes of data, the file holds 64"),
+        (["infer", "--input", tmp_path / "objects.npy"], "holds Python objects, which are never unpickled"),
+        (["infer", "--input", tmp_path / "notes.zip"], "a zip archive but not an .npz of arrays"),
+        (["status", "--control", f"ipc://{tmp_path}/folder"], "folder is a folder, not a socket"),
+    ]
+    for args, message in cases:
+        done = cli(*args, timeout=30)
+        assert done.returncode == 1 and message in done.stderr, (args, done.stderr)
+        assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_infer_reads_its_input_from_a_pipe(x_npy):
+    """``--input /dev/stdin`` (or a shell's ``<(...)``): read front to back, never seeked."""
+    done = subprocess.run([sys.executable, "-m", "workerpool", "infer", "--input", "/dev/stdin",
+                           "--endpoint", free_backend()], input=x_npy.read_bytes(),
+                          capture_output=True, timeout=30, check=False)
+    assert done.returncode == 1 and b"nothing listens at" in done.stderr, done.stderr  # loaded
+
+
+def test_infer_says_at_once_that_nothing_listens_and_checks_its_output_first(tmp_path, x_npy):
+    endpoint = free_backend()
+    done = cli("infer", "--input", x_npy, "--endpoint", endpoint, "--timeout", "60", timeout=20)
+    assert done.returncode == 1 and "nothing listens at" in done.stderr and "refused" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    bad = cli("infer", "--input", x_npy, "--output", tmp_path / "no" / "y.npy", "--endpoint", endpoint)
+    assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@contextlib.contextmanager
+def _listener(answer: bytes | None) -> Iterator[str]:
+    """A loopback TCP port that accepts and then sends ``answer`` and closes, or stays silent."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                peer, _ = server.accept()
+                accepted.append(peer)
+                if answer is not None:
+                    peer.sendall(answer)
+                    peer.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(5)
+        for peer in accepted:
+            peer.close()
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (None, "accepted the connection but sent nothing in 2 s"),
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "the peer does not speak ZeroMQ's protocol (wrong port?)"),
+])
+def test_infer_names_a_listener_that_is_not_a_workerpool_server(x_npy, answer, message):
+    with _listener(answer) as endpoint:
+        done = cli("infer", "--input", x_npy, "--endpoint", endpoint, "--timeout", "60", timeout=30)
+    assert done.returncode == 1 and message in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_server_that_shakes_hands_but_never_answers_is_called_stuck_not_absent(x_npy, context):
+    silent = context.socket(zmq.ROUTER)
+    try:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        done = cli("infer", "--input", x_npy, "--endpoint", f"tcp://127.0.0.1:{port}",
+                   "--timeout", "0.5", "--retries", "1", timeout=30)
+    finally:
+        silent.close(linger=0)
+    assert done.returncode == 1 and "in 2 attempts of 0.5 s" in done.stderr
+    assert "the server is there" in done.stderr and "overloaded or stuck" in done.stderr
+
+
+def test_curve_key_mistakes_are_named_before_any_request(small_model, tmp_path, x_npy):
+    keys = CurveKeys(tmp_path / "keys")
+    allowed = keys.client("alice")
+    _, stranger = security.generate(str(tmp_path / "strangers"), "mallory")
+    _, other_server = security.generate(str(tmp_path / "other"), "server")
+    # No worker ever takes the admitted request: a short drain stops the server without waiting.
+    with Server(small_model, "--backend", free_backend(), *keys.serve_args(), "--graceful-timeout",
+                "1", workers=0) as server:
+        def infer(*key_args: str) -> subprocess.CompletedProcess[str]:
+            return cli("infer", "--input", x_npy, "--endpoint", server.endpoint, "--timeout", "0.5",
+                       "--retries", "0", *key_args, timeout=30)
+
+        cases = [
+            ((), "the server requires CURVE keys: give --curve-key and --curve-server-key"),
+            (("--curve-key", stranger, "--curve-server-key", keys.server_public),
+             "the server refused this client's key"),
+            (("--curve-key", allowed, "--curve-server-key", other_server.removesuffix("_secret")),
+             "is --curve-server-key this server's public key?"),
+            (("--curve-key", allowed, "--curve-server-key", keys.server_public),
+             "the server is there"),  # admitted; no worker yet, so no answer
+            (("--curve-key", str(tmp_path / "none"), "--curve-server-key", keys.server_public),
+             f"cannot read the key file {tmp_path / 'none'}"),
+        ]
+        for key_args, message in cases:
+            done = infer(*key_args)
+            assert done.returncode == 1 and message in done.stderr, (key_args, done.stderr)
+            assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_new_model_shows_progress_on_a_terminal(tmp_path):
+    controller, terminal = pty.openpty()
+    try:
+        with subprocess.Popen([sys.executable, "-m", "workerpool", "new-model", str(tmp_path / "deep.bpk"),
+                               "--size", "2MiB", "--width", "64"],
+                              stdout=subprocess.DEVNULL, stderr=terminal) as proc:
+            os.close(terminal)
+            shown = b""
+            with contextlib.suppress(OSError):  # EIO once the command has exited
+                while chunk := os.read(controller, 4096):
+                    shown += chunk
+            assert proc.wait(60) == 0
+    finally:
+        os.close(controller)
+    path = re.escape(str(tmp_path / "deep.bpk"))
+    updates = re.findall(rf"\rwriting {path}: layer (\d+) of (\d+)", shown.decode())
+    assert len(updates) > 10 and [int(d) for d, _ in updates] == list(range(1, len(updates) + 1))
+    assert updates[-1][0] == updates[-1][1]  # the last update is the last layer
+
+
+def test_new_model_with_many_layers_says_so_in_one_short_line(tmp_path):
+    done = cli("new-model", tmp_path / "deep.bpk", "--size", "2MiB", "--width", "64")
+    assert done.returncode == 0 and done.stderr == ""  # no progress when not on a terminal
+    line = done.stdout.strip()
+    assert "\n" not in line and len(line) < 160 and " x 64 -> " in line, line
+
+
+def _interrupted_serve(model: str, folder: Path, moment: str, delay: float = 0.0,
+                       *options: str) -> tuple[int, str]:
+    """``serve`` and its children sent SIGINT, as a terminal's Ctrl-C does, ``delay`` seconds
+    after its stderr shows ``moment``; its exit code and the rest of its stderr. ``-X
+    importtime`` shows when the command's own guard is in place (the import of
+    ``workerpool.command``): before it, Python itself is starting."""
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "workerpool", "serve", model, "--workers", "2",
+         "--bind", "tcp://127.0.0.1:*", "--control", f"ipc://{folder}/control", *options],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if moment in line:
+                time.sleep(delay)  # a moment inside start-up: there is no signal to wait for
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        else:
+            pytest.fail(f"never saw {moment!r}: {''.join(seen)}")
+        rest = proc.stderr.read()
+        return proc.wait(60), rest
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize(("start", "moments"), [
+    ("fork", [*(("workerpool.command", delay / 20) for delay in range(16)),  # 0 to 0.75 s
+              ("starting 2 workers", 0.0)]),
+    ("spawn", [("starting 2 workers", delay / 50) for delay in range(11)]),  # children start
+])
+def test_ctrl_c_at_any_moment_of_start_up_ends_serve_quietly(small_model, tmp_path, start, moments):
+    os.chmod(tmp_path, 0o700)
+    for moment, delay in moments:
+        code, rest = _interrupted_serve(small_model, tmp_path, moment, delay, "--start", start)
+        assert code in (0, 130), (delay, code, rest)
+        for sign in ("Traceback", "Exception ignored", "KeyboardInterrupt", "Fatal Python error"):
+            assert sign not in rest, (delay, rest)
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "workerpool") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _commands(child, f"{path} {name}")
+
+
+def test_every_command_has_a_description_and_every_argument_help():
+    undocumented = []
+    for path, parser in _commands(build_parser()):
+        if not parser.description:
+            undocumented.append(f"{path}: no description")
+        undocumented += [f"{path} {action.dest}: no help" for action in parser._actions
+                         if not action.help and not isinstance(action, argparse._SubParsersAction)]
+    assert undocumented == []
+
+
+def test_publish_says_when_it_could_not_ask_the_server(small_model, tmp_path):
+    done = cli("publish", small_model, tmp_path / "served.bpk", "--control", f"ipc://{tmp_path}/none",
+               timeout=30)
+    assert done.returncode == 1 and "cannot ask the running server to check it: nothing listens" \
+        in done.stderr, done.stderr
+    assert not (tmp_path / "served.bpk").exists()
+
+
+def test_infer_writes_exactly_the_output_path_given(small_model, local_model, tmp_path):
+    """``--output y.txt`` writes y.txt (an .npy file) and says so; numpy alone would add .npy."""
+    x = np.ones((3, local_model.input_shape[1]), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    with Server(small_model, workers=1) as server:
+        done = cli("infer", "--input", tmp_path / "x.npy", "--output", tmp_path / "y.txt",
+                   "--endpoint", server.endpoint)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"workerpool: wrote {tmp_path / 'y.txt'} (worker ")
+    np.testing.assert_allclose(np.load(tmp_path / "y.txt"), local_model(x), rtol=1e-5, atol=1e-6)
+    assert not (tmp_path / "y.txt.npy").exists()
+
+
+def test_texts_for_an_array_model_are_refused_saying_so(small_model, local_model):
+    """The server's own message, so that library users read it too, not only ``embed``'s."""
+    width = local_model.input_shape[1]
+    expected = f"the model mlp takes arrays, not texts: send float32 [B, {width}] or [{width}]"
+    with Server(small_model, workers=1) as server:
+        done = cli("embed", "hello", "--endpoint", server.endpoint)
+        with workerpool.Client(server.endpoint) as client, \
+                pytest.raises(workerpool.BadRequest, match=re.escape(expected)):
+            client.infer(["hello"])
+    assert done.returncode == 1 and expected in done.stderr and "got a list" not in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def _torch_zip(path: Path) -> None:
+    """A file laid out as torch.save writes one: a zip whose first member is the pickle."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("tiny/data.pkl", b"\x80\x02}q\x00.")
+        archive.writestr("tiny/data/0", b"\0" * 16)
+
+
+@pytest.mark.parametrize(("name", "write", "hint"), [
+    ("tiny.safetensors", lambda p: p.write_bytes(_safetensors_bytes()),
+     "a safetensors file: 'workerpool convert {path} {stem}.bpk' makes a Burnpack file of it"),
+    ("tiny.npz", lambda p: np.savez(p, w=np.ones(3, np.float32)),
+     "an .npz archive: 'workerpool convert {path} {stem}.bpk' makes a Burnpack file of it"),
+    ("tiny.pt", _torch_zip, "a PyTorch file (torch.save), which workerpool convert does not read"),
+    ("tiny.bin", lambda p: p.write_bytes(pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)),  # torch's magic
+     "a Python pickle (a PyTorch file?), which workerpool convert does not read"),
+    ("tiny.onnx", lambda p: p.write_bytes(b"\x08\x07\x12\x07pytorch" + b"\0" * 32),
+     "an ONNX model, which workerpool convert does not read"),
+    ("tiny.bpk", lambda p: p.write_bytes(b"not a burnpack file"),
+     "workerpool convert makes one from a .safetensors file, an .npz archive or a model folder"),
+])
+def test_a_file_of_another_format_says_what_it_is_and_how_to_convert_it(tmp_path, name, write, hint):
+    path = tmp_path / name
+    write(path)
+    expected = hint.format(path=path, stem=tmp_path / "tiny")
+    for command in ("inspect", "serve"):
+        done = cli(command, path, timeout=60)
+        assert done.returncode == (1 if command == "inspect" else 2), done.stderr
+        assert f"{path}: not a Burnpack file" in done.stderr and expected in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_safetensors_file_in_a_model_folder_is_told_to_convert_the_folder(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(_safetensors_bytes())
+    done = cli("inspect", folder / "model.safetensors", timeout=60)
+    assert done.returncode == 1 and f"'workerpool convert {folder} {folder}.bpk'" in done.stderr
+    assert "config and tokenizer included" in done.stderr and done.stderr.count("\n") == 1
+
+
+def _safetensors_bytes() -> bytes:
+    from safetensors.numpy import save
+
+    return save({"w": np.ones(3, np.float32)})
+
+
+def test_publishing_what_is_already_published_is_refused(small_model, tmp_path):
+    """The same file, or a copy with the same bytes, would only start a pointless generation."""
+    served = tmp_path / "served.bpk"
+    served.write_bytes(Path(small_model).read_bytes())
+    inode = served.stat().st_ino
+    for source, why in ((served, "the same file"), (small_model, "the same content")):
+        done = cli("publish", source, served, timeout=60)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr == f"workerpool: error: {source} is already published as {served} ({why}): " \
+            "nothing renamed\n"
+    assert served.stat().st_ino == inode and sorted(os.listdir(tmp_path)) == ["served.bpk"]
+
+
+def test_status_fits_the_terminal_and_json_keeps_everything(small_model):
+    def status(*args: str, env: dict[str, str]) -> str:
+        done = cli("status", "--control", server.control, *args, env=env, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    with Server(small_model, workers=2) as server:
+        narrow, wide = status(env={"COLUMNS": "80"}), status(env={"COLUMNS": ""})  # "": unset
+        described = json.loads(status("--json", env={"COLUMNS": "80"}))
+    lines = narrow.splitlines()
+    assert max(map(len, lines)) <= 80, narrow
+    header = next(line for line in lines if line.split()[:2] == ["pid", "role"])
+    assert {"pid", "role", "state", "served", "pss"} <= set(header.split())
+    worker = described["workers"][0]
+    row = next(line for line in lines if line.split()[:1] == [str(worker["pid"])])
+    assert row.split()[1:3] == ["worker", "ready"] and len(row) == len(header)  # under its titles
+    assert "weights" in wide and "pte" in wide  # not a terminal: every column
+    assert {"rss", "uss", "pss", "shared", "anon", "pte"} <= set(worker["memory"])

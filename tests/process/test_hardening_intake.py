@@ -1,0 +1,98 @@
+"""A client that floods the server must neither starve the others nor fill the supervisor's
+memory: a real server with 2 workers on loopback, a bounded flood from one DEALER.
+
+Figures (latency, memory growth) are printed for ``pytest -s``; the assertions are generous
+bounds on behaviour, not timings.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+from support.models import SLOW
+from support.processes import vm_hwm
+from support.server import Server
+from support.sockets import dealer, f32, flood, header, reply_header
+
+import workerpool
+from workerpool.control import client as control
+from workerpool.units import MiB
+
+
+def test_a_flooding_client_does_not_starve_another(small_model, context):
+    """3000 requests of 0.2 s each from a client that never reads would keep both workers busy
+    for 5 minutes; a second client is still served at once, in its turn."""
+    with (
+        Server(small_model, *SLOW, "--graceful-timeout", "1", workers=2) as server,
+        dealer(context, server.endpoint, RCVHWM=1, RCVBUF=4096) as flooder,
+    ):
+        assert flood(flooder, np.full((1, 2), -0.2, np.float32), 3000) == 3000
+        server.wait_for(lambda s: s["queue"]["depth"] >= 512)
+        latencies = []
+        with workerpool.Client(server.endpoint, timeout=10, retries=0) as client:
+            for _ in range(3):
+                started = time.monotonic()
+                result = client.request(np.ones((1, 2), np.float32))
+                latencies.append(time.monotonic() - started)
+                assert np.array_equal(result.outputs, np.full((1, 2), 2.0, np.float32))
+        depth = server.status()["queue"]["depth"]
+        print(f"\nbeside the flooder ({depth} queued), requests answered in "
+              f"{', '.join(f'{t:.3f}' for t in latencies)} s")
+        assert max(latencies) < 10
+
+
+def test_queued_bytes_are_bounded_and_the_rest_answered_overloaded(small_model, context):
+    """6000 requests of 16 KiB (94 MiB) against a queue of unbounded count: --max-queue-bytes
+    alone keeps the supervisor's memory near its bound, and answers the rest ``overloaded``.
+    The slack is for the interpreter, the replies and the requests on their way in."""
+    limit, count = 16 * MiB, 6000
+    x = np.full((1, 4096), -0.2, np.float32)
+    with Server(small_model, *SLOW, "--max-queue", "100000", "--max-queue-bytes", str(limit),
+                "--graceful-timeout", "1", workers=2) as server:
+        baseline = vm_hwm(server.proc.pid)
+        with dealer(context, server.endpoint) as flooder:
+            replies = flood_in_rounds(server, flooder, x, count)
+            growth = vm_hwm(server.proc.pid) - baseline
+            depth = server.status()["queue"]["depth"]
+        refused = [r for r in replies if r["status"] == "error"]
+        print(f"\n{count} requests of {x.nbytes} bytes: {depth} queued, {len(refused)} refused; "
+              f"supervisor peak memory grew by {growth / MiB:.1f} MiB")
+        assert growth < limit + 24 * MiB
+        assert depth * x.nbytes <= limit
+        assert refused and all(r["error"]["code"] == "overloaded" for r in refused), refused[:3]
+        assert f"--max-queue-bytes {limit}" in refused[0]["error"]["message"], refused[0]
+
+
+def flood_in_rounds(server: Server, sock: zmq.Socket, x: np.ndarray, count: int,
+                    size: int = 100) -> list[dict]:
+    """Send ``count`` requests for ``x``, ``size`` at a time, each round once the server has
+    taken in the last (each request answered, queued or in flight), so that no reply is
+    dropped and what the server holds is what it queued; the replies received."""
+    request = [b"", header(0, [f32(list(x.shape))]), x]
+    replies: list[dict] = []
+    sent = 0
+    while sent < count:
+        batch = min(size, count - sent)
+        for _ in range(batch):
+            sock.send_multipart(request, copy=False)
+        sent += batch
+        take_in(server, sock, sent, replies)
+    return replies
+
+
+def take_in(server: Server, sock: zmq.Socket, sent: int, replies: list[dict],
+            timeout: float = 30.0) -> None:
+    """Read ``sock``'s replies into ``replies`` until the server has taken in ``sent`` requests.
+    Replies are read before each status, so a request answered in between is missed, never
+    counted twice."""
+    deadline = time.monotonic() + timeout
+    while True:
+        while sock.poll(0):
+            replies.append(reply_header(sock.recv_multipart()))
+        queue = control.call(server.control, "status", timeout=5.0, memory=False)["queue"]
+        if len(replies) + queue["depth"] + queue["in_flight"] >= sent:
+            return
+        assert time.monotonic() < deadline, f"taken in: {len(replies)} replies and {queue}"
+        sock.poll(50)

@@ -1,0 +1,353 @@
+"""Attacks on the pool as a whole, each against a real server on loopback or ipc.
+
+Peers that pose as others, a control endpoint anyone could reach, requests that never end,
+drains with requests still arriving, idle connections and exhausted descriptors, and the
+leftovers of a killed server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from support.commands import cli
+from support.keys import CurveKeys
+from support.paths import MODELS
+from support.processes import Background
+from support.server import Host, Server, refused_at_start
+from support.sockets import dealer, free_backend
+from support.status import pool_ready
+
+import workerpool
+from workerpool.control import client as control
+from workerpool.pool.launcher import ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
+
+SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
+
+
+# A client past the connection cap is closed at once, and resends on each new connection
+# until the idle connections ahead of it are dropped (after the router's handshake time).
+PAST_THE_CAP = {"retries": 200, "connect_timeout": 10}
+
+
+def answer(endpoint: str, x: np.ndarray, **options) -> workerpool.Result:
+    options = {"timeout": 10, "retries": 0, **options}
+    with workerpool.Client(endpoint, **options) as client:
+        return client.request(x)
+
+
+def described(endpoint: str) -> dict:
+    with workerpool.Client(endpoint, timeout=10) as client:
+        return client.info()
+
+
+def one_row(endpoint: str) -> np.ndarray:
+    return np.zeros((1, described(endpoint)["inputs"][0]["shape"][1]), np.float32)
+
+
+# Peers are who they say they are.
+
+
+def test_a_remote_peer_claiming_a_local_pid_cannot_get_it_signalled(small_model, context):
+    """A TCP peer registers with local=true and a real local worker's pid, then leaves: the
+    supervisor signals nothing, and that worker keeps serving."""
+    backend = free_backend()
+    with Server(small_model, "--backend", backend, workers=1) as server:
+        victim = server.worker_pids()[0]
+        with dealer(context, backend, IDENTITY=b"forger") as forger:
+            ready = {**described(server.endpoint), "pid": victim, "host": os.uname().nodename,
+                     "local": True}
+            forger.send_multipart([protocol.READY, json.dumps(ready).encode()])
+            server.wait_for(lambda s: [w["pid"] for w in s["workers"]].count(victim) == 2)
+            forger.send_multipart([protocol.BYE])
+            server.wait_for(lambda s: [w["pid"] for w in s["workers"]] == [victim])
+        assert psutil.pid_exists(victim)
+        assert answer(server.endpoint, one_row(server.endpoint)).worker_pid == victim
+        assert "killing worker" not in server.log()
+
+
+def test_a_client_key_cannot_register_a_worker_host(small_model, tmp_path):
+    keys = CurveKeys(tmp_path / "keys")
+    alice_secret, host_secret = keys.client("alice"), keys.host("host")
+    backend = free_backend()
+    with Server(small_model, "--backend", backend, *keys.serve_args(), workers=1) as server:
+        with Host(small_model, backend, *keys.host_args(host_secret), workers=1):
+            server.wait_for(pool_ready(2))
+            # The impostor's workers load and connect, but the handshake never admits them.
+            with Host(small_model, backend, *keys.host_args(alice_secret), workers=1):
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline:
+                    assert len(server.status()["workers"]) == 2
+        # The host's key does not admit a client either.
+        x = np.zeros((1, 64), np.float32)
+        with workerpool.Client(server.endpoint, connect_timeout=1,
+                               keys=workerpool.ClientKeys(host_secret, keys.server_public)) as client:
+            with pytest.raises(workerpool.Unreachable, match="refused this client's key"):
+                client.infer(x)
+
+
+def test_a_secured_tcp_backend_still_serves_with_local_workers(small_model, tmp_path):
+    keys = CurveKeys(tmp_path / "keys")
+    alice_secret = keys.client("alice")
+    with Server(small_model, "--backend", free_backend(), *keys.serve_args(), workers=2) as server:
+        alice = workerpool.ClientKeys(alice_secret, keys.server_public)
+        with workerpool.Client(server.endpoint, timeout=10, keys=alice) as client:
+            width = client.info()["inputs"][0]["shape"][1]
+            assert client.request(np.zeros((1, width), np.float32)).worker_pid in server.worker_pids()
+
+
+def test_a_secured_tcp_backend_without_worker_keys_is_refused(small_model, tmp_path):
+    keys = CurveKeys(tmp_path / "keys")
+    keys.client("alice")
+    server = Server(small_model, "--backend", free_backend(), "--curve-secret-key", keys.server_secret,
+                    "--curve-client-keys", str(keys.clients), workers=1)
+    refused_at_start(server, "needs --curve-worker-keys")
+
+
+# Control is local and owned.
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("tcp", "the control socket is an ipc://PATH"),
+    ("abstract", "an abstract @name is open to every user"),
+    ("open directory", "mode 0700"),
+])
+def test_a_control_endpoint_others_could_reach_is_refused(small_model, tmp_path, kind, message):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    endpoint = {"tcp": "tcp://127.0.0.1:*", "abstract": f"ipc://@wp-{tmp_path.name}"}.get(
+        kind, f"ipc://{shared}/control")
+    refused_at_start(Server(small_model, "--control", endpoint, workers=1), message)
+
+
+def test_check_answers_only_for_the_served_directory(small_model, tmp_path):
+    with Server(small_model, workers=1) as server:
+        for path in ("/etc/shadow", "/etc/hostname", str(tmp_path / "missing.bpk")):
+            with pytest.raises(control.ControlError, match="only looks at files in"):
+                control.call(server.control, "check", path=path)
+        beside = Path(small_model).with_name("beside.bpk")
+        beside.write_bytes(Path(small_model).read_bytes())
+        assert control.call(server.control, "check", path=str(beside))["result"] == "ok"
+
+
+# Requests that never end.
+
+
+def test_a_request_past_the_time_limit_is_answered_and_its_worker_replaced(small_model):
+    with Server(small_model, *SLOW, "--request-timeout", "1", workers=2) as server:
+        before = set(server.worker_pids())
+        stuck = np.full((1, 2), -1000.0, np.float32)  # sleeps 1000 s: as good as a loop
+        with workerpool.Client(server.endpoint) as client:  # the default timeout and retries
+            started = time.monotonic()
+            with pytest.raises(workerpool.RequestTimeout, match="--request-timeout 1s"):
+                client.request(stuck)
+            assert time.monotonic() - started < 10
+            status = server.wait_for(pool_ready(2))
+            now = {w["pid"] for w in status["workers"]}
+            assert len(before - now) == 1, "exactly one worker was replaced"
+            # The same request again is refused at once rather than fed to another worker.
+            with pytest.raises(workerpool.WorkerFailed, match="identical request"):
+                client.request(stuck)
+            assert {w["pid"] for w in server.status()["workers"]} == now
+            np.testing.assert_array_equal(client.infer(np.ones((1, 2), np.float32)), 2)
+
+
+# Draining answers everything.
+
+
+def test_every_request_sent_during_a_drain_is_answered(small_model):
+    """Four clients keep sending while a SIGTERM drain runs and until the server is gone:
+    every request sent while the server still had time to answer it is answered (a result
+    or shutting_down); none is dropped after it reached the router."""
+    with Server(small_model, *SLOW, "--graceful-timeout", "20", workers=2) as server:
+        busy = [Background(lambda: answer(server.endpoint, np.full((1, 2), -1.5, np.float32)))
+                for _ in range(2)]
+        server.wait_for(lambda s: s["queue"]["in_flight"] == 2)
+        unanswered: list[float] = []  # when each request that got no reply was sent
+
+        def keep_sending() -> int:
+            shutting_down = 0
+            with workerpool.Client(server.endpoint, timeout=3, retries=0) as client:
+                for _ in range(2000):
+                    if server.proc.poll() is not None:
+                        break
+                    sent = time.monotonic()
+                    try:
+                        client.request(np.ones((1, 2), np.float32))
+                    except workerpool.ShuttingDown:
+                        shutting_down += 1
+                    except (workerpool.Timeout, workerpool.ConnectionLost, workerpool.Unreachable):
+                        unanswered.append(sent)
+            return shutting_down
+
+        senders = [Background(keep_sending) for _ in range(4)]
+        server.signal(signal.SIGTERM)
+        server.proc.wait(60)
+        exited = time.monotonic()
+        assert sum(sender.join(60) for sender in senders) > 0
+        # A request sent in the server's last moments may find its socket already closed.
+        assert [t for t in unanswered if t < exited - 0.5] == []
+        for call in busy:
+            assert call.join(20).outputs[0, 0] == -3.0
+
+
+# Connections and descriptors.
+
+
+def test_idle_connections_past_the_cap_lock_nobody_out(small_model):
+    with Server(small_model, "--max-connections", "20", workers=1) as server:
+        host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        x = one_row(server.endpoint)
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        try:
+            assert answer(server.endpoint, x, **PAST_THE_CAP).outputs.shape[0] == 1
+            server.wait_for(lambda s: "over --max-connections 20" in server.log(), timeout=10)
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_idle_connections_cannot_exhaust_a_low_descriptor_limit(small_model):
+    """With a hard limit of 256 descriptors the connection cap is lowered to fit beside the
+    workers, so 400 idle connections still leave room for a real client."""
+    server = Server(small_model, workers=1)
+    server.command = ["prlimit", "--nofile=256:256", *server.command]
+    with server:
+        host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        x = one_row(server.endpoint)
+        idle = [socket.create_connection((host, int(port))) for _ in range(400)]
+        try:
+            assert answer(server.endpoint, x, **PAST_THE_CAP).outputs.shape[0] == 1
+            assert "more than the open file limit leaves room for" in server.log()
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+# Nothing stale.
+
+
+def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(small_model, tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), PYTHONPATH=str(MODELS))
+    pools = runtime / "workerpool"
+
+    def server(name: str) -> ServerProcess:
+        return ServerProcess(serve_args(small_model, 1, "--control", f"ipc://{tmp_path}/{name}"),
+                             env=env, log_path=tmp_path / f"{name}.log")
+
+    killed, alive = server("killed").start(), server("alive").start()
+    try:
+        assert len(list(pools.glob("pool-*"))) == 2
+        os.killpg(killed.proc.pid, signal.SIGKILL)
+        killed.proc.wait(10)
+        for name, age in (("pool-leftover", 3600), ("pool-being-made", 0)):  # no owner file
+            (pools / name).mkdir(mode=0o700)
+            (pools / name / "backend.sock").write_bytes(b"")
+            os.utime(pools / name, (time.time() - age, time.time() - age))
+        with server("next") as nxt:
+            owned = {p for p in pools.glob("pool-*") if (p / "owner").exists()}
+            left = {json.loads((p / "owner").read_text())["pid"] for p in owned}
+            assert left == {alive.proc.pid, nxt.proc.pid}
+            assert {p.name for p in pools.glob("pool-*")} - {p.name for p in owned} == {"pool-being-made"}
+            assert "left by a server that is gone" in nxt.log()
+        assert alive.stop() == 0
+        # servers that stopped normally left nothing behind
+        assert [p.name for p in pools.glob("pool-*")] == ["pool-being-made"]
+    finally:
+        killed.stop()
+        alive.stop()
+
+
+# Found by a second round of attacks.
+
+
+def test_a_message_of_a_million_frames_is_dropped_cheaply(small_model, context):
+    with Server(small_model, workers=2) as server:
+        pids = set(server.worker_pids())
+        supervisor = psutil.Process(server.proc.pid)
+        before = supervisor.memory_info().rss
+        with dealer(context, server.endpoint) as sock:
+            sock.send_multipart([b""] * 1_000_000)
+            server.wait_for(lambda s: "dropped a message of 1000001 frames" in server.log(), timeout=30)
+        assert supervisor.memory_info().rss - before < 64 * 1024 * 1024
+        # Reading it stalls the loop for seconds on a busy machine, which can outlast a worker's
+        # heartbeat: the pool must be whole again, if not with the same workers.
+        server.wait_for(pool_ready(len(pids)))
+        assert answer(server.endpoint, one_row(server.endpoint)).worker_pid in server.worker_pids()
+
+
+def test_requests_that_differ_only_in_frame_boundaries_are_not_the_same():
+    from workerpool.router.quarantine import fingerprint
+
+    head = json.dumps({"v": 1, "id": 1, "method": "infer", "arrays": []}).encode()
+    assert fingerprint([head, b"ab", b"c"]) != fingerprint([head, b"a", b"bc"])
+    other_id = head.replace(b'"id": 1', b'"id": 2')
+    assert fingerprint([head, b"ab", b"c"]) == fingerprint([other_id, b"ab", b"c"])
+
+
+def test_text_requests_are_told_apart_by_their_texts():
+    from workerpool.protocol import messages as protocol
+    from workerpool.router.quarantine import fingerprint
+
+    def texts(request_id: int, *text: str) -> bytes:
+        return protocol.encode_request(request_id, list(text))[1]
+
+    assert fingerprint([texts(1, "a killer")]) != fingerprint([texts(1, "an innocent")])
+    assert fingerprint([texts(1, "same")]) == fingerprint([texts(2, "same")])
+
+
+def test_connections_past_the_cap_never_cut_a_client_already_served(small_model):
+    with Server(small_model, *SLOW, "--max-connections", "5", workers=1) as server:
+        slow = Background(lambda: answer(server.endpoint, np.full((1, 2), -1.0, np.float32)))
+        server.wait_for(lambda s: s["queue"]["in_flight"] == 1)
+        host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(20)]
+        try:
+            assert slow.join(20).outputs[0, 0] == -2.0
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_a_memory_limit_below_an_idle_worker_is_a_clear_error(small_model):
+    server = Server(small_model, "--max-worker-memory", "8MiB", "--max-message-size", "1MiB", workers=1)
+    try:
+        with pytest.raises(RuntimeError):
+            server.start(timeout=8)
+        assert "is below this worker's own private memory once ready" in server.log()
+    finally:
+        server.stop()
+
+
+def test_control_commands_with_bad_arguments_are_answered_not_fatal(small_model):
+    with Server(small_model, workers=1) as server:
+        for path in ("/tmp/a\x00b", "", 7, None):
+            with pytest.raises(control.ControlError, match="check needs a path"):
+                control.call(server.control, "check", path=path)
+        assert server.status()["workers"]
+
+
+@pytest.mark.parametrize("option, message", [
+    (("--request-timeout", "0"), "more than 0 seconds"),
+    (("--request-timeout", "nan"), "not a number of seconds"),
+    (("--graceful-timeout", "-1"), "not a number of seconds"),
+    (("--max-connections", "0"), "at least 1"),
+    (("--max-message-size", "0"), "more than 0 bytes"),
+    (("--max-message-size", "100000000000000GiB"), "too large"),
+    (("--workers", "0"), "give --backend"),
+])
+def test_limits_out_of_range_are_refused_with_a_clear_error(small_model, option, message):
+    done = cli("serve", small_model, *option, timeout=30)
+    assert done.returncode == 2 and message in done.stderr
+    assert "Traceback" not in done.stderr

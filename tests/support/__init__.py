@@ -1,0 +1,4 @@
+"""What the tests share, by topic: starting servers (``server``), the command line (``commands``),
+raw sockets and frames (``sockets``), status predicates (``status``), background calls and
+processes (``processes``), CURVE keys (``keys``), reference models (``models``), hand-built
+Burnpack bytes (``bpk_builder``) and where things are (``paths``)."""

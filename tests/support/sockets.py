@@ -1,0 +1,116 @@
+"""Raw ZeroMQ sockets and hand-made protocol frames, for tests that speak the wire themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+
+@contextlib.contextmanager
+def dealer(context: zmq.Context, endpoint: str, **options: int) -> Iterator[zmq.Socket]:
+    """A raw DEALER connected to ``endpoint``, always closed."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
+    try:
+        sock.connect(endpoint)
+        yield sock
+    finally:
+        sock.close(linger=0)
+
+
+@contextlib.contextmanager
+def monitored_dealer(
+    context: zmq.Context, endpoint: str
+) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    """A raw DEALER and a monitor of its connections, set up before it connects."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    try:
+        sock.connect(endpoint)
+        yield sock, monitor
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+
+
+def next_event(monitor: zmq.Socket, timeout: float = 5.0) -> int | None:
+    if not monitor.poll(timeout * 1000):
+        return None
+    return recv_monitor_message(monitor)["event"]
+
+
+def exchange(
+    context: zmq.Context, endpoint: str, frames: list[bytes], timeout: float = 5.0
+) -> list[bytes] | None:
+    """Send ``frames`` on a fresh DEALER; the reply's frames, or None if none came in time."""
+    with dealer(context, endpoint) as sock:
+        sock.send_multipart(frames)
+        if not sock.poll(timeout * 1000):
+            return None
+        return sock.recv_multipart()
+
+
+def collect(sock: zmq.Socket, count: int, timeout: float = 10.0) -> list[list[bytes]]:
+    """Up to ``count`` replies from ``sock``, waiting at most ``timeout`` for each."""
+    replies: list[list[bytes]] = []
+    while len(replies) < count and sock.poll(timeout * 1000):
+        replies.append(sock.recv_multipart())
+    return replies
+
+
+def reply_header(frames: list[bytes] | None) -> dict[str, Any]:
+    assert frames is not None, "no reply"
+    assert len(frames) >= 2 and frames[0] == b"", f"reply is not [b'', header, ...]: {frames[:2]}"
+    header = json.loads(frames[1])
+    assert isinstance(header, dict)
+    return header
+
+
+def header(
+    request_id: Any, arrays: list | None = None, method: str = "infer", **extra: Any
+) -> bytes:
+    return json.dumps(
+        {"v": 1, "id": request_id, "method": method, "arrays": arrays or [], **extra}
+    ).encode()
+
+
+def f32(shape: list[int]) -> dict[str, Any]:
+    return {"dtype": "<f4", "shape": shape}
+
+
+def flood(sock: zmq.Socket, x: np.ndarray, count: int) -> int:
+    """Send ``count`` requests for ``x`` without reading a reply; how many were sent."""
+    request = [b"", header(0, [f32(list(x.shape))]), x]
+    sent = 0
+    while sent < count:
+        try:
+            sock.send_multipart(request, flags=zmq.NOBLOCK, copy=False)
+            sent += 1
+        except zmq.Again:
+            if not sock.poll(5000, zmq.POLLOUT):
+                break  # the server stopped reading
+    return sent
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now: nothing listens there until a test binds it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def free_backend() -> str:
+    """A loopback TCP endpoint on a port free right now, for a worker backend (or as an
+    endpoint where nothing listens)."""
+    return f"tcp://127.0.0.1:{free_port()}"
