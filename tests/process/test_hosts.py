@@ -23,7 +23,7 @@ WIDTH = 64
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
+def host_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("hosts") / "model.bpk"
     models.generate_mlp(path, 256 * 1024, width=WIDTH, seed=3)
     return path
@@ -43,10 +43,10 @@ def answering_pids(endpoint: str, count: int, **options) -> set[int]:
         return {client.request(x).worker_pid for _ in range(count)}
 
 
-def test_two_hosts_serve_and_one_host_dying_hangs_nothing(model):
+def test_two_hosts_serve_and_one_host_dying_hangs_nothing(host_model):
     backend = free_backend()
-    with Server(model, "--backend", backend, workers=0) as router, \
-            Host(model, backend, workers=2) as first, Host(model, backend, workers=1) as second:
+    with Server(host_model, "--backend", backend, workers=0) as router, \
+            Host(host_model, backend, workers=2) as first, Host(host_model, backend, workers=1) as second:
         router.wait_for(lambda s: len(ready_pids(s)) == 3)
         first_pids, second_pids = worker_pids(first), worker_pids(second)
         assert ready_pids(router.status()) == first_pids | second_pids
@@ -73,43 +73,43 @@ def test_two_hosts_serve_and_one_host_dying_hangs_nothing(model):
         router.wait_for(lambda s: ready_pids(s) == second_pids, timeout=20)
         assert answering_pids(router.endpoint, 10) == second_pids
 
-        with Host(model, backend, workers=2) as again:
+        with Host(host_model, backend, workers=2) as again:
             router.wait_for(lambda s: len(ready_pids(s)) == 3)
             assert worker_pids(again) <= answering_pids(router.endpoint, 60)
 
 
-def test_hosts_rejoin_a_restarted_router(model):
+def test_hosts_rejoin_a_restarted_router(host_model):
     backend = free_backend()
-    with Host(model, backend, workers=2) as host:
+    with Host(host_model, backend, workers=2) as host:
         pids = worker_pids(host)
-        with Server(model, "--backend", backend, workers=0) as router:
+        with Server(host_model, "--backend", backend, workers=0) as router:
             router.wait_for(lambda s: ready_pids(s) == pids)
             assert answering_pids(router.endpoint, 20) == pids
-        with Server(model, "--backend", backend, workers=0) as restarted:
+        with Server(host_model, "--backend", backend, workers=0) as restarted:
             restarted.wait_for(lambda s: ready_pids(s) == pids, timeout=20)
             assert answering_pids(restarted.endpoint, 20) == pids
         assert worker_pids(host) == pids  # the same workers, reconnected, not restarted
 
 
-def test_host_with_a_model_that_does_not_fit_is_refused(model, tmp_path):
+def test_host_with_a_model_that_does_not_fit_is_refused(host_model, tmp_path):
     other = tmp_path / "wide.bpk"
     models.generate_mlp(other, 256 * 1024, width=WIDTH * 2, seed=3)
     backend = free_backend()
-    with Server(model, "--backend", backend, workers=0) as router, Host(other, backend, workers=1) as host:
+    with Server(host_model, "--backend", backend, workers=0) as router, Host(other, backend, workers=1) as host:
         router.wait_for(lambda s: "refused worker" in router.log(), timeout=20)
         assert ready_pids(router.status()) == set()
     assert "its model does not fit: inputs are <f4 [None, 128], the served model's <f4 [None, 64]" in router.log()
     assert "the router refuses this worker" in host.log()
 
 
-def test_curve_serves_allowed_keys_only(model, tmp_path):
+def test_curve_serves_allowed_keys_only(host_model, tmp_path):
     keys = CurveKeys(tmp_path / "keys")
     alice_secret, host_secret = keys.client("alice"), keys.host("host")
     _, mallory_secret = security.generate(str(tmp_path / "strangers"), "mallory")
     server_public = keys.server_public
     backend = free_backend()
-    with Server(model, "--backend", backend, *keys.serve_args(), workers=0) as router, \
-            Host(model, backend, *keys.host_args(host_secret), workers=1) as host:
+    with Server(host_model, "--backend", backend, *keys.serve_args(), workers=0) as router, \
+            Host(host_model, backend, *keys.host_args(host_secret), workers=1) as host:
         router.wait_for(lambda s: len(ready_pids(s)) == 1)
         alice = workerpool.ClientKeys(alice_secret, server_public)
         assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
@@ -123,14 +123,14 @@ def test_curve_serves_allowed_keys_only(model, tmp_path):
         assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
 
 
-def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(model, tmp_path):
+def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(host_model, tmp_path):
     copy_a, copy_b = tmp_path / "a.bpk", tmp_path / "b.bpk"
     for copy in (copy_a, copy_b):
-        copy.write_bytes(model.read_bytes())
+        copy.write_bytes(host_model.read_bytes())
     new = tmp_path / "new.bpk"
     models.generate_mlp(new, 256 * 1024, width=WIDTH, seed=4)
     backend = free_backend()
-    with Server(model, "--backend", backend, workers=0) as router, \
+    with Server(host_model, "--backend", backend, workers=0) as router, \
             Host(copy_a, backend, workers=2) as host_a, Host(copy_b, backend, workers=1) as host_b:
         router.wait_for(lambda s: len(ready_pids(s)) == 3)
         b_pids = worker_pids(host_b)
@@ -146,14 +146,14 @@ def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(model
     assert "starting a worker on generation 2 to replace one on generation 1" in host_a.log()
 
 
-def test_control_endpoint_must_be_local(model):
-    refused_at_start(Server(model, "--control", "tcp://0.0.0.0:5999"), "the control socket is an ipc://PATH")
+def test_control_endpoint_must_be_local(host_model):
+    refused_at_start(Server(host_model, "--control", "tcp://0.0.0.0:5999"), "the control socket is an ipc://PATH")
 
 
-def test_garbage_on_the_worker_endpoint_hurts_nobody(model, context: zmq.Context):
+def test_garbage_on_the_worker_endpoint_hurts_nobody(host_model, context: zmq.Context):
     """The TCP backend is reachable from outside: malformed worker messages are ignored."""
     backend = free_backend()
-    with Server(model, "--backend", backend, workers=1) as router:
+    with Server(host_model, "--backend", backend, workers=1) as router:
         with dealer(context, backend) as impostor:
             for payload in (b'{"pid": 1e400, "generation": 1, "host": "x", "model": "mlp"}',
                             b"[" * 200_000, b"not json", b'{"pid": "1"}'):

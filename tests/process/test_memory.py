@@ -24,7 +24,7 @@ WORKERS = 3
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
+def model_64mib(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("model") / "model-64.bpk"
     models.generate_mlp(path, 64 * MiB)
     return str(path)
@@ -50,22 +50,22 @@ def helper_pss(status: dict) -> tuple[int, int]:
     return status["supervisor_memory"]["pss"], template
 
 
-def worker_uss(model: str, start: str) -> list[int]:
-    with Server(model, "--start", start, workers=2) as server:
+def worker_uss(model_64mib: str, start: str) -> list[int]:
+    with Server(model_64mib, "--start", start, workers=2) as server:
         status = touch_weights(server, lambda w: w["served"] > 0)
     return [w["memory"]["uss"] for w in status["workers"]]
 
 
-def test_a_forked_worker_holds_far_less_private_memory_than_a_spawned_one(model):
+def test_a_forked_worker_holds_far_less_private_memory_than_a_spawned_one(model_64mib):
     """The template's imports are shared with the workers it forks; a spawned interpreter holds
     its own. (Both map the weights and have served: the weights are shared in either.)"""
-    forked, spawned = worker_uss(model, "fork"), worker_uss(model, "spawn")
+    forked, spawned = worker_uss(model_64mib, "fork"), worker_uss(model_64mib, "spawn")
     assert max(forked) < min(spawned) / 2, (forked, spawned)
 
 
-def test_mmap_workers_share_the_weights(model):
-    size = os.path.getsize(model)
-    with Server(model, workers=WORKERS) as server:
+def test_mmap_workers_share_the_weights(model_64mib):
+    size = os.path.getsize(model_64mib)
+    with Server(model_64mib, workers=WORKERS) as server:
         idle = {w["pid"]: w["memory"] for w in server.status()["workers"]}
         assert all(m["weights_resident"] < size / 2 for m in idle.values())
         status = touch_weights(server, lambda w: w["memory"]["weights_resident"] >= 0.95 * size)
@@ -81,17 +81,17 @@ def test_mmap_workers_share_the_weights(model):
     assert totals["pss"] == totals["workers_pss"] + sum(helper_pss(status))
 
 
-def test_copy_workers_each_hold_the_weights(model):
-    size = os.path.getsize(model)
-    with Server(model, "--load", "copy", workers=WORKERS) as server:
+def test_copy_workers_each_hold_the_weights(model_64mib):
+    size = os.path.getsize(model_64mib)
+    with Server(model_64mib, "--load", "copy", workers=WORKERS) as server:
         status = touch_weights(server, lambda w: w["served"] > 0)
     assert all(w["memory"]["weights_resident"] == 0 for w in status["workers"])  # nothing mapped
     assert all(w["memory"]["anon"] >= size for w in status["workers"])
     assert status["totals"]["pss"] > 2.5 * size
 
 
-def test_status_json_and_explain_carry_every_memory_figure(model):
-    with Server(model, workers=2) as server:
+def test_status_json_and_explain_carry_every_memory_figure(model_64mib):
+    with Server(model_64mib, workers=2) as server:
         raw, human = (
             cli("status", "--control", server.control, flag, timeout=30, env={"COLUMNS": "200"})
             for flag in ("--json", "--explain")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -195,13 +194,6 @@ def refusal(sock: zmq.Socket) -> dict:
     header = json.loads(frames[1])
     assert header["status"] == "error" and header["error"]["code"] == "overloaded", header
     return header
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 def test_a_flooders_newest_request_is_answered_overloaded_for_a_newcomer(context):
