@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, TypedDict
+
+
+class WorkerState(StrEnum):
+    """What a worker is doing; the values are the status document's and /metrics' strings."""
+
+    STARTING = "starting"  # started, not registered yet
+    READY = "ready"
+    BUSY = "busy"
+    RELOADING = "reloading"
+    STOPPING = "stopping"
 
 
 class MemoryFigures(TypedDict, total=False):
@@ -75,7 +86,8 @@ def unready(status: Status) -> str | None:
     rolling reload, or one paused on a file that fails, the pool keeps serving."""
     if status["draining"]:
         return "the server is shutting down"
-    if any(w["state"] in ("ready", "busy", "reloading") for w in status["workers"]):
+    serving = (WorkerState.READY, WorkerState.BUSY, WorkerState.RELOADING)
+    if any(w["state"] in serving for w in status["workers"]):
         return None
-    starting = sum(1 for w in status["workers"] if w["state"] == "starting")
+    starting = sum(1 for w in status["workers"] if w["state"] == WorkerState.STARTING)
     return f"no worker is ready yet ({starting} starting)"

@@ -32,7 +32,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from ..control.status import unready
+from ..control.status import WorkerState, unready
 from ..supervisor.loop import Loop
 from . import metrics
 
@@ -127,7 +127,7 @@ class PoolCollector:
                                 value=status["queue"]["depth"])
         yield GaugeMetricFamily("workerpool_in_flight", "Requests running on workers.",
                                 value=status["queue"]["in_flight"])
-        states = {state: 0 for state in ("starting", "ready", "busy", "reloading", "stopping")}
+        states = {str(state): 0 for state in WorkerState}
         for worker in status["workers"]:
             states[worker["state"]] = states.get(worker["state"], 0) + 1
         yield _labelled(GaugeMetricFamily, "workerpool_workers", "Workers by state.", "state", states)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from ..control.status import MemoryFigures, WorkerStatus
+from ..control.status import MemoryFigures, WorkerState, WorkerStatus
 from ..router.registry import WorkerRecord
 from ..supervisor.process import Child
 
@@ -23,12 +23,12 @@ def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord], g
         if worker is not None:
             row = _row(worker, memory.get(child.pid) if memory else None)
             if child.stopping:
-                row["state"] = "stopping"
+                row["state"] = WorkerState.STOPPING
         else:
             row = {"pid": child.pid, "host": os.uname().nodename, "generation": generation,
                    "served": 0, "errors": 0, "batches": 0, "rows": 0, "batch_sizes": {},
                    "started": child.started,
-                   "state": "stopping" if child.stopping else "starting",
+                   "state": WorkerState.STOPPING if child.stopping else WorkerState.STARTING,
                    "memory": memory.get(child.pid) if memory else None}
         rows.append(row)
     rows.extend(_row(worker, None) for worker in [*local.values(), *remote])

@@ -34,6 +34,7 @@ from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
 from ..router.registry import WorkerRecord
+from ..router.sockets import bind_sockets
 from ..supervisor.core import Supervisor
 from ..supervisor.loop import Loop
 from ..supervisor.process import Child
@@ -148,16 +149,20 @@ class ServingRole:
                                "even receive the largest request")
         backend = f"ipc://{os.path.join(private_dir, 'backend.sock')}"  # local workers only
         try:
-            return Router(
-                context, self, frontend=config.bind, backend=backend, remote_backend=config.backend,
-                max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
+            sockets = bind_sockets(
+                context, frontend=config.bind, backend=backend, remote_backend=config.backend,
                 max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
-                signature=current.signature, secure=secure, request_timeout=config.request_timeout,
-                batching=BatchPolicy(max_rows=config.max_batch, wait=config.batch_wait,
-                                     running_cap=self._running_cap()),
+                secure=secure,
             )
         except zmq.ZMQError as exc:
             raise StartupError(_bind_failure(exc, {config.bind: "--bind", config.backend: "--backend"})) from exc
+        return Router(
+            sockets, self, max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
+            max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
+            signature=current.signature, request_timeout=config.request_timeout,
+            batching=BatchPolicy(max_rows=config.max_batch, wait=config.batch_wait,
+                                 running_cap=self._running_cap()),
+        )
 
     def _running_cap(self) -> int:
         """Local workers that can run at once: the cores this pool may use, each worker's share."""

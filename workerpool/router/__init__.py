@@ -1,5 +1,6 @@
 """The router: clients on one ROUTER socket, workers on another, and what lies between
-(intake, registry, batching, rollout, quarantine, connection cap).
+(sockets, intake, registry, dispatch and batching, recovery and quarantine, rollout, stats,
+connection cap).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ libzmq's own descriptor without closing it or needing a new one (there may be no
 only after checking it is still a connection to this socket; libzmq then sees the peer go and
 cleans up after itself as usual.
 Peers that never complete the ZeroMQ handshake are dropped by libzmq after a few seconds
-(see router.py), which frees their places.
+(see sockets.py), which frees their places.
 """
 
 from __future__ import annotations

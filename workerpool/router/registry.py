@@ -10,6 +10,7 @@ from typing import Any
 import zmq
 
 from .. import models
+from ..control.status import WorkerState
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, send_parts
 from .batching import size_bucket
@@ -37,7 +38,7 @@ class WorkerRecord:
     started: float
     last_seen: float
     batching: bool = False  # its model stacks requests along the batch axis (what it says)
-    state: str = "ready"  # ready, busy, reloading or stopping
+    state: WorkerState = WorkerState.READY  # never STARTING: that is a child not registered yet
     served: int = 0
     errors: int = 0
     batches: int = 0  # messages of requests sent to it, one forward pass each
@@ -51,7 +52,7 @@ class WorkerRecord:
         """It was sent ``batch`` (``rows`` rows) to run as one forward pass; ``batchable``: of
         requests that may share one, whose run times tell how long a batch takes."""
         self.batchable = batchable
-        self.state = "busy"
+        self.state = WorkerState.BUSY
         self.busy_since = time.monotonic()
         self.inflight = batch
         self.batches += 1

@@ -19,6 +19,7 @@ from workerpool.protocol import messages as protocol
 from workerpool.router.batching import BatchPolicy
 from workerpool.router.core import Router
 from workerpool.router.registry import WorkerRecord
+from workerpool.router.sockets import bind_sockets
 
 SIGNATURE = {"inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
              "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}]}
@@ -39,9 +40,10 @@ class Pool:
         n = next(_endpoints)
         self.context = context
         self.events: list[tuple[str, int]] = []
+        sockets = bind_sockets(context, frontend=f"inproc://front-{n}", backend=f"inproc://back-{n}",
+                               remote_backend=f"inproc://remote-{n}", max_message_size=1 << 20)
         self.router = Router(
-            context, self, frontend=f"inproc://front-{n}", backend=f"inproc://back-{n}",
-            remote_backend=f"inproc://remote-{n}", max_queue=options.pop("max_queue", 8),
+            sockets, self, max_queue=options.pop("max_queue", 8),
             max_message_size=1 << 20, signature=options.pop("signature", SIGNATURE), **options,
         )
         self.remote_endpoint = f"inproc://remote-{n}"

@@ -1,0 +1,123 @@
+"""Recovery: what becomes of the requests of a worker that is lost or runs out of time.
+
+A request in flight on a worker that dies is retried once on another worker, alone (inference
+is idempotent); one that fails twice is answered ``worker_failed``. One that runs past
+``request_timeout`` is answered ``request_timeout`` and its worker given up. A batch that dies
+or runs out of time tells nothing about which of its requests is to blame: each is retried
+alone. What killed workers is remembered by the quarantine (quarantine.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .dispatch import Dispatcher
+from .intake import Intake, Pending
+from .quarantine import Quarantine
+from .registry import WorkerKey, WorkerRecord
+from .rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2
+
+
+class Recovery:
+    """Forgets lost workers and retries, refuses or answers what they were running."""
+
+    def __init__(self, workers: dict[WorkerKey, WorkerRecord], intake: Intake, dispatcher: Dispatcher, *,
+                 rollout: Rollout, quarantine: Quarantine, lost: Callable[[WorkerRecord, str], None],
+                 request_timeout: float | None = None) -> None:
+        self.request_timeout = request_timeout
+        self._workers = workers  # the router's registry: a lost worker leaves it here
+        self._intake = intake
+        self._dispatcher = dispatcher
+        self._rollout = rollout
+        self._quarantine = quarantine
+        self._lost = lost
+
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False) -> None:
+        """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
+        ``asked``: it left because it was told to (the supervisor logs that, not a loss)."""
+        worker = self._workers.pop(key, None)
+        if worker is None:
+            return
+        self._dispatcher.withdraw(key)
+        self._rollout.forget(key)
+        inflight = self.take_inflight(worker)
+        if inflight:
+            self._recover(worker, why, inflight)
+        else:
+            log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,
+                    "left" if asked else "lost", why, extra={"worker": worker.pid})
+        self._lost(worker, why)
+        self._dispatcher.reload_next()
+
+    def _recover(self, worker: WorkerRecord, why: str, inflight: list[Pending]) -> None:
+        """Retry alone, or fail, what the lost ``worker`` was running, and blame its client."""
+        pending = inflight[0]
+        if len(inflight) > 1:
+            log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
+                        "alone", worker.pid, why, len(inflight))
+            if len({p.client for p in inflight}) == 1:  # whichever request it was, it was this client's
+                self._quarantine.killed(pending.client, pending.frames, proven=False)
+            self._retry_alone(inflight)
+        elif pending.attempts < MAX_ATTEMPTS:
+            log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
+            self._quarantine.killed(pending.client, pending.frames, proven=False)
+            self._retry_alone(inflight)
+        else:
+            log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
+            self._quarantine.killed(pending.client, pending.frames, proven=True)
+            self._intake.fail(pending, "worker_failed",
+                              f"worker {worker.pid} failed while running the request, twice")
+
+    def take_inflight(self, worker: WorkerRecord) -> list[Pending]:
+        """What ``worker`` was running, now no longer its to answer."""
+        inflight, worker.inflight = worker.inflight, []
+        self._dispatcher.stopped_running(worker.key)
+        return inflight
+
+    def _retry_alone(self, batch: list[Pending]) -> None:
+        """Queue ``batch`` again before everything else, each request to go alone: a request in
+        a batch that failed is no more to blame than its batch-mates until it fails alone."""
+        for pending in reversed(batch):
+            pending.solo = True
+            self._intake.enqueue(pending, first=True)
+
+    def worker_exited(self, token: str, why: str, *, asked: bool = False) -> None:
+        """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
+        ``asked``: it had been told to stop."""
+        for key, worker in list(self._workers.items()):
+            if worker.local and worker.token == token:
+                self.lose(key, why, asked=asked)
+        self._dispatcher.drain()
+
+    def overdue(self, worker: WorkerRecord, now: float) -> bool:
+        """Whether what ``worker`` runs has run past ``request_timeout``."""
+        return bool(worker.inflight) and self.request_timeout is not None \
+            and now - worker.busy_since > self.request_timeout
+
+    def time_out(self, worker: WorkerRecord) -> None:
+        """Answer a request that ran too long and give up its worker (a local one is killed);
+        the requests of a batch that ran too long are retried alone."""
+        inflight = self.take_inflight(worker)
+        limit = f"--request-timeout {self.request_timeout:g}s"
+        if len(inflight) > 1:
+            self._retry_alone(inflight)
+            self.lose(worker.key, f"its batch of {len(inflight)} requests ran past {limit}; "
+                      "retrying each alone")
+            return
+        pending = inflight[0]
+        self._quarantine.killed(pending.client, pending.frames, proven=True)
+        self._intake.fail(pending, "request_timeout", f"the request ran past {limit} on worker "
+                          f"{worker.pid}; that worker is being replaced")
+        self.lose(worker.key, f"its request ran past {limit}")
+
+    def fail_all(self, code: str, message: str) -> None:
+        """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
+        self._intake.fail_queued(code, message)
+        for worker in self._workers.values():
+            for pending in self.take_inflight(worker):
+                self._intake.fail(pending, code, message)

@@ -1,0 +1,40 @@
+"""The router's histograms: what ``/metrics`` reports of queue waits, run times and batches."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+BATCH_BUCKETS = tuple(2**i for i in range(11))  # 1, 2, 4 ... 1024 rows
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Histogram:
+    """How many values fell at or under each of ``bounds`` (then above them all), and their
+    sum: what a Prometheus histogram reports, counted without a lock in the loop."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def copy(self) -> tuple[tuple[float, ...], list[int], float]:
+        """Bounds, counts and sum as they are now, for another thread to read."""
+        return self.bounds, list(self.counts), self.total
+
+
+def _latencies() -> Histogram:
+    return Histogram(LATENCY_BUCKETS)
+
+
+@dataclass
+class RouterStats:
+    """The three histograms, kept since the start."""
+
+    queue_waits: Histogram = field(default_factory=_latencies)  # seconds from arrival to dispatch
+    run_times: Histogram = field(default_factory=_latencies)  # seconds from dispatch to reply
+    batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # per forward pass
