@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -24,13 +24,6 @@ from workerpool.router.sockets import bind_sockets
 SIGNATURE = {"inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
              "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}]}
 _endpoints = itertools.count()
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 class Pool:
