@@ -38,7 +38,8 @@ def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
 
 def client_keys(args: argparse.Namespace) -> security.ClientKeys | None:
     """The CURVE keys of a command that connects (``workers``, ``infer``, ``embed``)."""
-    unpaired = values.unpaired(("--curve-key", args.curve_key), ("--curve-server-key", args.curve_server_key))
+    unpaired = values.unpaired(("--curve-key", args.curve_key),
+                               ("--curve-server-key", args.curve_server_key))
     if unpaired:
         raise CommandError(unpaired, exit_code=2)
     if not args.curve_key:

@@ -28,7 +28,8 @@ def control_endpoint(args: argparse.Namespace) -> str:
     if args.control:
         return str(args.control)
     if os.environ.get("WORKERPOOL_CONTROL"):
-        with reported(argparse.ArgumentTypeError, exit_code=2, saying=lambda exc: f"WORKERPOOL_CONTROL={exc}"):
+        with reported(argparse.ArgumentTypeError, exit_code=2,
+                      saying=lambda exc: f"WORKERPOOL_CONTROL={exc}"):
             return values.control_endpoint(os.environ["WORKERPOOL_CONTROL"])
     with reported(OSError, saying=lambda exc: f"cannot use the runtime directory: {exc}"):
         return runtime.default_control_endpoint()

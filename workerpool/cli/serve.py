@@ -101,7 +101,8 @@ def _run_pool(run: Callable[[Config], int], config: Config) -> int:
 
 def _server_keys(args: argparse.Namespace) -> security.ServerKeys | None:
     """``serve``'s CURVE keys: its own secret key and the allowed clients' (and worker hosts')."""
-    mismatch = unpaired(("--curve-server-key", args.curve_secret_key), ("--curve-client-keys", args.curve_client_keys))
+    mismatch = unpaired(("--curve-server-key", args.curve_secret_key),
+                        ("--curve-client-keys", args.curve_client_keys))
     if mismatch:
         raise CommandError(mismatch, exit_code=2)
     if args.curve_worker_keys and not args.curve_secret_key:

@@ -84,7 +84,8 @@ LOAD_MODE_HELP = {
 
 def _modes_help(modes: Mapping[str, str], default: str) -> str:
     """``--load``'s help, marking whichever mode is the default."""
-    return "; ".join(f"{mode}: {text}" + (" (default)" if mode == default else "") for mode, text in modes.items())
+    return "; ".join(f"{mode}: {text}" + (" (default)" if mode == default else "")
+                     for mode, text in modes.items())
 
 
 _POOL_SETTINGS = (
