@@ -1,5 +1,5 @@
-"""Every setting of a pool, each declared once; ``sources`` reads them from files and the
-environment.
+"""Every setting of a pool, each declared once (``settings``); ``sources`` reads them from files
+and the environment.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from .pool import (
     MAX_CONNECTIONS,
     MAX_QUEUE,
     POLLS_PER_HEARTBEAT,
-    QUEUE_BYTES_CAP,
     RELOAD_TIMEOUT_SECONDS,
     REQUEST_TIMEOUT_SECONDS,
     START_METHODS,
@@ -26,8 +25,8 @@ from .pool import (
     PoolConfig,
     ServeConfig,
     StartupError,
-    default_max_queue_bytes,
 )
+from .settings import QUEUE_BYTES_CAP, default_max_queue_bytes
 
 __all__ = [
     "DEFAULT_LOAD",
@@ -35,21 +34,21 @@ __all__ = [
     "DEFAULT_START",
     "GRACEFUL_TIMEOUT_SECONDS",
     "HEARTBEAT_SECONDS",
-    "HostConfig",
     "LIVENESS_BEATS",
     "LOAD_MODES",
     "MAX_BATCH",
     "MAX_CONNECTIONS",
     "MAX_QUEUE",
     "POLLS_PER_HEARTBEAT",
-    "PoolConfig",
     "QUEUE_BYTES_CAP",
     "RELOAD_TIMEOUT_SECONDS",
     "REQUEST_TIMEOUT_SECONDS",
     "START_METHODS",
     "STOP_TIMEOUT_SECONDS",
+    "WATCH_INTERVAL_SECONDS",
+    "HostConfig",
+    "PoolConfig",
     "ServeConfig",
     "StartupError",
-    "WATCH_INTERVAL_SECONDS",
     "default_max_queue_bytes",
 ]

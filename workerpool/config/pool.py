@@ -1,50 +1,45 @@
-"""Every setting of a pool, each default written once.
+"""Every setting of a pool, as the code that runs a pool reads them.
 
 ``serve`` and ``workers`` share :class:`PoolConfig` (the weights, the workers, their
 supervision); :class:`ServeConfig` adds the router's settings and :class:`HostConfig` the
-uplink to a remote router. The command line takes its defaults from here.
+uplink to a remote router. The defaults of options come from their declaration in
+:mod:`.settings`, like the command line's.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..endpoints import DEFAULT_BIND
+from .settings import field, setting
 
 if TYPE_CHECKING:  # only for annotations: loading a model must not import ZeroMQ
     from .. import security
 
-DEFAULT_LOAD = "mmap"
-LOAD_MODES = ("mmap", "copy")
-DEFAULT_START = "fork"
-START_METHODS = ("fork", "spawn")
-DEFAULT_LOG_LEVEL = "info"
+# The defaults of options, by the names other modules know them by.
+DEFAULT_LOAD: str = setting("load").default
+LOAD_MODES: tuple[str, ...] = setting("load").choices or ()
+DEFAULT_START: str = setting("start").default
+START_METHODS: tuple[str, ...] = setting("start").choices or ()
+DEFAULT_LOG_LEVEL: str = setting("log_level").default
+MAX_QUEUE: int = setting("max_queue").default
+GRACEFUL_TIMEOUT_SECONDS: float = setting("graceful_timeout").default
+WATCH_INTERVAL_SECONDS: float = setting("watch_interval").default
+REQUEST_TIMEOUT_SECONDS: float = setting("request_timeout").default
+MAX_CONNECTIONS: int = setting("max_connections").default
+MAX_BATCH: int = setting("max_batch").default  # rows of the batch axis one forward pass may take
+
+# Settings no option changes.
 HEARTBEAT_SECONDS = 1.0
 LIVENESS_BEATS = 5  # heartbeats missed before a peer counts as gone
 POLLS_PER_HEARTBEAT = 4  # an idle loop wakes this often per heartbeat interval
 STOP_TIMEOUT_SECONDS = 5.0  # a local worker told to stop gets this long before it is killed
-MAX_QUEUE = 1024
-GRACEFUL_TIMEOUT_SECONDS = 30.0
-WATCH_INTERVAL_SECONDS = 0.5
 RELOAD_TIMEOUT_SECONDS = 120.0
-# Below the clients' default 30 s timeout, so a stuck request is answered before a client
-# resends it to a second worker.
-REQUEST_TIMEOUT_SECONDS = 20.0
-MAX_CONNECTIONS = 1024
-MAX_BATCH = 32  # rows of the batch axis one forward pass may take; 1 turns batching off
-QUEUE_BYTES_CAP = 1 << 30  # queued requests may hold at most this, or 1/8 of the memory
 
 
 class StartupError(Exception):
     """The pool cannot start (bad model file, endpoint in use); nothing was started."""
-
-
-def default_max_queue_bytes() -> int:
-    """1 GiB, or an eighth of this machine's memory if that is less."""
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return min(QUEUE_BYTES_CAP, memory // 8)
 
 
 @dataclass(kw_only=True)
@@ -54,16 +49,16 @@ class PoolConfig:
     path: str
     workers: int
     model: str | None = None
-    load: str = DEFAULT_LOAD
-    graceful_timeout: float = GRACEFUL_TIMEOUT_SECONDS
+    load: str = field("load")
+    graceful_timeout: float = field("graceful_timeout")
     heartbeat: float = HEARTBEAT_SECONDS
     liveness: int = LIVENESS_BEATS
-    log_level: str = DEFAULT_LOG_LEVEL
-    log_format: str = "text"  # or json: one object per line
-    watch_interval: float | None = WATCH_INTERVAL_SECONDS  # None: reload only when asked
+    log_level: str = field("log_level")
+    log_format: str = field("log_format")  # or json: one object per line
+    watch_interval: float | None = field("watch_interval")  # None: reload only when asked
     max_worker_memory: int | None = None  # bytes of private memory before a worker is recycled
     threads_per_worker: int | None = None  # None: the CPUs this process may use, shared out
-    start: str = DEFAULT_START  # fork: from the warm template; spawn: a fresh interpreter each
+    start: str = field("start")  # fork: from the warm template; spawn: a fresh interpreter each
 
     def cpu_budget(self) -> int:
         """Threads each worker's BLAS and OpenMP pools may use: with more workers than cores,
@@ -77,14 +72,14 @@ class PoolConfig:
 class ServeConfig(PoolConfig):
     """``workerpool serve``: the router, its endpoints and its limits."""
 
-    bind: str = DEFAULT_BIND
+    bind: str = field("bind")
     control: str | None = None  # None: an ipc socket in the private runtime directory
-    max_queue: int = MAX_QUEUE
-    max_queue_bytes: int = field(default_factory=default_max_queue_bytes)
-    max_connections: int = MAX_CONNECTIONS
-    request_timeout: float = REQUEST_TIMEOUT_SECONDS
-    max_batch: int = MAX_BATCH
-    batch_wait: float = 0.0  # seconds a batch's first request may wait for more to join it
+    max_queue: int = field("max_queue")
+    max_queue_bytes: int = field("max_queue_bytes")
+    max_connections: int = field("max_connections")
+    request_timeout: float = field("request_timeout")
+    max_batch: int = field("max_batch")
+    batch_wait: float = field("batch_wait")  # seconds a batch's first request may wait for more to join it
     max_message_size: int | None = None  # None: sized to the model's input
     reload_timeout: float = RELOAD_TIMEOUT_SECONDS
     backend: str | None = None  # None: a private ipc socket

@@ -18,8 +18,10 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .settings import SETTINGS
+
 ENV_PREFIX = "WORKERPOOL_"
-NOT_FROM_SOURCES = {"help", "config", "print_config"}  # options only the command line gives
+NOT_FROM_SOURCES = {"help"} | {setting.name for setting in SETTINGS if not setting.from_files}
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 

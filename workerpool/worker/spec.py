@@ -11,9 +11,11 @@ import argparse
 import functools
 import json
 import signal
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
 
+from ..config import values
 from ..config.pool import (
     DEFAULT_LOAD,
     DEFAULT_LOG_LEVEL,
@@ -39,88 +41,90 @@ CONTROL_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTTIN,
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerSpec:
-    """What one worker serves and how it reaches its router."""
+    """What one worker serves and how it reaches its router.
 
-    path: str
+    Each field is also an option of the worker's command line, ``--`` and its name: its type
+    says how the option is parsed (``bool``: a switch, a list: JSON), its metadata adds the
+    option's help and choices. A field without a default is a required option.
+    """
+
+    path: str  # the one positional argument
     backend: str
     model: str | None = None
-    load: str = DEFAULT_LOAD
+    load: str = field(default=DEFAULT_LOAD, metadata={"choices": LOAD_MODES})
     generation: int = 1
-    expect: list[int] | None = None  # the file identity the supervisor validated
+    expect: list[int] | None = field(default=None, metadata={
+        "help": "the file identity the supervisor validated, as a JSON list"})
     heartbeat: float = HEARTBEAT_SECONDS
     liveness: int = LIVENESS_BEATS
     log_level: str = DEFAULT_LOG_LEVEL
-    remote: bool = False  # the router is on another host: wait for it instead of exiting
-    ready_fd: int | None = None  # an inherited pipe, written once the model is built
-    curve_key: str | None = None  # this host's secret key file
-    curve_server_key: str | None = None  # the router's public key file
-    max_memory: int | None = None  # private memory (bytes) past which the worker recycles itself
-    parent: int | None = None  # the supervisor's pid: the worker must not outlive it
-    threads: int | None = None  # BLAS/OpenMP threads; None leaves the libraries' defaults
+    remote: bool = field(default=False, metadata={
+        "help": "the router is on another host: wait for it instead of exiting"})
+    ready_fd: int | None = field(default=None, metadata={
+        "help": "write to this inherited pipe once the model is built"})
+    curve_key: str | None = field(default=None, metadata={"help": "this host's secret key file"})
+    curve_server_key: str | None = field(default=None, metadata={"help": "the router's public key file"})
+    max_memory: int | None = field(default=None, metadata={
+        "help": "bytes of private memory past which the worker recycles itself"})
+    parent: int | None = field(default=None, metadata={
+        "help": "the supervisor's pid: exit at once if it is already gone"})
+    threads: int | None = field(default=None, metadata={
+        "help": "threads for numpy's BLAS and OpenMP pools"})  # None leaves the libraries' defaults
 
     def to_argv(self) -> list[str]:
-        argv = [
-            self.path,
-            "--backend", self.backend,
-            "--load", self.load,
-            "--generation", str(self.generation),
-            "--heartbeat", str(self.heartbeat),
-            "--liveness", str(self.liveness),
-            "--log-level", self.log_level,
-        ]
-        if self.model is not None:
-            argv += ["--model", self.model]
-        if self.expect is not None:
-            argv += ["--expect", json.dumps(self.expect)]
-        if self.remote:
-            argv.append("--remote")
-        if self.ready_fd is not None:
-            argv += ["--ready-fd", str(self.ready_fd)]
-        if self.curve_key is not None:
-            argv += ["--curve-key", self.curve_key]
-        if self.curve_server_key is not None:
-            argv += ["--curve-server-key", self.curve_server_key]
-        if self.max_memory is not None:
-            argv += ["--max-memory", str(self.max_memory)]
-        if self.parent is not None:
-            argv += ["--parent", str(self.parent)]
-        if self.threads is not None:
-            argv += ["--threads", str(self.threads)]
+        """The settings every worker is given, then those given only when set."""
+        given = [f for f in fields(self) if not _unset(f.default)]
+        when_set = [f for f in fields(self) if _unset(f.default)]
+        argv = []
+        for f in given + when_set:
+            value = getattr(self, f.name)
+            if f.name == "path":
+                argv.append(value)
+            elif value is True:
+                argv.append(_flag(f))
+            elif not _unset(value):
+                argv += [_flag(f), json.dumps(value) if _kind(f) == "list[int]" else str(value)]
         return argv
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> WorkerSpec:
         parser = build_parser()
         args = parser.parse_args(argv)
-        if bool(args.curve_key) != bool(args.curve_server_key):
-            parser.error("--curve-key and --curve-server-key go together")
+        unpaired = values.unpaired(("--curve-key", args.curve_key),
+                                   ("--curve-server-key", args.curve_server_key))
+        if unpaired:
+            parser.error(unpaired)
         return cls(**vars(args))
+
+
+_PARSE: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "list[int]": json.loads}
+"""How an option's text becomes its field's value, by the field's type (``str``: as it is)."""
+
+
+def _kind(f: Field[Any]) -> str:
+    return str(f.type).removesuffix(" | None")
+
+
+def _flag(f: Field[Any]) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def _unset(value: object) -> bool:
+    """A value that the worker's command line leaves out: it is the default of the option."""
+    return value is None or value is False
 
 
 @functools.cache  # built once in a template, shared by the workers it forks
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workerpool-worker",
                                      description="One worker process; started by a supervisor.")
-    parser.add_argument("path")
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--load", choices=LOAD_MODES, default=DEFAULT_LOAD)
-    parser.add_argument("--generation", type=int, default=1)
-    parser.add_argument("--expect", type=json.loads, default=None,
-                        help="the file identity the supervisor validated, as a JSON list")
-    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_SECONDS)
-    parser.add_argument("--liveness", type=int, default=LIVENESS_BEATS)
-    parser.add_argument("--log-level", default=DEFAULT_LOG_LEVEL)
-    parser.add_argument("--remote", action="store_true",
-                        help="the router is on another host: wait for it instead of exiting")
-    parser.add_argument("--ready-fd", type=int, default=None,
-                        help="write to this inherited pipe once the model is built")
-    parser.add_argument("--curve-key", default=None, help="this host's secret key file")
-    parser.add_argument("--curve-server-key", default=None, help="the router's public key file")
-    parser.add_argument("--max-memory", type=int, default=None,
-                        help="bytes of private memory past which the worker recycles itself")
-    parser.add_argument("--parent", type=int, default=None,
-                        help="the supervisor's pid: exit at once if it is already gone")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads for numpy's BLAS and OpenMP pools")
+    for f in fields(WorkerSpec):
+        if f.name == "path":
+            parser.add_argument("path")
+        elif _kind(f) == "bool":
+            parser.add_argument(_flag(f), action="store_true", **f.metadata)
+        elif f.default is MISSING:
+            parser.add_argument(_flag(f), type=_PARSE.get(_kind(f), str), required=True, **f.metadata)
+        else:
+            parser.add_argument(_flag(f), type=_PARSE.get(_kind(f), str), default=f.default, **f.metadata)
     return parser

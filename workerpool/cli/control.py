@@ -1,0 +1,116 @@
+"""``status``, ``reload`` and ``publish``: the commands that talk to a running server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import cast
+
+from .. import runtime
+from ..config import values
+from ..config.pool import RELOAD_TIMEOUT_SECONDS
+from ..control import client as control
+from ..control.status import Status, unready
+from ..units import format_size
+from . import render
+from .arguments import add_control, add_model, add_timeout
+from .failures import reported
+from .parser import Subcommands, add_command
+
+RELOAD_WAIT_SECONDS = RELOAD_TIMEOUT_SECONDS + 30.0
+"""``reload`` outwaits the server's own reload deadline, so a failure arrives with its reason."""
+
+
+def control_endpoint(args: argparse.Namespace) -> str:
+    """``--control``, else ``WORKERPOOL_CONTROL``, else where ``serve`` listens by default."""
+    if args.control:
+        return str(args.control)
+    if os.environ.get("WORKERPOOL_CONTROL"):
+        with reported(argparse.ArgumentTypeError, exit_code=2,
+                      saying=lambda exc: f"WORKERPOOL_CONTROL={exc}"):
+            return values.control_endpoint(os.environ["WORKERPOOL_CONTROL"])
+    with reported(OSError, saying=lambda exc: f"cannot use the runtime directory: {exc}"):
+        return runtime.default_control_endpoint()
+
+
+def add_status(sub: Subcommands) -> None:
+    parser = add_command(
+        sub, "status", cmd_status,
+        summary="show a running server's workers, queue and memory",
+        description="Ask a running server for its state. Exit 1 when no server answers.",
+    )
+    add_control(parser)
+    parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    parser.add_argument("--explain", action="store_true",
+                        help="say under the table what each memory column means")
+    parser.add_argument("--ready", action="store_true",
+                        help="exit 0 only if a worker serves the current weights and the server is "
+                        "not shutting down (an exec probe; /readyz over --http says the same)")
+    add_timeout(parser, 5.0)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    endpoint = control_endpoint(args)
+    with reported(control.ControlError):
+        status = control.call(endpoint, "status", timeout=args.timeout, memory=not args.ready)
+    if args.ready:
+        reason = unready(cast(Status, status))
+        print(f"workerpool: not ready: {reason}" if reason else "workerpool: ready",
+              file=sys.stderr if reason else sys.stdout)
+        return 1 if reason else 0
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    render.print_status(status, render.output_width(), explain=args.explain)
+    return 0
+
+
+def add_reload(sub: Subcommands) -> None:
+    parser = add_command(
+        sub, "reload", cmd_reload,
+        summary="load new weights now and wait until every worker serves them",
+        description="Ask a running server to check its weight file now (as SIGHUP does) and wait "
+        "until every worker serves the new generation. Exit 0 when they do or when the file is "
+        "unchanged; exit 1 with the reason when the new file is refused or the switch does not "
+        "complete.",
+    )
+    add_control(parser)
+    add_timeout(parser, RELOAD_WAIT_SECONDS)
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    endpoint = control_endpoint(args)
+    with reported(control.ControlError, saying=lambda exc: f"reload failed: {exc}"):
+        answer = control.call(endpoint, "reload", timeout=args.timeout)
+    if answer["result"] == "unchanged":
+        print(f"workerpool: weights unchanged; generation {answer['generation']} keeps serving")
+    else:
+        print(f"workerpool: every worker now serves generation {answer['generation']}")
+    return 0
+
+
+def add_publish(sub: Subcommands) -> None:
+    parser = add_command(
+        sub, "publish", cmd_publish,
+        summary="deploy new weights: validate, copy beside DEST, rename over it",
+        description="Validate SRC (and, with --control, that the running server's model accepts "
+        "it), copy it to a temporary file in DEST's directory, fsync it, rename it over DEST and "
+        "fsync the directory. A server watching DEST then reloads. An invalid SRC leaves DEST "
+        "untouched (exit 1).",
+    )
+    parser.add_argument("source", metavar="SRC.bpk", help="the new weights, checked before anything is replaced")
+    parser.add_argument("destination", metavar="DEST.bpk", help="the path the server serves")
+    add_control(parser, "also ask the server at this control endpoint to check SRC")
+    add_model(parser, "without --control, the model to check SRC against (default: as serve)")
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from ..weights.publish import PublishError, publish
+
+    with reported(PublishError):
+        identity = publish(args.source, args.destination, control_endpoint=args.control, model=args.model)
+    print(f"workerpool: published {args.source} as {args.destination} (inode {identity.inode}, "
+          f"{format_size(identity.size)})")
+    return 0

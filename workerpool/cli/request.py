@@ -1,0 +1,130 @@
+"""``infer`` and ``embed``: one request to a server, its answer printed or saved."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import TYPE_CHECKING, Any, cast
+
+import zmq
+
+from .. import security
+from ..client import reach
+from ..config import values
+from ..endpoints import DEFAULT_BIND
+from .arguments import add_settings, add_timeout, client_keys
+from .failures import CommandError, reported
+from .inputs import load_input
+from .parser import Subcommands, add_command
+
+if TYPE_CHECKING:
+    from ..client.sync import Outputs
+
+
+def add_infer(sub: Subcommands) -> None:
+    parser = add_command(
+        sub, "infer", cmd_infer,
+        summary="send one request from a .npy file",
+        description="Send the array in a .npy file to a server and print or save the output.",
+    )
+    parser.add_argument("--input", required=True, metavar="X.npy",
+                        help="the input array (.npy, float32 for the built-in models), or named "
+                        "input arrays (.npz)")
+    parser.add_argument("--output", metavar="Y.npy",
+                        help="write the output here (.npy; .npz for named outputs) instead of printing it")
+    _add_client_options(parser, "infer")
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    if args.output:
+        _check_writable(args.output)
+    result = _request(args, load_input(args.input))
+    if args.output:
+        _save(args.output, result.outputs)
+        print(f"workerpool: wrote {args.output} (worker {result.worker_pid}, generation {result.generation})")
+    else:
+        print(result.outputs)
+    return 0
+
+
+def add_embed(sub: Subcommands) -> None:
+    parser = add_command(
+        sub, "embed", cmd_embed,
+        summary="embed texts with a server's sentence-embedding model",
+        description="Send the texts to a server whose model takes texts (such as 'bert' converted "
+        "from a model folder with its tokenizer) and print one JSON list per text, or save them "
+        "as one .npy array.",
+    )
+    parser.add_argument("texts", nargs="+", metavar="TEXT", help="the texts to embed")
+    parser.add_argument("--output", metavar="E.npy", help="save the embeddings here instead of printing them")
+    _add_client_options(parser, "embed")
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    if args.output:
+        _check_writable(args.output)
+    outputs = _request(args, list(args.texts)).outputs
+    embedding = outputs.get("embedding") if isinstance(outputs, dict) else None
+    if not isinstance(embedding, np.ndarray):
+        raise CommandError(f"{args.endpoint}: the server's model returned no 'embedding' for texts")
+    if args.output:
+        _save(args.output, embedding)
+        print(f"workerpool: wrote {args.output} ({embedding.shape[0]} embeddings of {embedding.shape[1]})")
+    else:
+        for row in embedding:
+            print(json.dumps([round(float(v), 7) for v in row]))
+    return 0
+
+
+def _add_client_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Where a one-request command sends its request, how long it waits, and its keys."""
+    parser.add_argument("--endpoint", type=values.endpoint, default=DEFAULT_BIND, help="default: %(default)s")
+    add_timeout(parser, 30.0, "seconds per attempt")
+    parser.add_argument("--retries", type=int, default=2, help="retries after a timeout (default: %(default)s)")
+    add_settings(parser, command)
+
+
+def _request(args: argparse.Namespace, payload: Any) -> Any:
+    """One request to ``args.endpoint`` with the client options; its result, or one line."""
+    from ..client.sync import Client
+    from ..errors import Timeout, WorkerpoolError
+
+    keys = client_keys(args)
+    stuck = ("; the server is there (it completed a handshake) but did not answer: it is overloaded "
+             "or stuck ('workerpool status' shows its queue and workers)")
+    with (
+        reported(security.KeysError, zmq.ZMQError, ValueError, saying=lambda exc: f"{args.endpoint}: {exc}"),
+        reported(WorkerpoolError, saying=lambda exc: f"{args.endpoint}: {type(exc).__name__}: {exc}"),
+        reported(Timeout, saying=lambda exc: f"{exc}{stuck}"),
+        reported(reach.Unreachable),
+    ):
+        reach.check(args.endpoint, keys)
+        with Client(args.endpoint, timeout=args.timeout, retries=args.retries, keys=keys) as client:
+            return client.request(payload)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse an output path that cannot be written before a request is sent for it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CommandError(f"{path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise CommandError(f"{path}: not writable")
+
+
+def _save(path: str, outputs: Outputs) -> None:
+    """Named outputs as an .npz, one unnamed output (or none) as an .npy, at exactly ``path``:
+    given a name, numpy would add its own extension to one without it."""
+    import numpy as np
+
+    with (
+        reported(OSError, saying=lambda exc: f"{path}: cannot write it: {exc.strerror or exc}"),
+        open(path, "wb") as f,
+    ):
+        if isinstance(outputs, dict):  # Any: numpy's stub types **kwds as allow_pickle
+            np.savez(f, **cast(dict[str, Any], outputs))
+        else:
+            np.save(f, np.asanyarray(outputs))

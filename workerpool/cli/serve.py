@@ -1,0 +1,113 @@
+"""``serve`` and ``workers``: the commands that run a pool, their options from the settings
+table, a ``--config`` file and the environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, TypeVar
+
+from .. import security
+from ..config import settings
+from ..config import sources as config_sources
+from ..config.pool import HostConfig, PoolConfig, ServeConfig, StartupError
+from ..config.values import unpaired
+from ..logs import setup_logging
+from ..pool import run as pool
+from .arguments import add_settings, client_keys
+from .failures import CommandError, reported
+from .parser import Subcommands, add_command
+
+Config = TypeVar("Config", bound=PoolConfig)
+
+
+def add_serve(sub: Subcommands) -> None:
+    _add_pool_command(
+        sub, settings.SERVE, cmd_serve,
+        summary="serve a model from N worker processes",
+        description="Serve MODEL.bpk from --workers processes that each map the file read-only, "
+        "so the weights sit in memory once. Prints one 'workerpool: serving ...' line on stdout "
+        "when every worker is ready; logs go to stderr. SIGTERM/SIGINT finish in-flight requests "
+        "and exit 0; SIGTTIN/SIGTTOU add/remove a worker. Exit 2 when the file or model is invalid.",
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.workers == 0 and not args.backend:
+        raise CommandError("--workers 0 serves nothing unless worker hosts can join: give --backend",
+                           exit_code=2)
+    return _run_pool(pool.serve, _pool_config(ServeConfig, args, server_keys=_server_keys(args)))
+
+
+def add_workers(sub: Subcommands) -> None:
+    _add_pool_command(
+        sub, settings.WORKERS, cmd_workers,
+        summary="run N workers on this host for a router on another host",
+        description="Start N worker processes on this host that map MODEL.bpk (this host's own "
+        "copy) and serve through the router of 'workerpool serve --backend tcp://...' on another "
+        "host. Workers are replaced when they die, reconnect when the router restarts, and roll "
+        "to new weights one at a time when MODEL.bpk is replaced by rename.",
+    )
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    if not args.connect:
+        raise CommandError("workers needs --connect ENDPOINT (or connect in --config, or "
+                           "WORKERPOOL_CONNECT)", exit_code=2)
+    return _run_pool(pool.run_host, _pool_config(HostConfig, args, keys=client_keys(args)))
+
+
+def _add_pool_command(sub: Subcommands, command: str, handler: Callable[[argparse.Namespace], int],
+                      **texts: str) -> None:
+    """A command whose options are the settings it takes; its parser is kept in its arguments,
+    for :func:`with_sources` to read the file and the environment by."""
+    parser = add_command(sub, command, handler, **texts)
+    parser.set_defaults(command_parser=parser)
+    add_settings(parser, command)
+
+
+def with_sources(parser: argparse.ArgumentParser, argv: list[str],
+                 args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` again with the settings of ``--config`` and ``WORKERPOOL_*`` placed before the
+    command line's, which therefore wins."""
+    with reported(config_sources.SourceError, exit_code=2):
+        extra = config_sources.arguments(args.command_parser, args.config, os.environ)
+    return parser.parse_args(config_sources.command_line(argv, extra)) if extra else args
+
+
+def effective_config(args: argparse.Namespace) -> str:
+    """``--print-config``: the settings in effect, as a ``--config`` file."""
+    shown = {setting.name: setting.file_value(getattr(args, setting.name))
+             for setting in settings.of_command(args.command) if setting.file_value}
+    return config_sources.effective(args.command_parser, args, shown)
+
+
+def _pool_config(kind: type[Config], args: argparse.Namespace, **derived: Any) -> Config:
+    """A config from the options named like its fields, so each setting is named once (by its
+    option), plus the settings ``derived`` from several options."""
+    options = {f.name: getattr(args, f.name) for f in fields(kind) if hasattr(args, f.name)}
+    options["watch_interval"] = None if args.no_watch else args.watch_interval
+    return kind(**options | derived)
+
+
+def _run_pool(run: Callable[[Config], int], config: Config) -> int:
+    """Run a pool until it stops; one that cannot start exits 2, like a usage error."""
+    setup_logging(config.log_level, config.log_format)
+    with reported(StartupError, exit_code=2):
+        return run(config)
+
+
+def _server_keys(args: argparse.Namespace) -> security.ServerKeys | None:
+    """``serve``'s CURVE keys: its own secret key and the allowed clients' (and worker hosts')."""
+    mismatch = unpaired(("--curve-server-key", args.curve_secret_key),
+                        ("--curve-client-keys", args.curve_client_keys))
+    if mismatch:
+        raise CommandError(mismatch, exit_code=2)
+    if args.curve_worker_keys and not args.curve_secret_key:
+        raise CommandError("--curve-worker-keys needs --curve-secret-key and --curve-client-keys",
+                           exit_code=2)
+    if not args.curve_secret_key:
+        return None
+    return security.ServerKeys(args.curve_secret_key, args.curve_client_keys, args.curve_worker_keys)

@@ -1,0 +1,267 @@
+"""Every option of ``serve`` and ``workers``, each declared once.
+
+A :class:`Setting` holds all that is said about one option: its flags, how its text is parsed,
+its default, its help and which commands take it. The command line's options, the keys of a
+``--config`` file and the ``WORKERPOOL_*`` variables (:mod:`.sources`, from those options), the
+defaults of :class:`~workerpool.config.pool.PoolConfig` and its subclasses, and the option
+tables of ``docs/configuration.md`` (:mod:`.docs`) are all made from :data:`SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from ..endpoints import DEFAULT_BIND
+from ..logs import FORMATS, LEVELS
+from ..units import MS_PER_SECOND
+from . import values
+
+SERVE, WORKERS = "serve", "workers"
+POOL = frozenset({SERVE, WORKERS})
+SERVE_ONLY, WORKERS_ONLY = frozenset({SERVE}), frozenset({WORKERS})
+CLIENTS = frozenset({WORKERS, "infer", "embed"})  # the commands that connect to a router
+MODEL_METAVAR = "NAME|module:factory"
+QUEUE_BYTES_CAP = 1 << 30  # queued requests may hold at most this, or 1/8 of the memory
+
+
+def default_max_queue_bytes() -> int:
+    """1 GiB, or an eighth of this machine's memory if that is less."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(QUEUE_BYTES_CAP, memory // 8)
+
+
+def _cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One option: ``flag`` (``--max-batch``, or a bare name for a positional argument) names
+    it, and its key (``max_batch``) is argparse's destination, the config field and the file and
+    environment key."""
+
+    flag: str
+    _: KW_ONLY
+    help: str | Mapping[str, str]  # by command where they differ; {placeholders}: see cli.arguments
+    commands: frozenset[str] = POOL
+    aliases: tuple[str, ...] = ()
+    default: Any = None
+    default_factory: Callable[[], Any] | None = None  # a default found at run time
+    parse: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False
+    from_files: bool = True  # False: only the command line gives it
+    file_value: Callable[[Any], Any] | None = None  # how --print-config writes it, if not as parsed
+    doc: str = ""  # its meaning in docs/configuration.md
+    doc_default: str | None = None  # the default there, when the value alone does not say it
+
+    @property
+    def name(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def positional(self) -> bool:
+        return not self.flag.startswith("-")
+
+    def help_for(self, command: str) -> str:
+        return self.help if isinstance(self.help, str) else self.help[command]
+
+    def initial(self) -> Any:
+        """The default, found now if it depends on the machine."""
+        return self.default_factory() if self.default_factory else self.default
+
+
+LOAD_MODE_HELP = {
+    "mmap": "share one mapped copy of the weights",
+    "copy": "a private copy per worker, the naive baseline",
+}
+
+
+def _modes_help(modes: Mapping[str, str], default: str) -> str:
+    """``--load``'s help, marking whichever mode is the default."""
+    return "; ".join(f"{mode}: {text}" + (" (default)" if mode == default else "")
+                     for mode, text in modes.items())
+
+
+_POOL_SETTINGS = (
+    Setting("path", metavar="MODEL.bpk",
+            help={SERVE: "the Burnpack weight file", WORKERS: "this host's copy of the weights"}),
+    Setting("--config", metavar="FILE", from_files=False,
+            help="read options from this TOML file (keys are the long option names: workers = 8, "
+            "max-batch = 16); the environment's WORKERPOOL_<OPTION> variables come next, the command "
+            "line wins over both",
+            doc="read options from a TOML file; `WORKERPOOL_<OPTION>` environment variables come next, "
+            "the command line wins (see [below](#configuration-files-and-environment-variables))"),
+    Setting("--print-config", switch=True, from_files=False,
+            help="print the options in effect, as a --config file, and exit",
+            doc="print the options in effect as a `--config` file and exit"),
+    Setting("--log-format", choices=FORMATS, default="text",
+            help="text, or json: one JSON object per line (default: %(default)s)",
+            doc="`json`: one JSON object per line (see [Logs](operations.md#logs))"),
+    Setting("--workers", parse=values.count, default_factory=_cpu_count,
+            help="worker processes (default: the number of CPUs, %(default)s here)",
+            doc="worker processes", doc_default="number of CPUs"),
+    Setting("--model", metavar=MODEL_METAVAR,
+            help="model to build (default: metadata workerpool.model, else recognised from the "
+            "tensors; built-ins: {builtin_models})",
+            doc="the model to build on the weights (built-ins: `mlp`, `burn-mnist`, `bert`)",
+            doc_default="see [Models](models.md#choosing-the-model)"),
+    Setting("--load", choices=tuple(LOAD_MODE_HELP), default="mmap",
+            help=_modes_help(LOAD_MODE_HELP, "mmap"),
+            doc="`mmap` shares one mapped copy of the weights; `copy` gives each worker a private copy "
+            "(the naive baseline)"),
+    Setting("--graceful-timeout", parse=values.seconds, default=30.0, metavar="S",
+            help={SERVE: "on SIGTERM, seconds to finish in-flight requests (default: %(default)s)",
+                  WORKERS: "on SIGTERM, seconds for workers to leave the router (default: %(default)s)"},
+            doc="on SIGTERM/SIGINT, how long in-flight and queued requests may take to finish"),
+    Setting("--watch-interval", parse=values.positive_seconds, default=0.5, metavar="S",
+            help="seconds between checks of MODEL.bpk for new weights published by rename "
+            "(default: %(default)s)",
+            doc="how often to check MODEL.bpk for new weights (see [Deploying new "
+            "weights](operations.md#deploying-new-weights))"),
+    Setting("--start", choices=("fork", "spawn"), default="fork",
+            help="fork: fork each worker from a warm template process that has imported everything "
+            "(a worker costs a few MiB); spawn: start each worker as a fresh interpreter, for models or "
+            "libraries that are not safe to fork (default: %(default)s)",
+            doc="`fork`: each worker is forked from a warm template process that has already imported "
+            "everything (a worker costs about 5 MiB and is ready in milliseconds); `spawn`: each worker "
+            "is a fresh interpreter (about 19 MiB, and it starts in a second or two). See [Fork or "
+            "spawn](benchmarks.md#fork-or-spawn)"),
+    Setting("--threads-per-worker", parse=values.positive_count, metavar="N",
+            help="threads for each worker's numpy BLAS and OpenMP pools (default: the CPUs this "
+            "process may use divided by --workers, at least 1)",
+            doc="threads for each worker's numpy BLAS and OpenMP pools (set with threadpoolctl); shown "
+            "in `status` and the start-up log. See [The CPU budget](benchmarks.md#the-cpu-budget)",
+            doc_default="CPUs available ÷ `--workers` (at least 1)"),
+    Setting("--max-worker-memory", parse=values.positive_size, metavar="SIZE",
+            help="recycle a worker whose private memory passes SIZE, after it answers; an allocation "
+            "past it fails that request with 'internal' (default: no limit)",
+            doc="a worker's private memory bound: an allocation past it fails that request "
+            "(`internal`), and a worker left above it is replaced after answering"),
+    Setting("--no-watch", switch=True,
+            help="do not watch MODEL.bpk; reload only on SIGHUP (or 'workerpool reload')",
+            doc="reload only on `SIGHUP` or `workerpool reload`"),
+    Setting("--log-level", choices=LEVELS, default="info", help="default: %(default)s",
+            doc="how much the logs say"),
+)
+
+_SERVE_SETTINGS = (
+    Setting("--bind", commands=SERVE_ONLY, parse=values.bind_endpoint, default=DEFAULT_BIND,
+            metavar="ENDPOINT", help="client endpoint (default: %(default)s, loopback only)",
+            doc="where clients connect; loopback unless you say otherwise (`tcp://127.0.0.1:*` picks "
+            "a free port, shown in the ready line)"),
+    Setting("--control", commands=SERVE_ONLY, parse=values.control_endpoint, metavar="ENDPOINT",
+            help="control endpoint for status (default: an ipc socket in a private runtime directory)",
+            doc="where `status` asks: an `ipc://` path in a directory of yours with mode 0700 "
+            "(anything else is refused at start); the socket is created mode 0600",
+            doc_default="`ipc://$XDG_RUNTIME_DIR/workerpool/control.sock` (or "
+            "`/tmp/workerpool-<uid>/`, mode 0700)"),
+    Setting("--max-queue", commands=SERVE_ONLY, parse=values.count, default=1024, metavar="N",
+            help="requests that may wait for a free worker; more are refused with 'overloaded' "
+            "(default: %(default)s)",
+            doc="requests that may wait for a free worker; beyond that a request is answered "
+            "`overloaded` at once (see [Security and reliability](security.md) for how the queue is "
+            "shared)"),
+    Setting("--max-message-size", commands=SERVE_ONLY, parse=values.positive_size, metavar="SIZE",
+            help="largest request accepted (default: room for a batch of 4096 of the model's inputs, "
+            "at least 1MiB; 64MiB when the model declares no input shape)",
+            doc="the largest request accepted; libzmq drops a larger frame and closes that connection",
+            doc_default="room for 4096 inputs of the model, at least 1MiB (64MiB if the model declares "
+            "no input shape)"),
+    Setting("--max-queue-bytes", commands=SERVE_ONLY, parse=values.positive_size,
+            default_factory=default_max_queue_bytes, metavar="SIZE",
+            help="bytes that waiting requests may hold together; past it new ones are refused with "
+            "'overloaded' (default: 1GiB or 1/8 of memory, here {default_size})",
+            doc="the bytes waiting requests may hold together; beyond that, `overloaded`",
+            doc_default="1GiB, or 1/8 of memory if less"),
+    # 20 s: below the clients' default 30 s timeout, so a stuck request is answered before a
+    # client resends it to a second worker.
+    Setting("--request-timeout", commands=SERVE_ONLY, parse=values.positive_seconds, default=20.0,
+            metavar="S",
+            help="seconds a request may run on a worker; past it the client gets 'request_timeout' and "
+            "the worker is replaced. Keep it below your clients' timeout (default: %(default)s)",
+            doc="how long a request may run on a worker; past it the client gets `request_timeout` and "
+            "the worker is replaced. Keep it below your clients' timeout (30 s by default)"),
+    Setting("--max-batch", commands=SERVE_ONLY, parse=values.positive_count, default=32,
+            metavar="ROWS",
+            help="rows of the model's batch axis that queued requests may share in one forward pass; "
+            "1 turns batching off (default: %(default)s)",
+            doc="rows of the model's batch axis that waiting requests may share in one forward pass; "
+            "`1` turns batching off (see [Batching](benchmarks.md#batching))"),
+    Setting("--batch-wait", commands=SERVE_ONLY, parse=values.milliseconds, default=0.0,
+            metavar="MS", file_value=lambda seconds: seconds * MS_PER_SECOND,
+            help="milliseconds a request may wait for others to share its forward pass when fewer "
+            "than --max-batch rows are queued (default: 0, never wait)",
+            doc="how long a request may wait for others to share its forward pass while fewer than "
+            "`--max-batch` requests wait; 0 never delays a request"),
+    Setting("--max-connections", commands=SERVE_ONLY, parse=values.positive_count, default=1024,
+            metavar="N", help="client connections served at once; more are closed at once "
+            "(default: %(default)s)",
+            doc="client connections served at once; more are closed as they arrive (lowered to fit a "
+            "low open file limit)"),
+    Setting("--http", commands=SERVE_ONLY, metavar="HOST:PORT",
+            help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here; a bare :PORT is "
+            "loopback (default: off)",
+            doc="serve `/metrics`, `/healthz` and `/readyz` here (`:PORT` alone is loopback); see "
+            "[Health, readiness and metrics](operations.md#health-readiness-and-metrics)",
+            doc_default="off"),
+    Setting("--backend", commands=SERVE_ONLY, parse=values.bind_endpoint, metavar="ENDPOINT",
+            help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on other hosts "
+            "join (default: none; local workers always use a private ipc socket)",
+            doc="a TCP endpoint where worker hosts join (see [Scaling out](operations.md#scaling-out)); "
+            "local workers always use a private ipc socket"),
+    # serve's own key is a secret one; --curve-server-key, the server's public key elsewhere,
+    # still works here
+    Setting("--curve-secret-key", commands=SERVE_ONLY, aliases=("--curve-server-key",),
+            metavar="FILE",
+            help="this server's secret key file (from 'workerpool keys generate'): authenticate and "
+            "encrypt the client and TCP worker endpoints with CURVE",
+            doc="this server's secret key file: CURVE authentication and encryption of the client and "
+            "TCP worker endpoints (see [Scaling out](operations.md#scaling-out))"),
+    Setting("--curve-client-keys", commands=SERVE_ONLY, metavar="DIR",
+            help="directory of the public key files of allowed clients",
+            doc="the directory of the public key files of the clients allowed"),
+    Setting("--curve-worker-keys", commands=SERVE_ONLY, metavar="DIR",
+            help="directory of the public key files of allowed worker hosts (needed for a --backend on "
+            "TCP; a client key never admits a worker host)",
+            doc="the directory of the public key files of the worker hosts allowed, a list apart from "
+            "the clients'; required with a TCP `--backend`"),
+)
+
+_CLIENT_SETTINGS = (
+    Setting("--connect", commands=WORKERS_ONLY, parse=values.endpoint, metavar="ENDPOINT",
+            help="the router's backend endpoint, e.g. tcp://router-host:5556 (required)",
+            doc="the router's backend endpoint, e.g. `tcp://router-host:5556` (required; or "
+            "`WORKERPOOL_CONNECT`)"),
+    Setting("--curve-key", commands=CLIENTS, metavar="FILE",
+            help="this side's secret key file, for a server using CURVE",
+            doc="this host's secret key file, for a router using CURVE"),
+    Setting("--curve-server-key", commands=CLIENTS, metavar="FILE",
+            help="the server's public key file (NAME.key)",
+            doc="the router's public key file (`NAME.key`)"),
+)
+
+SETTINGS: tuple[Setting, ...] = _POOL_SETTINGS + _SERVE_SETTINGS + _CLIENT_SETTINGS
+"""In the order of ``--help``: ``serve``'s and ``workers``' shared options first."""
+_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def of_command(command: str) -> tuple[Setting, ...]:
+    return tuple(setting for setting in SETTINGS if command in setting.commands)
+
+
+def setting(name: str) -> Setting:
+    return _BY_NAME[name]
+
+
+def field(name: str) -> Any:
+    """A config dataclass field whose default is the setting ``name``'s."""
+    found = _BY_NAME[name]
+    if found.default_factory is not None:
+        return dataclasses.field(default_factory=found.default_factory)
+    return dataclasses.field(default=found.default)
