@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
 from workerpool.cli.main import build_parser
 from workerpool.config import docs, settings, sources
 from workerpool.config.pool import HostConfig, ServeConfig
 from workerpool.worker.spec import WorkerSpec
 from workerpool.worker.spec import build_parser as worker_parser
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _command(name: str) -> argparse.ArgumentParser:
