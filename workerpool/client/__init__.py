@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from .base import Outputs, Result
+from .calls import Outputs, Result
 from .sync import Client
 
 __all__ = ["Client", "Outputs", "Result"]
