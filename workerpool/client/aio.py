@@ -34,6 +34,11 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
     _poller: zmq.asyncio.Poller
     _reader: asyncio.Task[None] | None = None
 
+    @staticmethod
+    def _settled(outcome: Any) -> Any:
+        """zmq.asyncio settles a non-blocking socket call at once, as a future."""
+        return outcome.result() if asyncio.isfuture(outcome) else outcome
+
     async def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
         """Run the model on ``x``; see ``Client.request``."""
         return (await self._wait(self._start(x, protocol.METHOD_INFER, deadline))).result()

@@ -8,7 +8,6 @@ the DEALER socket and its monitor around them, so ``Client`` (``sync.py``) and `
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import math
@@ -102,7 +101,7 @@ class BaseClient(Generic[SocketT]):
 
     def _receive_one(self) -> bool:
         try:
-            frames = _settled(self._open().recv_multipart(zmq.NOBLOCK, copy=False))
+            frames = self._settled(self._open().recv_multipart(zmq.NOBLOCK, copy=False))
         except zmq.Again:
             return False
         self._calls.reply(frames)
@@ -115,7 +114,7 @@ class BaseClient(Generic[SocketT]):
     def _take_events(self) -> None:
         while True:
             try:
-                event = _settled(self._monitor.recv_multipart(zmq.NOBLOCK))
+                event = self._settled(self._monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
             kind, _ = MONITOR_EVENT.unpack(event[0][:MONITOR_EVENT.size])
@@ -134,6 +133,13 @@ class BaseClient(Generic[SocketT]):
         self._close_socket()
         link = self._connect()
         self._calls.resend(time.monotonic(), self._send, link, dropped=dropped, why=why)
+
+    @staticmethod
+    def _settled(outcome: Any) -> Any:
+        """The result of a non-blocking socket call, as a blocking socket returns it. The asyncio
+        client reads its futures instead, so asyncio is never imported here: the supervisor and
+        the workers load this package (for ``reach``) and must not import asyncio or ssl."""
+        return outcome
 
     def _open(self) -> SocketT:
         if self._socket is None:
@@ -186,11 +192,6 @@ class BaseClient(Generic[SocketT]):
         """Queue a request without ever blocking. If the queue is full the request is lost, which
         its timeout handles like any other lost request."""
         try:
-            _settled(self._open().send_multipart(frames, flags=zmq.NOBLOCK, copy=False))
+            self._settled(self._open().send_multipart(frames, flags=zmq.NOBLOCK, copy=False))
         except zmq.Again:
             _log.debug("send queue is full; the request will be resent when its reply is overdue")
-
-
-def _settled(outcome: Any) -> Any:
-    """The result of a non-blocking socket call; zmq.asyncio settles one at once as a future."""
-    return outcome.result() if asyncio.isfuture(outcome) else outcome
