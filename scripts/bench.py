@@ -19,9 +19,12 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import zmq
@@ -29,6 +32,9 @@ import zmq
 from workerpool import burnpack, models
 from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+
+WARMUP_TIMEOUT = 60.0  # seconds for every worker of a server to answer once
+REPLY_TIMEOUT = 30.0  # seconds any single reply may take before the run is abandoned
 
 
 def drive(endpoint: str, frames: list, in_flight: int, seconds: float,
@@ -103,15 +109,17 @@ def demo_model(directory: str, size: int, rows: int = 1) -> tuple[str, models.Ge
     return path, generated, x
 
 
-def add_load_options(parser: argparse.ArgumentParser, *, workers: int, in_flight: str,
-                     seconds: float, repeat: int) -> None:
-    """The options every benchmark that drives a pool shares; ``args.levels`` comes from
-    :func:`levels`."""
+def load_parser(doc: str, *, workers: int, in_flight: str, seconds: float,
+                repeat: int) -> argparse.ArgumentParser:
+    """The parser of a benchmark that drives a pool, with the options they all share;
+    ``args.in_flight`` is the list of levels."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=workers, help=f"(default: {workers})")
-    parser.add_argument("--in-flight", default=in_flight,
+    parser.add_argument("--in-flight", type=levels, default=in_flight,
                         help=f"comma-separated requests in flight (default: {in_flight})")
     parser.add_argument("--seconds", type=float, default=seconds, help=f"per figure and run (default: {seconds:g})")
     parser.add_argument("--repeat", type=int, default=repeat, help=f"alternating rounds (default: {repeat})")
+    return parser
 
 
 def levels(text: str) -> list[int]:
@@ -121,6 +129,50 @@ def levels(text: str) -> list[int]:
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages, for the reader to judge a run by."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def print_load_averages(loads: tuple[str, str]) -> None:
+    print(f"load average (1, 5, 15 min) at start: {loads[0]}; at end: {loads[1]}. Whatever else "
+          f"was running on this machine is in these figures: judge them by that.")
+
+
+def stop_servers_on_sigterm() -> None:
+    """SIGTERM leaves through the ``with`` blocks, which stop the servers this script started."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def write_figures(path: str, script: str, figures: dict[str, Any]) -> None:
+    """The raw figures as JSON, after the command line that produced them."""
+    with open(path, "w") as f:
+        json.dump({"command": [f"scripts/{script}", *sys.argv[1:]], **figures}, f, indent=2)
+
+
+def warm_workerpool(endpoint: str, frames: list, workers: int) -> set[int]:
+    """Keep ``workers`` requests in flight until every worker has answered one; their pids."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(REPLY_TIMEOUT * 1000))
+    sock.connect(endpoint)
+    header = json.loads(frames[1])
+    seen: set[int] = set()
+    deadline = time.monotonic() + WARMUP_TIMEOUT
+    try:
+        while len(seen) < workers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(seen)} of {workers} workerpool workers answered")
+            for _ in range(workers):
+                header["id"] += 1
+                sock.send_multipart([b"", protocol.encode_header(header), *frames[2:]])
+            for _ in range(workers):
+                reply = json.loads(sock.recv_multipart()[1])
+                if reply["status"] != "ok":
+                    raise RuntimeError(f"workerpool answered {reply}")
+                seen.add(reply["worker_pid"])
+    finally:
+        sock.close()
+        context.term()
+    return seen
 
 
 def echo_broker(backend: str, bound: multiprocessing.Queue) -> None:

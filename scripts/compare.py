@@ -24,25 +24,26 @@ at 1 in flight is divided by.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
-import json
 import os
-import selectors
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import zmq
-from bench import demo_model, drive, load_average, summary
+from bench import (
+    demo_model,
+    drive,
+    load_average,
+    print_load_averages,
+    stop_servers_on_sigterm,
+    warm_workerpool,
+    write_figures,
+)
+from compare_gunicorn import run_gunicorn
 from server_memory import tree_memory
 from threadpoolctl import threadpool_limits
 
@@ -52,10 +53,6 @@ from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
 from workerpool.units import format_size, parse_size
 
-APP_DIR = os.path.dirname(os.path.abspath(__file__))
-GUNICORN_CONF = os.path.join(APP_DIR, "compare_app", "gunicorn_conf.py")
-WARMUP_TIMEOUT = 60.0  # seconds for every worker of a server to answer once
-REPLY_TIMEOUT = 30.0  # seconds any single reply may take before the run is abandoned
 IN_PROCESS_WARMUP = 20  # forward passes in this process before the timed ones
 IN_PROCESS_CALLS = 200  # timed forward passes in this process, per round
 
@@ -96,34 +93,6 @@ class Load:
 # workerpool
 
 
-def warm_workerpool(endpoint: str, frames: list, workers: int) -> set[int]:
-    """Keep ``workers`` requests in flight until every worker has answered one; their pids."""
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, int(REPLY_TIMEOUT * 1000))
-    sock.connect(endpoint)
-    header = json.loads(frames[1])
-    seen: set[int] = set()
-    deadline = time.monotonic() + WARMUP_TIMEOUT
-    try:
-        while len(seen) < workers:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(seen)} of {workers} workerpool workers answered")
-            for _ in range(workers):
-                header["id"] += 1
-                sock.send_multipart([b"", protocol.encode_header(header), *frames[2:]])
-            for _ in range(workers):
-                reply = json.loads(sock.recv_multipart()[1])
-                if reply["status"] != "ok":
-                    raise RuntimeError(f"workerpool answered {reply}")
-                seen.add(reply["worker_pid"])
-    finally:
-        sock.close()
-        context.term()
-    return seen
-
-
 def run_workerpool(load: Load, name: str) -> dict[str, Any]:
     """``workerpool serve`` with the server's options and its own control socket (never the
     default one, which another server on this machine may hold)."""
@@ -155,187 +124,6 @@ def batch_counts(endpoint: str) -> tuple[int, int]:
     """The forward passes the server's workers were sent, and the rows in them (so far)."""
     workers = control.call(endpoint, "status", timeout=10.0, memory=False)["workers"]
     return sum(w["batches"] for w in workers), sum(w["rows"] for w in workers)
-
-
-# gunicorn
-
-
-@contextlib.contextmanager
-def gunicorn_server(load: Load) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``gunicorn --preload`` on a loopback socket bound here and handed over, so the port is
-    known before it starts; yields the arbiter and the port, and stops its whole session."""
-    listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
-    port = listener.getsockname()[1]
-    command = [
-        sys.executable, "-m", "gunicorn", "--preload", "--workers", str(load.workers),
-        "--worker-class", "gthread", "--threads", str(load.gthreads), "--keep-alive", "30",
-        "--bind", f"fd://{listener.fileno()}", "--config", GUNICORN_CONF,
-        "--pythonpath", APP_DIR, "--log-level", "warning", "compare_app.app:application",
-    ]
-    env = {**os.environ, "COMPARE_MODEL": load.model, "COMPARE_THREADS": str(load.blas_threads)}
-    with open(os.path.join(load.directory, "gunicorn.log"), "wb") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                pass_fds=(listener.fileno(),), start_new_session=True)
-    listener.close()
-    try:
-        yield proc, port
-    finally:
-        stop_session(proc)
-
-
-def stop_session(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM and up to 30 s to finish, then SIGKILL for whatever is left of its session."""
-    if proc.poll() is None:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def http_request(body: bytes, method: str = "POST", path: str = "/") -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
-            ).encode() + body
-
-
-Reply = tuple[dict[str, str], bytes]
-
-
-def parse_reply(buffer: bytearray) -> tuple[int, Reply] | None:
-    """The length, headers and body of the whole 200 reply at the start of ``buffer``, if it is
-    there."""
-    end = buffer.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    status, *lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
-    if not status.startswith("HTTP/1.1 200"):
-        raise RuntimeError(f"gunicorn answered {status!r}")
-    headers = {name.strip().lower(): value.strip()
-               for name, _, value in (line.partition(":") for line in lines)}
-    total = end + 4 + int(headers["content-length"])
-    if len(buffer) < total:
-        return None
-    return total, (headers, bytes(buffer[end + 4:total]))
-
-
-@dataclass
-class Connection:
-    """One keep-alive HTTP/1.1 connection with at most one request in flight."""
-
-    sock: socket.socket
-    buffer: bytearray = field(default_factory=bytearray)
-    sent_at: float = 0.0
-
-    @classmethod
-    def open(cls, port: int) -> Connection:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=REPLY_TIMEOUT)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(sock)
-
-    def send(self, request: bytes) -> None:
-        self.sent_at = time.perf_counter()
-        self.sock.sendall(request)
-
-    def read(self) -> Reply | None:
-        """Take what has arrived; the reply once it is whole."""
-        data = self.sock.recv(1 << 16)
-        if not data:
-            raise RuntimeError("gunicorn closed a keep-alive connection")
-        self.buffer += data
-        parsed = parse_reply(self.buffer)
-        if parsed is None:
-            return None
-        del self.buffer[:parsed[0]]
-        return parsed[1]
-
-    def wait(self) -> Reply:
-        """Block until the reply is whole (the socket's timeout bounds each read)."""
-        while (reply := self.read()) is None:
-            pass
-        return reply
-
-    def exchange(self, request: bytes) -> Reply:
-        self.send(request)
-        return self.wait()
-
-
-def warm_gunicorn(proc: subprocess.Popen[bytes], port: int, request: bytes,
-                  workers: int) -> set[int]:
-    """Open ``2 * workers`` new connections at a time, one request each, until every worker has
-    answered one (each connection stays with the worker that accepted it); their pids."""
-    seen: set[str] = set()
-    deadline = time.monotonic() + WARMUP_TIMEOUT
-    while len(seen) < workers:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(seen)} of {workers} gunicorn workers answered "
-                               f"(exit code {proc.poll()})")
-        connections = [Connection.open(port) for _ in range(2 * workers)]
-        for connection in connections:
-            connection.send(request)
-        for connection in connections:
-            seen.add(connection.wait()[0]["x-worker-pid"])
-            connection.sock.close()
-    return {int(pid) for pid in seen}
-
-
-def worker_threads(port: int) -> dict[str, int]:
-    """The BLAS and OpenMP thread counts one gunicorn worker reports."""
-    connection = Connection.open(port)
-    try:
-        _, body = connection.exchange(http_request(b"", "GET", "/threads"))
-    finally:
-        connection.sock.close()
-    return json.loads(body)
-
-
-def http_drive(port: int, request: bytes, in_flight: int, seconds: float) -> dict[str, Any]:
-    """``drive`` over HTTP: ``in_flight`` keep-alive connections, one request outstanding on
-    each, for ``seconds``; counted the same way (replies after the end are drained, not counted)."""
-    connections = [Connection.open(port) for _ in range(in_flight)]
-    for _ in range(3):  # warm up connections and caches
-        for connection in connections:
-            connection.exchange(request)
-    latencies: list[float] = []
-    with selectors.DefaultSelector() as selector:
-        for connection in connections:
-            selector.register(connection.sock, selectors.EVENT_READ, connection)
-            connection.send(request)
-        start = time.perf_counter()
-        end = start + seconds
-        outstanding = in_flight
-        counting = True
-        while outstanding:
-            events = selector.select(REPLY_TIMEOUT)
-            if not events:
-                raise RuntimeError(f"no reply from gunicorn in {REPLY_TIMEOUT:g}s")
-            for key, _ in events:
-                connection = key.data
-                if connection.read() is None:
-                    continue
-                now = time.perf_counter()
-                if counting:
-                    latencies.append(now - connection.sent_at)
-                    counting = now < end
-                if counting:
-                    connection.send(request)
-                else:
-                    outstanding -= 1
-        elapsed = time.perf_counter() - start
-    for connection in connections:
-        connection.sock.close()
-    return summary(in_flight, latencies, elapsed)
-
-
-def run_gunicorn(load: Load) -> dict[str, Any]:
-    request = http_request(load.row.tobytes())
-    with gunicorn_server(load) as (proc, port):
-        workers = warm_gunicorn(proc, port, request, load.workers)
-        memory = tree_memory(proc.pid, load.model, workers)
-        threads = worker_threads(port)
-        levels = [http_drive(port, request, k, load.seconds) for k in load.levels]
-    return {**memory, "blas_threads": threads, "levels": levels}
 
 
 # no server
@@ -436,9 +224,10 @@ def ratios(servers: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, Any]]],
-                figures: dict[str, dict[str, float]], in_process: list[dict[str, Any]],
-                repeat: int, loads: tuple[str, str]) -> None:
+def print_setup(load: Load, servers: list[str], runs: dict[str, list[dict[str, Any]]],
+                in_process: list[dict[str, Any]], repeat: int) -> float:
+    """What was run, and how: the lines above the table; the in-process p50, which the table
+    divides by."""
     cpus = len(os.sched_getaffinity(0))
     size = format_size(os.path.getsize(load.model))
     print(f"{load.workers} workers on {cpus} CPUs, {size} mlp, one-row float32 requests, "
@@ -465,6 +254,13 @@ def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, A
     for name in servers:
         print(f"  {processes(name, runs[name])}; the least of the model any worker had "
               f"resident: {least_resident(runs[name])}")
+    return forward
+
+
+def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, Any]]],
+                figures: dict[str, dict[str, float]], in_process: list[dict[str, Any]],
+                repeat: int, loads: tuple[str, str]) -> None:
+    forward = print_setup(load, servers, runs, in_process, repeat)
     print()
     divided = ratios(servers)
     head = [SERVERS[name].label for name in servers]
@@ -497,8 +293,7 @@ def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, A
         print("| p50, 1 in flight / in-process forward pass | "
               + " | ".join(cells + ["—"] * len(divided)) + " |")
     print()
-    print(f"load average (1, 5, 15 min) at start: {loads[0]}; at end: {loads[1]}. Whatever else "
-          f"was running on this machine is in these figures: judge them by that.")
+    print_load_averages(loads)
 
 
 def server_list(text: str) -> list[str]:
@@ -536,7 +331,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
+    stop_servers_on_sigterm()
     start_load = load_average()
     blas_threads = max(1, len(os.sched_getaffinity(0)) // args.workers)
     with tempfile.TemporaryDirectory(prefix="wp-compare-") as directory:
@@ -552,13 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         loads = (start_load, load_average())
         print_table(load, args.servers, runs, figures, in_process, args.repeat, loads)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": ["scripts/compare.py", *sys.argv[1:]], "workers": args.workers,
-                       "servers": args.servers, "model_size": generated.size_bytes,
-                       "blas_threads": blas_threads,
-                       "gunicorn_threads": args.gunicorn_threads, "load_average": loads,
-                       "medians": figures, "runs": runs, "in_process": in_process}, f,
-                      indent=2)
+        write_figures(args.json, "compare.py", {
+            "workers": args.workers, "servers": args.servers, "model_size": generated.size_bytes,
+            "blas_threads": blas_threads, "gunicorn_threads": args.gunicorn_threads,
+            "load_average": loads, "medians": figures, "runs": runs, "in_process": in_process})
     return 0
 
 

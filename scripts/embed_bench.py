@@ -19,15 +19,16 @@ themselves cost), read in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench import add_load_options, demo_model, drive, levels, load_average
-from compare import warm_workerpool
+from bench import demo_model, drive, load_average, load_parser, warm_workerpool
 from threadpoolctl import threadpool_limits
 
 from workerpool.control import client as control
@@ -49,40 +50,48 @@ SENTENCES = [
 ]
 
 
-def served(model: str, workers: int, in_flight: list[int], seconds: float, directory: str) -> dict[str, Any]:
-    """Sentences/s and p50 at each level, and the pool's memory once every worker answered."""
-    endpoint = f"ipc://{directory}/control-bert.sock"
+@contextlib.contextmanager
+def warm_pool(model: str, workers: int, name: str, request: list,
+              directory: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A pool on ``model`` (one BLAS thread a worker) once every worker has answered ``request``:
+    its endpoint, and the memory totals of its processes read then."""
+    endpoint = f"ipc://{directory}/control-{name}.sock"
     args = serve_args(model, workers, "--threads-per-worker", "1", "--control", endpoint,
                       "--log-level", "warning")
-    with ServerProcess(args, log_path=os.path.join(directory, "bert.log")) as server:
-        requests = [protocol.encode_request(0, [sentence]) for sentence in SENTENCES]
-        warm_workerpool(server.endpoint, requests[0], workers)
-        memory = control.call(endpoint, "status", timeout=30)["totals"]
-        runs = {k: drive(server.endpoint, requests, k, seconds) for k in in_flight}
+    with ServerProcess(args, log_path=os.path.join(directory, f"{name}.log")) as server:
+        warm_workerpool(server.endpoint, request, workers)
+        yield server.endpoint, control.call(endpoint, "status", timeout=30)["totals"]
+
+
+def served(model: str, workers: int, in_flight: list[int], seconds: float, directory: str) -> dict[str, Any]:
+    """Sentences/s and p50 at each level, and the pool's memory once every worker answered."""
+    requests = [protocol.encode_request(0, [sentence]) for sentence in SENTENCES]
+    with warm_pool(model, workers, "bert", requests[0], directory) as (endpoint, memory):
+        runs = {k: drive(endpoint, requests, k, seconds) for k in in_flight}
     return {"memory": memory, "levels": runs}
 
 
 def baseline_memory(workers: int, directory: str) -> dict[str, Any]:
     """The same pool on a 4 MiB mlp: what the interpreters and workerpool cost by themselves."""
     model, _, row = demo_model(directory, 4 * MiB)
-    endpoint = f"ipc://{directory}/control-mlp.sock"
-    args = serve_args(model, workers, "--threads-per-worker", "1", "--control", endpoint,
-                      "--log-level", "warning")
-    with ServerProcess(args, log_path=os.path.join(directory, "mlp.log")) as server:
-        warm_workerpool(server.endpoint, protocol.encode_request(0, row), workers)
-        return control.call(endpoint, "status", timeout=30)["totals"]
+    with warm_pool(model, workers, "mlp", protocol.encode_request(0, row), directory) as (_, memory):
+        return memory
+
+
+def sentences_per_second(encode: Callable[[list[str]], Any], batch: int, seconds: float) -> float:
+    """How fast ``encode`` takes ``batch`` sentences a call, after one call to warm it up."""
+    texts = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
+    encode(texts)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        encode(texts)
+        done += batch
+    return done / (time.perf_counter() - start)
 
 
 def in_process(model: str, batch: int, seconds: float) -> float:
     """Sentences/s of the numpy model in this process, ``batch`` sentences per call."""
-    loaded = LoadedModel(model, None, "mmap")
-    texts = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
-    loaded.infer(texts)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        loaded.infer(texts)
-        done += batch
-    return done / (time.perf_counter() - start)
+    return sentences_per_second(LoadedModel(model, None, "mmap").infer, batch, seconds)
 
 
 def pytorch(folder: str, batch: int, seconds: float) -> float | None:
@@ -92,21 +101,13 @@ def pytorch(folder: str, batch: int, seconds: float) -> float | None:
     except ImportError:
         return None
     model = SentenceTransformer(folder, device="cpu")
-    texts = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
-    model.encode(texts, batch_size=batch)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        model.encode(texts, batch_size=batch)
-        done += batch
-    return done / (time.perf_counter() - start)
+    return sentences_per_second(lambda texts: model.encode(texts, batch_size=batch), batch, seconds)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_load_options(parser, workers=8, in_flight="1,64", seconds=5.0, repeat=2)
+    parser = load_parser(__doc__, workers=8, in_flight="1,64", seconds=5.0, repeat=2)
     parser.add_argument("--batch", type=int, default=64, help="sentences per in-process call (default: 64)")
     args = parser.parse_args()
-    in_flight = levels(args.in_flight)
     try:
         from all_minilm_l6_v2 import extract_model
     except ImportError:
@@ -124,15 +125,15 @@ def main() -> int:
             with threadpool_limits(limits=1):
                 figures["numpy_1_thread"] = in_process(model, args.batch, args.seconds)
             figures["pytorch"] = pytorch(folder, args.batch, args.seconds)
-            figures["served"] = served(model, args.workers, in_flight, args.seconds, directory)
+            figures["served"] = served(model, args.workers, args.in_flight, args.seconds, directory)
             figures["baseline"] = baseline_memory(args.workers, directory)
             rounds.append(figures)
             print(f"  round {number}/{args.repeat} done", file=sys.stderr, flush=True)
-    report(args, in_flight, rounds, start_load)
+    report(args, rounds, start_load)
     return 0
 
 
-def report(args: argparse.Namespace, in_flight: list[int], rounds: list[dict[str, Any]], start_load: str) -> None:
+def report(args: argparse.Namespace, rounds: list[dict[str, Any]], start_load: str) -> None:
     def median(get: Any) -> float:
         return statistics.median(get(r) for r in rounds)
 
@@ -147,7 +148,7 @@ def report(args: argparse.Namespace, in_flight: list[int], rounds: list[dict[str
               f"{median(lambda r: r['pytorch']):.0f}/s")
     else:
         print("sentence-transformers is not installed: no PyTorch figure")
-    for k in in_flight:
+    for k in args.in_flight:
         rate = median(lambda r, k=k: r["served"]["levels"][k]["rps"])
         p50 = median(lambda r, k=k: r["served"]["levels"][k]["p50_us"]) / 1000
         print(f"workerpool, {args.workers} workers, {k} in flight: {rate:.0f} sentences/s, p50 {p50:.1f} ms "

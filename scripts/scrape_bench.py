@@ -12,7 +12,6 @@ read every worker's memory).
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import statistics
@@ -21,7 +20,7 @@ import tempfile
 import threading
 import urllib.request
 
-from bench import add_load_options, demo_model, drive, levels, load_average
+from bench import demo_model, drive, load_average, load_parser
 
 from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
@@ -36,11 +35,9 @@ def scraping(url: str, interval: float, stop: threading.Event, scrapes: list[flo
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_load_options(parser, workers=2, in_flight="1,16", seconds=5.0, repeat=3)
+    parser = load_parser(__doc__, workers=2, in_flight="1,16", seconds=5.0, repeat=3)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default: 1)")
     args = parser.parse_args()
-    in_flight = levels(args.in_flight)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -61,14 +58,14 @@ def main() -> int:
                         f"http://127.0.0.1:{port}/metrics", args.interval, stop, scrapes))
                     if mode == "scraped":
                         scraper.start()
-                    runs[mode].append({k: drive(server.endpoint, frames, k, args.seconds) for k in in_flight})
+                    runs[mode].append({k: drive(server.endpoint, frames, k, args.seconds) for k in args.in_flight})
                     stop.set()
                     if mode == "scraped":
                         scraper.join()
     print(f"{args.workers} workers, 1 MiB mlp, one-row requests; medians of {args.repeat} alternating "
           f"runs of {args.seconds:g} s; {len(scrapes)} scrapes of /metrics every {args.interval:g} s "
           f"in the scraped runs")
-    for k in in_flight:
+    for k in args.in_flight:
         quiet = [r[k] for r in runs["quiet"]]
         scraped = [r[k] for r in runs["scraped"]]
         rate = (statistics.median(r["rps"] for r in quiet), statistics.median(r["rps"] for r in scraped))

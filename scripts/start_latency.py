@@ -38,7 +38,13 @@ from typing import Any
 
 import numpy as np
 import zmq
-from bench import demo_model, load_average
+from bench import (
+    demo_model,
+    load_average,
+    print_load_averages,
+    stop_servers_on_sigterm,
+    write_figures,
+)
 
 from workerpool import models
 from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
@@ -235,8 +241,7 @@ def print_table(generated: models.GeneratedMlp, args: argparse.Namespace,
         ratio = f"{spawn / fork:.1f}x" if fork else "—"
         print(f"| {label} | {fork:.1f} {unit} | {spawn:.1f} {unit} | {ratio} |")
     print()
-    print(f"load average (1, 5, 15 min) at start: {loads[0]}; at end: {loads[1]}. Whatever else "
-          f"was running on this machine is in these figures: judge them by that.")
+    print_load_averages(loads)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -258,7 +263,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
+    stop_servers_on_sigterm()
     start_load = load_average()
     with tempfile.TemporaryDirectory(prefix="wp-start-") as directory:
         model, generated, row = demo_model(directory, args.size)
@@ -271,12 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     loads = (start_load, load_average())
     print_table(generated, args, result, loads)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": ["scripts/start_latency.py", *sys.argv[1:]],
-                       "workers": args.workers, "adds": args.adds, "repeat": args.repeat,
-                       "model_size": generated.size_bytes, "dims": generated.dims,
-                       "cpus": len(os.sched_getaffinity(0)), "load_average": loads,
-                       "figures": result, "runs": runs}, f, indent=2)
+        write_figures(args.json, "start_latency.py", {
+            "workers": args.workers, "adds": args.adds, "repeat": args.repeat,
+            "model_size": generated.size_bytes, "dims": generated.dims,
+            "cpus": len(os.sched_getaffinity(0)), "load_average": loads,
+            "figures": result, "runs": runs})
     return 0
 
 

@@ -50,7 +50,7 @@ __all__ = [
     "WorkerpoolError",
 ]
 
-_LAZY = {"AsyncClient": ".client.aio", "Client": ".client.sync", "Result": ".client.base", "ClientKeys": ".security"}
+_LAZY = {"AsyncClient": ".client.aio", "Client": ".client.sync", "Result": ".client.calls", "ClientKeys": ".security"}
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import cbor2
 import numpy as np
 
+from ..errors import exception_text
 from . import dtypes
 from .layout import (
     FORMAT_VERSION,
@@ -275,7 +276,7 @@ class _Parser:
         try:
             return cbor2.loads(blob, max_depth=MAX_CBOR_DEPTH, allow_duplicate_keys=False)
         except (cbor2.CBORError, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
-            raise self.fail(f"metadata is not valid CBOR: {_one_line(exc)}") from exc
+            raise self.fail(f"metadata is not valid CBOR: {exception_text(exc)}") from exc
 
     def _split(self, document: Any) -> tuple[dict, dict[str, str], dict[str, int | float | bool]]:
         if not isinstance(document, dict):
@@ -379,6 +380,3 @@ class _Parser:
 def _is_u64(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__

@@ -12,12 +12,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .base import Outputs, Result
+    from .calls import Outputs, Result
     from .sync import Client
 
 __all__ = ["Client", "Outputs", "Result"]
 
-_LAZY = {"Client": ".sync", "Outputs": ".base", "Result": ".base"}
+_LAZY = {"Client": ".sync", "Outputs": ".calls", "Result": ".calls"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
 """The asyncio client: the blocking client's semantics on ``zmq.asyncio``, shareable by coroutines.
 
-All but the waiting lives in ``client_base.py``; here one reader task polls the socket and
+All but the waiting lives in ``base.py``; here one reader task polls the socket and
 each caller awaits a future that its call's outcome resolves.
 """
 
@@ -16,7 +16,8 @@ import zmq.asyncio
 
 from ..protocol import messages as protocol
 from ..protocol.messages import Inputs
-from .base import BaseClient, Call, Outputs, Result
+from .base import BaseClient
+from .calls import Call, Outputs, Result
 
 
 class AsyncClient(BaseClient[zmq.asyncio.Socket]):
@@ -32,6 +33,11 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
     _poller_class = zmq.asyncio.Poller
     _poller: zmq.asyncio.Poller
     _reader: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _settled(outcome: Any) -> Any:
+        """zmq.asyncio settles a non-blocking socket call at once, as a future."""
+        return outcome.result() if asyncio.isfuture(outcome) else outcome
 
     async def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
         """Run the model on ``x``; see ``Client.request``."""

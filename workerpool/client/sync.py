@@ -1,6 +1,6 @@
 """The blocking client: one DEALER socket, Lazy Pirate retries, pipelined ``infer_many``.
 
-All but the waiting lives in ``client_base.py``, shared with the asyncio client; here a call
+All but the waiting lives in ``base.py``, shared with the asyncio client; here a call
 is waited for by polling the socket in the caller's thread.
 """
 
@@ -14,7 +14,8 @@ import zmq
 
 from ..protocol import messages as protocol
 from ..protocol.messages import Inputs
-from .base import DEFAULT_ENDPOINT, BaseClient, Call, Outputs, Result
+from .base import DEFAULT_ENDPOINT, BaseClient
+from .calls import Call, Outputs, Result
 
 __all__ = ["DEFAULT_ENDPOINT", "Client", "Outputs", "Result"]
 

@@ -8,6 +8,7 @@ from typing import Any
 import zmq
 
 from ..client import reach
+from ..errors import NotAJSONObject, json_object
 from ..units import MS_PER_SECOND
 
 
@@ -46,11 +47,10 @@ def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any)
     finally:
         sock.close(linger=0)
     try:
-        answer = json.loads(frames[-1])
-    except ValueError as exc:
-        raise ControlError(f"{endpoint} answered something that is not JSON") from exc
-    if not isinstance(answer, dict):
-        raise ControlError(f"{endpoint} is not a control socket: it answered {type(answer).__name__}")
+        answer = json_object(frames[-1])
+    except NotAJSONObject as exc:
+        raise ControlError(f"{endpoint} answered something that is not JSON" if exc.found is None
+                           else f"{endpoint} is not a control socket: it answered {exc.found}") from exc
     if "error" in answer:
         if not isinstance(answer["error"], str):  # a protocol reply: this is a client endpoint
             raise ControlError(f"{endpoint} is not a control socket: it answers as a server's "

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import exception_text
 from . import bert, mlp, mnist
 from .base import MODEL_KEY, Model, ModelError, ModelInputError
 from .contract import Contract, ModelOutputError, array_input, format_entries, takes_text
@@ -74,7 +75,7 @@ def resolve(name_or_spec: str) -> Factory:
         target: Any = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # a module that exits when imported is just as broken
         raise ModelError(
-            f"model {name_or_spec!r}: cannot import {module_name}: {_one_line(exc)}"
+            f"model {name_or_spec!r}: cannot import {module_name}: {exception_text(exc, named=True)}"
         ) from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -132,16 +133,13 @@ def build_model(
     except ModelError:
         raise
     except Exception as exc:
-        raise ModelError(f"model {chosen!r} failed to build: {_one_line(exc)}") from exc
+        raise ModelError(f"model {chosen!r} failed to build: {exception_text(exc, named=True)}") from exc
     if not callable(model):
         raise ModelError(
             f"model {chosen!r}: factory returned a {type(model).__name__}, not a callable"
         )
     return model
 
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def signature_mismatch(served: Mapping[str, Any], other: Mapping[str, Any]) -> str | None:

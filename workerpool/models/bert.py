@@ -13,7 +13,6 @@ tokenizes with Hugging Face's ``tokenizers`` (imported only here).
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import NotAJSONObject, json_object
 from .base import Model, ModelError, ModelInputError, require_tensor
 from .ops import gelu_float32
 
@@ -191,11 +191,10 @@ def _config(metadata: Mapping[str, str]) -> dict[str, Any]:
         raise ModelError(f"{NAME}: the file's metadata has no {CONFIG_KEY} (convert a model folder "
                          "with its config.json: workerpool convert FOLDER OUT.bpk)")
     try:
-        config = json.loads(metadata[CONFIG_KEY])
-    except ValueError as exc:
-        raise ModelError(f"{NAME}: {CONFIG_KEY} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ModelError(f"{NAME}: {CONFIG_KEY} is not a JSON object")
+        config = json_object(metadata[CONFIG_KEY])
+    except NotAJSONObject as exc:
+        raise ModelError(f"{NAME}: {CONFIG_KEY} is not valid JSON: {exc}" if exc.found is None
+                         else f"{NAME}: {CONFIG_KEY} is not a JSON object") from exc
     for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size"):
         if type(config.get(key)) is not int or config[key] <= 0:
             raise ModelError(f"{NAME}: config {key} must be a positive integer")

@@ -1,8 +1,9 @@
 """The ``serve`` role: the router, its control socket and what they report.
 
-Composed with a :class:`~workerpool.supervisor.Supervisor`, it binds the client and worker
-endpoints, starts workers that connect to the router's backend, moves them to new weights
-through the router's rolling reload, and answers ``status``, ``reload`` and ``check``.
+Composed with a :class:`~workerpool.supervisor.core.Supervisor`, it binds the client and
+worker endpoints, starts workers that connect to the router's backend, moves them to new
+weights through the router's rolling reload, and answers ``status``, ``reload`` and ``check``
+(``commands.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import os
 import re
 import resource
 import shutil
-import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -26,9 +25,6 @@ import zmq
 from .. import models, runtime, security
 from ..config.pool import STOP_TIMEOUT_SECONDS, ServeConfig, StartupError
 from ..control.server import ControlServer
-from ..control.status import Status
-from ..ops import metrics
-from ..ops.worker_rows import worker_rows
 from ..protocol.transport import readable
 from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
@@ -40,8 +36,8 @@ from ..supervisor.loop import Loop
 from ..supervisor.process import Child
 from ..supervisor.ready_line import serve_line
 from ..units import KiB, MiB, format_size
-from ..weights import reload
 from ..worker.spec import WorkerSpec
+from .commands import ControlCommands
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +57,7 @@ class ServingRole:
         self.config = config
         self._router: Router | None = None
         self.switch_failure: str | None = None  # why a worker could not switch to the newest weights
-        self.reload_waiters: list[tuple[bytes, int, float]] = []
-        self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
-        self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
+        self.commands = ControlCommands(self)
         self.http_url: str | None = None
 
     @property
@@ -84,16 +78,14 @@ class ServingRole:
         self.pool = pool
         context = zmq.Context()
         cleanup.callback(context.destroy, linger=0)
-        cleanup.callback(self._memory_reader.shutdown, wait=True, cancel_futures=True)
+        cleanup.callback(self.commands.close)
         try:
             private_dir = runtime.make_pool_dir()
             cleanup.callback(shutil.rmtree, private_dir, ignore_errors=True)
             control_endpoint = self.config.control or runtime.default_control_endpoint()
         except OSError as exc:
             raise StartupError(f"cannot create the runtime directory: {exc}") from exc
-        self.control_server = ControlServer(context, control_endpoint, {
-            "status": self._status_command, "reload": self._reload_command, "check": self._check_command,
-        })
+        self.control_server = ControlServer(context, control_endpoint, self.commands.handlers())
         self.control_server.claim()
         self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
         cleanup.callback(self._answer_stragglers)
@@ -121,7 +113,7 @@ class ServingRole:
     def _snapshot(self) -> dict[str, Any]:
         """What a scrape reads, taken between two events of the loop."""
         router, pool = self.router, self.pool
-        return {"status": self.status(), "outcomes": dict(router.intake.outcomes),
+        return {"status": self.commands.status(), "outcomes": dict(router.intake.outcomes),
                 "queue_waits": router.queue_waits.copy(), "run_times": router.run_times.copy(),
                 "batch_rows": router.batch_rows.copy(),
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
@@ -176,7 +168,7 @@ class ServingRole:
         remote = router.remote
         if remote is not None:
             loop.read(remote, lambda: router.on_remote_backend(remote))
-        loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.status_waiters),
+        loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.commands.status_waiters),
                         due=lambda: router.wake_at)
 
     def _secure(self, context: zmq.Context, cleanup: ExitStack) -> Callable[[zmq.Socket, str], None] | None:
@@ -212,8 +204,7 @@ class ServingRole:
 
     def _duties(self) -> None:
         self.router.tick()
-        self._answer_reload_waiters()
-        self._answer_status_waiters()
+        self.commands.answer_waiting()
 
     # The supervisor's side.
 
@@ -274,116 +265,6 @@ class ServingRole:
     def reload_failed(self, worker: WorkerRecord, why: str) -> None:
         self.switch_failure = (f"worker {worker.pid} could not switch to generation "
                                f"{self.pool.watcher.current.generation}: {why}")
-
-    # Control commands.
-
-    def _status_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
-        if not request.get("memory", True):
-            return dict(self.status())
-        # Reading every worker's smaps takes tens of milliseconds: do it beside the loop,
-        # which keeps routing meanwhile, and answer when it is done.
-        try:
-            memory = self._memory_reader.submit(metrics.pool_memory, list(self.pool.children),
-                                                self.config.path, [os.getpid(), *self.pool.helper_pids()])
-        except RuntimeError as exc:  # no thread to read them with (a process limit): answer without
-            log.warning("status without memory figures: %s", exc)
-            return dict(self.status())
-        self.status_waiters.append((client, memory))
-        return None
-
-    def _reload_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
-        if self.pool.stopping:
-            return {"error": "the server is shutting down"}
-        outcome = self.pool.check_weights("reload")
-        watcher = self.pool.watcher
-        if outcome == "unchanged" and self.router.reload_complete():
-            return {"result": "unchanged", "generation": watcher.current.generation}
-        if outcome == "refused":
-            return {"error": watcher.problem}
-        self.reload_waiters.append((client, watcher.current.generation,
-                                    time.monotonic() + self.config.reload_timeout))
-        return None
-
-    def _check_command(self, client: bytes, request: dict[str, Any]) -> dict[str, Any]:
-        """Whether a file could be published over the served one. Only files in the served
-        file's directory are looked at, so the answer tells nothing about other paths."""
-        current = self.pool.watcher.current
-        path = request.get("path")
-        if not isinstance(path, str) or not path or "\0" in path:
-            return {"error": "check needs a path"}
-        served_dir = os.path.dirname(os.path.realpath(self.config.path))
-        if os.path.dirname(os.path.realpath(path)) != served_dir:
-            return {"error": f"check only looks at files in {served_dir}, the served file's directory"}
-        try:
-            name, _, signature = reload.validate(path, current.model)
-        except reload.WeightsRefused as exc:
-            return {"error": str(exc)}
-        mismatch = models.signature_mismatch(current.signature, signature)
-        if mismatch:
-            return {"error": f"model {name} does not fit the served one: {mismatch}"}
-        return {"result": "ok", "model": name}
-
-    def _answer_reload_waiters(self) -> None:
-        """Answer ``workerpool reload`` once every worker serves its generation, or time is up."""
-        if not self.reload_waiters:
-            return
-        now = time.monotonic()
-        starting = any(not child.ready for child in self.pool.children.values())
-        done = not starting and self.router.reload_complete() and bool(self.router.workers)
-        current = self.pool.watcher.current.generation
-        waiting = []
-        for client, generation, deadline in self.reload_waiters:
-            if done and current >= generation:
-                self.control_server.reply(client, {"result": "reloaded", "generation": current})
-            elif self.switch_failure is not None and current == generation:
-                self.control_server.reply(client, {"error": self.switch_failure})
-            elif now >= deadline:
-                behind = [w.pid for w in self.router.workers if w.generation < generation]
-                self.control_server.reply(client, {
-                    "error": f"not every worker reached generation {generation} within "
-                    f"{self.config.reload_timeout:g}s (still behind: {behind or 'workers starting'})"
-                })
-            else:
-                waiting.append((client, generation, deadline))
-        self.reload_waiters = waiting
-
-    def _answer_status_waiters(self) -> None:
-        waiting = []
-        for client, memory in self.status_waiters:
-            if memory.done():
-                self.control_server.reply(client, dict(self.status(memory.result())))
-            else:
-                waiting.append((client, memory))
-        self.status_waiters = waiting
-
-    def status(self, memory: metrics.PoolMemory | None = None) -> Status:
-        """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
-        current, router = self.pool.watcher.current, self.router
-        helpers: dict[int, Any] = memory.helpers if memory else {}
-        return {
-            "supervisor_pid": os.getpid(),
-            "draining": self.pool.stopping,
-            "supervisor_memory": helpers.get(os.getpid()),
-            "template": self.pool.starter.status(helpers),
-            "endpoint": router.endpoint,
-            "http": self.http_url,
-            "threads_per_worker": self.pool.threads_per_worker,
-            "model": {
-                "name": current.model,
-                "path": self.config.path,
-                "size": current.identity.size,
-                "inode": current.identity.inode,
-                "generation": current.generation,
-                "load": self.config.load,
-                "watch_interval": self.config.watch_interval,
-                "last_reload": self.pool.watcher.last_reload,
-            },
-            "queue": {"depth": router.queue_depth, "max": self.config.max_queue,
-                      "in_flight": router.in_flight},
-            "workers": worker_rows(self.pool.children.values(), router.workers, current.generation,
-                                   memory.workers if memory else None),
-            "totals": memory.totals if memory else None,
-        }
 
 
 def default_max_message_size(signature: dict[str, Any]) -> int:

@@ -1,9 +1,10 @@
 """The supervisor (arbiter): keeps N worker processes alive, obeys signals, watches the weights.
 
-One thread runs one :class:`~workerpool.loop.Loop`. Signal handlers only write to a wakeup
-pipe; the loop calls ``handle_<signal>``. What differs between ``serve`` and ``workers`` is
-the :class:`Role` the supervisor is composed with (the local router with its control socket,
-or the uplink to a remote router); the supervisor itself is never subclassed.
+One thread runs one :class:`~workerpool.supervisor.loop.Loop`; signals reach it through
+:class:`~workerpool.supervisor.signals.Signals`. What differs between ``serve`` and ``workers``
+is the :class:`~workerpool.supervisor.role.Role` the supervisor is composed with (the local
+router with its control socket, or the uplink to a remote router); the supervisor itself is
+never subclassed.
 """
 
 from __future__ import annotations
@@ -13,82 +14,22 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Protocol
 
 from ..config.pool import POLLS_PER_HEARTBEAT, PoolConfig, StartupError
 from ..units import format_size
 from ..weights import reload
-from ..worker.spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, STOP_SIGNAL, WorkerSpec
+from ..worker.spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
 from .loop import Loop
 from .process import Backoff, Child, Process, describe_exit
 from .ready_line import worker_count
+from .role import Role
+from .signals import Signals
 from .starters import SpawnStarter, Starter, StartOrder
 from .systemd import Notifier
 from .template_starter import TemplateStarter
 
 log = logging.getLogger(__name__)
-
-# The signals the loop handles, SIGCHLD aside (ignored by default, so nothing to hold back).
-DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU,
-                    STOP_SIGNAL)
-
-
-
-class Requests(Protocol):
-    """The requests a role holds, as shutdown sees them."""
-
-    @property
-    def unfinished(self) -> int: ...
-
-    def stop_accepting(self) -> None: ...
-
-    def fail_all(self, code: str, message: str) -> None: ...
-
-
-class Role(Protocol):
-    """What a supervisor is supervising for: ``serve``'s router or ``workers``' uplink."""
-
-    @property
-    def requests(self) -> Requests | None:
-        """The requests this role holds, drained on shutdown; None when it holds none."""
-
-    @property
-    def leave_timeout(self) -> float:
-        """Seconds stopped workers get to leave before they are killed."""
-
-    @property
-    def stop_patience(self) -> float:
-        """Seconds a worker told to stop while the pool serves on (SIGTTOU, a rolling reload)
-        may take: its request, then its goodbye. Past it the worker is killed."""
-
-    @property
-    def backend(self) -> str:
-        """Where this role's workers connect to their router."""
-
-    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
-        """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""
-
-    @property
-    def ready_pipe(self) -> bool:
-        """Whether workers report a built model through a pipe (else the router hears of it)."""
-
-    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
-        """``spec`` with what this role's workers need added."""
-
-    def child_started(self, child: Child) -> None: ...
-
-    def child_exited(self, child: Child, why: str) -> None: ...
-
-    def roll_out(self) -> None:
-        """The watcher accepted a new generation: move the workers to it."""
-
-    def reload_done(self) -> bool:
-        """Whether every worker serves the newest generation."""
-
-    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
-        """The one line printed on stdout once every worker is ready (see ``ready_line.py``)."""
 
 
 class Supervisor:
@@ -108,10 +49,10 @@ class Supervisor:
         self.replacements = 0  # workers that were serving and died, replaced
         self.reloading = False  # told the service manager RELOADING=1, not yet READY=1 again
         self.stopping = False
-        self._deferred_signals: list[int] = []
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
         self.loop = Loop(idle_timeout=config.heartbeat / POLLS_PER_HEARTBEAT)
+        self.signals = Signals(self)
         self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
         self.watcher: reload.Watcher
         self._next_watch = 0.0
@@ -131,12 +72,12 @@ class Supervisor:
         self._check_memory_limit()
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
-            self._defer_signals()
+            self.signals.defer()
             self.starter.open(self.loop)  # first: a template is forked before any thread
             cleanup.callback(self.starter.close)  # in case the role cannot open; else _kill_all
             self.role.open(self, cleanup)
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
-            cleanup.enter_context(self._signals())
+            cleanup.enter_context(self.signals.take())
             log.info("starting %s for %s (model %s, %s, %s, %d BLAS thread%s each)",
                      worker_count(self.target), self.config.path, self.watcher.current.model, self.config.load,
                      "forked from a template" if self.config.start == "fork" else "spawned",
@@ -341,110 +282,10 @@ class Supervisor:
             self.role.roll_out()
         return outcome
 
-    # Signals: the handler only wakes the loop, which calls handle_<name>.
-
-    def _defer_signals(self) -> None:
-        """Until the loop takes signals, they are noted and handled once it does. Ctrl-C raised
-        at once could land in the template's fork, where Python prints the exception and drops
-        it; SIGHUP, SIGTTIN and SIGTTOU would kill or stop the supervisor mid-start."""
-        for signum in DEFERRED_SIGNALS:
-            signal.signal(signum, lambda signum, _: self._deferred_signals.append(signum))
-
-    def _signals(self) -> ExitStack:
-        wakeup_r, wakeup_w = os.pipe()
-        os.set_blocking(wakeup_r, False)
-        os.set_blocking(wakeup_w, False)
-        signal.set_wakeup_fd(wakeup_w)
-        handlers: dict[int, Callable[[], None]] = {
-            signal.SIGTERM: self.handle_term,
-            signal.SIGINT: self.handle_int,
-            signal.SIGHUP: self.handle_hup,
-            signal.SIGTTIN: self.handle_ttin,
-            signal.SIGTTOU: self.handle_ttou,
-            signal.SIGCHLD: self.handle_chld,
-            STOP_SIGNAL: self.handle_usr1,
-        }
-        for signum in handlers:
-            signal.signal(signum, lambda *_: None)
-        os.write(wakeup_w, bytes(self._deferred_signals))  # handled as soon as the loop turns
-
-        def on_signals() -> None:
-            self._dispatch_signals(handlers, os.read(wakeup_r, 256))
-
-        self.loop.read(wakeup_r, on_signals)
-        restore = ExitStack()
-        restore.callback(os.close, wakeup_w)
-        restore.callback(os.close, wakeup_r)
-        for signum in handlers:
-            restore.callback(signal.signal, signum, signal.SIG_DFL)
-        restore.callback(signal.set_wakeup_fd, -1)
-        return restore
-
-    def _dispatch_signals(self, handlers: dict[int, Callable[[], None]], signums: bytes) -> None:
-        for signum in signums:
-            handler = handlers.get(signum)
-            if handler is not None:
-                handler()
-
-    def handle_term(self) -> None:
-        self._stop_requested("SIGTERM")
-
-    def handle_int(self) -> None:
-        self._stop_requested("SIGINT")
-
-    def handle_ttin(self) -> None:
-        if self.stopping:
-            return
-        self.target += 1
-        log.info("SIGTTIN: adding a worker (now %d)", self.target)
-        if self.surplus:  # a worker on its way was to be stopped: keep it instead
-            self.surplus -= 1
-        else:
-            self.spawn()
-
-    def handle_ttou(self) -> None:
-        if self.stopping:
-            return
-        if self.target <= 1:
-            log.info("SIGTTOU ignored: keeping the last worker")
-            return
-        self.target -= 1
-        log.info("SIGTTOU: removing a worker (now %d)", self.target)
-        if self.spawn_at:
-            self.spawn_at.pop()
-            return
-        candidates = [c for c in self.children.values() if not c.stopping]
-        if candidates:
-            self.stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
-        elif self.starter.pending > self.surplus:  # all on their way: the next to arrive is stopped
-            self.surplus += 1
-
-    def handle_usr1(self) -> None:
-        log.info("%s ignored: it is the signal that tells a worker, not the supervisor, to leave "
-                 "(to remove a worker, send SIGTTOU)", STOP_SIGNAL.name)
-
-    def handle_chld(self) -> None:
-        """A child exited: workers are reaped through their pidfds; this reaps the others."""
-        self.starter.collect_strays()
-
-    def handle_hup(self) -> None:
-        if self.stopping:
-            return
-        if self.check_weights("SIGHUP") == "unchanged":
-            log.info("SIGHUP: %s is unchanged; generation %d keeps serving",
-                     self.config.path, self.watcher.current.generation)
-
     # Shutdown.
 
-    def _stop_requested(self, name: str) -> None:
-        """The first TERM/INT drains gracefully; a second one stops without waiting."""
-        if self.stopping:
-            log.warning("%s again: stopping now", name)
-            self.stop_deadline = 0.0
-        else:
-            self._begin_shutdown(name)
-
-    def _begin_shutdown(self, reason: str) -> None:
+    def begin_shutdown(self, reason: str) -> None:
+        """Stop accepting requests and starting workers; drain, then stop the workers."""
         self.stopping = True
         self.notifier.stopping(f"{reason}: draining")
         requests = self.role.requests

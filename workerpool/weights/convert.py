@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import burnpack
 from ..burnpack import dtypes
+from ..errors import NotAJSONObject, exception_text, json_object
 from ..models.base import MODEL_KEY
 from ..models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
 from ..models.bert import NAME as BERT
@@ -145,12 +146,10 @@ def _json_file(folder: str, name: str) -> dict[str, Any] | None:
     if not os.path.exists(path):
         return None
     try:
-        value = json.loads(_text(path))
-    except ValueError as exc:
-        raise ConvertError(f"{path}: not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ConvertError(f"{path}: not a JSON object")
-    return value
+        return json_object(_text(path))
+    except NotAJSONObject as exc:
+        raise ConvertError(f"{path}: not valid JSON: {exc}" if exc.found is None
+                           else f"{path}: not a JSON object") from exc
 
 
 def _text(path: str) -> str:
@@ -184,7 +183,7 @@ def _read_safetensors(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpa
         names = list(handle.keys())
         shapes = {name: handle.get_slice(name) for name in names}
     except (OSError, SafetensorError) as exc:
-        raise ConvertError(f"{path}: cannot read as safetensors: {_one_line(exc)}") from exc
+        raise ConvertError(f"{path}: cannot read as safetensors: {exception_text(exc)}") from exc
     raw: dict[str, Any] | None = None
     for name in names:
         kind, shape = shapes[name].get_dtype(), tuple(shapes[name].get_shape())
@@ -206,7 +205,7 @@ def _tensor_of(handle: Any, path: str, name: str) -> Callable[[], np.ndarray]:
         try:
             return np.asarray(handle.get_tensor(name))
         except Exception as exc:
-            raise ConvertError(f"{path}: cannot read tensor {name}: {_one_line(exc)}") from exc
+            raise ConvertError(f"{path}: cannot read tensor {name}: {exception_text(exc)}") from exc
     return load
 
 
@@ -240,7 +239,7 @@ def _read_npz(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Defer
     try:
         archive = stack.enter_context(np.load(path, allow_pickle=False))
     except _NPZ_ERRORS as exc:
-        raise ConvertError(f"{path}: cannot read as .npz: {_one_line(exc)}") from exc
+        raise ConvertError(f"{path}: cannot read as .npz: {exception_text(exc)}") from exc
     for name in archive.files:
         header, data = _npy_header(path, archive, name)
         dtype, shape = header.dtype, header.shape
@@ -262,7 +261,7 @@ def _npy_header(path: str, archive: Any, name: str) -> tuple[npy.NpyHeader, int]
             header = npy.read_header(member)
             data = archive.zip.getinfo(f"{name}.npy").file_size - member.tell()
     except (*_NPZ_ERRORS, KeyError) as exc:
-        raise ConvertError(f"{path}: array {name}: {_one_line(exc)}") from exc
+        raise ConvertError(f"{path}: array {name}: {exception_text(exc)}") from exc
     return header, data
 
 
@@ -271,9 +270,6 @@ def _member(archive: Any, path: str, name: str) -> Callable[[], np.ndarray]:
         try:
             return np.ascontiguousarray(archive[name])
         except _NPZ_ERRORS as exc:
-            raise ConvertError(f"{path}: array {name}: {_one_line(exc)}") from exc
+            raise ConvertError(f"{path}: array {name}: {exception_text(exc)}") from exc
     return load
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__

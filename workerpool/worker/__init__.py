@@ -1,4 +1,5 @@
-"""The processes that hold a model: the worker (``main``), started from a typed ``spec``, and
-the warm template (``template``) that forks workers; ``child`` is how either starts fresh.
-Importing this package loads none of them, so the supervisor can read ``spec`` alone.
+"""The processes that hold a model: the worker (``main``, answering with ``requests``), started
+from a typed ``spec``, and the warm template (``template``) that forks workers; ``child`` is how
+either starts fresh. Importing this package loads none of them, so the supervisor can read
+``spec`` alone.
 """

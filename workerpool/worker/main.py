@@ -1,10 +1,9 @@
 """A worker process: maps the weights itself, builds the model on the views, serves requests.
 
-The router gives a worker one request, or a batch of compatible ones, at a time and runs it
-inline: no thread hand-off on the hot path. A batch is validated request by request, stacked
-into one forward pass and answered request by request, in the order it came. While the model
-runs, libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker
-is never mistaken for a dead one.
+This is the process's loop: register with the router, take its messages (requests are
+answered by ``requests.py``, inline), heartbeat, reload, leave. While the model runs,
+libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker is
+never mistaken for a dead one.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import zmq
@@ -33,6 +32,7 @@ from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, send_parts, transport_heartbeats
 from ..units import MS_PER_SECOND, KiB, format_size
+from .requests import handle_batch, handle_request
 from .spec import (
     CONTROL_SIGNALS,
     EXIT_FILE_CHANGED,
@@ -48,111 +48,6 @@ log = logging.getLogger(__name__)
 
 BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
 BATCH_STRIDES = (b"2", b"3")  # frames per request in a BATCH: client, header, then its one array
-
-
-def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
-    """Run one request; every failure becomes an error reply, never an exception: no message,
-    and nothing the model raises or returns, takes the worker down."""
-    reply = _Replies(loaded.generation)
-    try:
-        message = protocol.decode_request(frames)
-    except protocol.ProtocolError as exc:
-        return reply.error(exc.request_id, "bad_request", str(exc))
-    except Exception as exc:  # out of memory while decoding, say: the worker stays
-        log.exception("request could not be decoded")
-        return reply.error(None, "internal", _one_line(exc))
-    if message.header["method"] == protocol.METHOD_INFO:
-        return reply.ok(message.id, None, info=loaded.describe())
-    return _infer(loaded, message, reply)
-
-
-def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> list[tuple[bool, list[Any]]]:
-    """Answer each request of a batch as :func:`handle_request` would, the ones that decode
-    as ``infer`` requests run as one forward pass."""
-    answers: list[tuple[bool, list[Any]] | None] = [None] * len(requests)
-    runnable: list[tuple[int, protocol.Message]] = []
-    reply = _Replies(loaded.generation)
-    for index, frames in enumerate(requests):
-        try:
-            message = protocol.decode_request(frames)
-        except Exception:  # noqa: BLE001 - handle_request answers it alone, as any request
-            answers[index] = handle_request(loaded, frames)
-            continue
-        if message.header["method"] == protocol.METHOD_INFER:
-            runnable.append((index, message))
-        else:
-            answers[index] = handle_request(loaded, frames)
-    outcomes = loaded.infer_batch([message.payload() for _, message in runnable])
-    for (index, message), outcome in zip(runnable, outcomes, strict=True):
-        answers[index] = _answer(loaded, message.id, reply, outcome)
-    assert all(answer is not None for answer in answers)
-    return cast(list[tuple[bool, list[Any]]], answers)
-
-
-def _infer(
-    loaded: LoadedModel, message: protocol.Message, reply: _Replies
-) -> tuple[bool, list[Any]]:
-    """Run the model on a decoded request: input and output checked, whatever it raises caught."""
-    return _answer(loaded, message.id, reply, loaded.outcome(message.payload()))
-
-
-def _answer(loaded: LoadedModel, request_id: Any, reply: _Replies, outcome: Any) -> tuple[bool, list[Any]]:
-    """The reply for what the model returned or raised (see :meth:`LoadedModel.outcome`)."""
-    if isinstance(outcome, models.ModelInputError):
-        return reply.error(request_id, "bad_request", str(outcome))
-    if isinstance(outcome, models.ModelOutputError):
-        return reply.error(request_id, "internal", _misfit(loaded, str(outcome)))
-    if isinstance(outcome, BaseException):
-        return reply.error(request_id, "internal", _model_failed(request_id, outcome))
-    try:
-        return reply.ok(request_id, outcome)
-    except protocol.ProtocolError as exc:  # an undeclared output that cannot cross the wire
-        problem = f"model {loaded.name}'s output cannot be sent: {exc}"
-        return reply.error(request_id, "internal", _misfit(loaded, problem))
-
-
-class _Replies:
-    """Replies that name this worker and the generation it serves."""
-
-    def __init__(self, generation: int) -> None:
-        self.pid, self.generation = os.getpid(), generation
-
-    def ok(self, request_id: Any, outputs: Any, **extra: Any) -> tuple[bool, list[Any]]:
-        return True, protocol.encode_reply(
-            request_id, outputs, worker_pid=self.pid, generation=self.generation, **extra
-        )
-
-    def error(self, request_id: Any, code: str, message: str) -> tuple[bool, list[Any]]:
-        return False, protocol.encode_error(
-            request_id, code, message, worker_pid=self.pid, generation=self.generation
-        )
-
-
-def _misfit(loaded: LoadedModel, problem: str) -> str:
-    """Log, once per model in this worker, that it broke what it declares; the reply's message."""
-    if not loaded.misfit_logged:
-        loaded.misfit_logged = True
-        log.error("worker %d: %s; every such request is answered 'internal' (logged once)",
-                  os.getpid(), problem)
-    return problem
-
-
-def _model_failed(request_id: Any, exc: BaseException) -> str:
-    """Log what the model raised (with its traceback); the reply's message.
-
-    A MemoryError's traceback holds the frames, and so the buffers, of the call that failed:
-    it is dropped first, so that logging has memory to work with.
-    """
-    if isinstance(exc, MemoryError):
-        exc.__traceback__ = None
-        log.error("request %r failed: %s", request_id, _one_line(exc), extra={"request_id": request_id})
-    else:
-        log.error("request %r failed", request_id, exc_info=exc, extra={"request_id": request_id})
-    return _one_line(exc)
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 class Worker:

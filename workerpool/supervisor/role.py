@@ -1,0 +1,69 @@
+"""What the supervisor asks of the role it is composed with (``serve``'s router or ``workers``'
+uplink): the one seam between supervising processes and serving requests.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Protocol
+
+from ..worker.spec import WorkerSpec
+from .process import Child
+
+if TYPE_CHECKING:
+    from .core import Supervisor
+
+
+class Requests(Protocol):
+    """The requests a role holds, as shutdown sees them."""
+
+    @property
+    def unfinished(self) -> int: ...
+
+    def stop_accepting(self) -> None: ...
+
+    def fail_all(self, code: str, message: str) -> None: ...
+
+
+class Role(Protocol):
+    """What a supervisor is supervising for: ``serve``'s router or ``workers``' uplink."""
+
+    @property
+    def requests(self) -> Requests | None:
+        """The requests this role holds, drained on shutdown; None when it holds none."""
+
+    @property
+    def leave_timeout(self) -> float:
+        """Seconds stopped workers get to leave before they are killed."""
+
+    @property
+    def stop_patience(self) -> float:
+        """Seconds a worker told to stop while the pool serves on (SIGTTOU, a rolling reload)
+        may take: its request, then its goodbye. Past it the worker is killed."""
+
+    @property
+    def backend(self) -> str:
+        """Where this role's workers connect to their router."""
+
+    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+        """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""
+
+    @property
+    def ready_pipe(self) -> bool:
+        """Whether workers report a built model through a pipe (else the router hears of it)."""
+
+    def prepare(self, spec: WorkerSpec) -> WorkerSpec:
+        """``spec`` with what this role's workers need added."""
+
+    def child_started(self, child: Child) -> None: ...
+
+    def child_exited(self, child: Child, why: str) -> None: ...
+
+    def roll_out(self) -> None:
+        """The watcher accepted a new generation: move the workers to it."""
+
+    def reload_done(self) -> bool:
+        """Whether every worker serves the newest generation."""
+
+    def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
+        """The one line printed on stdout once every worker is ready (see ``ready_line.py``)."""
