@@ -3,7 +3,7 @@ one ``BaseClient`` (``base``) that does no I/O of its own; ``reach`` tells an ab
 a slow one.
 
 The clients are imported when first named: ``reach`` serves the control client too, which the
-supervisor loads, and must not bring the clients' asyncio with it.
+supervisor loads, and must not bring the clients with it.
 """
 
 from __future__ import annotations
