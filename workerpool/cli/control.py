@@ -36,11 +36,7 @@ def control_endpoint(args: argparse.Namespace) -> str:
 
 
 def add_status(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "status", cmd_status,
-        summary="show a running server's workers, queue and memory",
-        description="Ask a running server for its state. Exit 1 when no server answers.",
-    )
+    parser = add_command(sub, cmd_status)
     add_control(parser)
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.add_argument("--explain", action="store_true",
@@ -52,6 +48,10 @@ def add_status(sub: Subcommands) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """show a running server's workers, queue and memory
+
+    Ask a running server for its state. Exit 1 when no server answers.
+    """
     endpoint = control_endpoint(args)
     with reported(control.ControlError):
         status = control.call(endpoint, "status", timeout=args.timeout, memory=not args.ready)
@@ -68,19 +68,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def add_reload(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "reload", cmd_reload,
-        summary="load new weights now and wait until every worker serves them",
-        description="Ask a running server to check its weight file now (as SIGHUP does) and wait "
-        "until every worker serves the new generation. Exit 0 when they do or when the file is "
-        "unchanged; exit 1 with the reason when the new file is refused or the switch does not "
-        "complete.",
-    )
+    parser = add_command(sub, cmd_reload)
     add_control(parser)
     add_timeout(parser, RELOAD_WAIT_SECONDS)
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
+    """load new weights now and wait until every worker serves them
+
+    Ask a running server to check its weight file now (as SIGHUP does) and wait until every worker
+    serves the new generation. Exit 0 when they do or when the file is unchanged; exit 1 with the
+    reason when the new file is refused or the switch does not complete.
+    """
     endpoint = control_endpoint(args)
     with reported(control.ControlError, saying=lambda exc: f"reload failed: {exc}"):
         answer = control.call(endpoint, "reload", timeout=args.timeout)
@@ -92,14 +91,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def add_publish(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "publish", cmd_publish,
-        summary="deploy new weights: validate, copy beside DEST, rename over it",
-        description="Validate SRC (and, with --control, that the running server's model accepts "
-        "it), copy it to a temporary file in DEST's directory, fsync it, rename it over DEST and "
-        "fsync the directory. A server watching DEST then reloads. An invalid SRC leaves DEST "
-        "untouched (exit 1).",
-    )
+    parser = add_command(sub, cmd_publish)
     parser.add_argument("source", metavar="SRC.bpk", help="the new weights, checked before anything is replaced")
     parser.add_argument("destination", metavar="DEST.bpk", help="the path the server serves")
     add_control(parser, "also ask the server at this control endpoint to check SRC")
@@ -107,6 +99,12 @@ def add_publish(sub: Subcommands) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    """deploy new weights: validate, copy beside DEST, rename over it
+
+    Validate SRC (and, with --control, that the running server's model accepts it), copy it to a
+    temporary file in DEST's directory, fsync it, rename it over DEST and fsync the directory. A
+    server watching DEST then reloads. An invalid SRC leaves DEST untouched (exit 1).
+    """
     from ..weights.publish import PublishError, publish
 
     with reported(PublishError):

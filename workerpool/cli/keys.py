@@ -6,28 +6,28 @@ import argparse
 
 from .. import security
 from .failures import reported
-from .parser import Subcommands, add_command
+from .parser import Subcommands, add_command, add_group
+
+KEYS_HELP = """generate CURVE key pairs
+
+'workerpool keys generate DIR [--name NAME]' writes DIR/NAME.key (public) and DIR/NAME.key_secret
+(secret, mode 0600)."""
 
 
 def add_keys(sub: Subcommands) -> None:
-    keys = add_command(
-        sub, "keys", None,
-        summary="generate CURVE key pairs",
-        description="'workerpool keys generate DIR [--name NAME]' writes DIR/NAME.key (public) and "
-        "DIR/NAME.key_secret (secret, mode 0600).",
-    )
+    keys = add_group(sub, "keys", KEYS_HELP)
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    generate = add_command(
-        actions, "generate", cmd_keys,
-        summary="write a new key pair",
-        description="Write DIR/NAME.key (the public key, to hand to the other side) and "
-        "DIR/NAME.key_secret (mode 0600, to keep). DIR is created if needed.",
-    )
+    generate = add_command(actions, cmd_generate)
     generate.add_argument("directory", metavar="DIR", help="where to write the key files")
     generate.add_argument("--name", default="workerpool", help="file name stem (default: %(default)s)")
 
 
-def cmd_keys(args: argparse.Namespace) -> int:
+def cmd_generate(args: argparse.Namespace) -> int:
+    """write a new key pair
+
+    Write DIR/NAME.key (the public key, to hand to the other side) and DIR/NAME.key_secret (mode
+    0600, to keep). DIR is created if needed.
+    """
     with reported(OSError, saying=lambda exc: f"{args.directory}: cannot write keys: {exc.strerror or exc}"):
         public, secret = security.generate(args.directory, args.name)
     print(f"workerpool: wrote {public} (public: give it to the other side) and {secret} "

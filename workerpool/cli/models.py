@@ -17,18 +17,18 @@ NEW_MODEL_SIZE = "256MiB"
 
 
 def add_inspect(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "inspect", cmd_inspect,
-        summary="validate a Burnpack file and list its tensors",
-        description="Validate a Burnpack file and print its tensors (name, dtype, shape, bytes, "
-        "absolute offset, 256-byte alignment), metadata, scalars, layout and recognised model. "
-        "Exit 0 when the file is valid, 1 with a one-line reason when it is not.",
-    )
+    parser = add_command(sub, cmd_inspect)
     parser.add_argument("file", help="the .bpk file")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """validate a Burnpack file and list its tensors
+
+    Validate a Burnpack file and print its tensors (name, dtype, shape, bytes, absolute offset,
+    256-byte alignment), metadata, scalars, layout and recognised model. Exit 0 when the file is
+    valid, 1 with a one-line reason when it is not.
+    """
     with reported(burnpack.BurnpackError):
         pack = burnpack.read(args.file)
     model = pack.metadata.get(models.MODEL_KEY) or models.recognise(pack.tensors)
@@ -40,12 +40,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def add_new_model(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "new-model", cmd_new_model,
-        summary="write a deterministic mlp model of a given size",
-        description="Write an 'mlp' Burnpack model of about --size bytes with deterministic "
-        "weights, one layer at a time and atomically (the file appears only when complete).",
-    )
+    parser = add_command(sub, cmd_new_model)
     parser.add_argument("out", help="the .bpk file to write (replaced if it exists)")
     parser.add_argument("--size", type=model_size, default=parse_size(NEW_MODEL_SIZE),
                         help=f"approximate file size, e.g. 1MiB, 512MiB, 2GiB (default: {NEW_MODEL_SIZE})")
@@ -54,6 +49,11 @@ def add_new_model(sub: Subcommands) -> None:
 
 
 def cmd_new_model(args: argparse.Namespace) -> int:
+    """write a deterministic mlp model of a given size
+
+    Write an 'mlp' Burnpack model of about --size bytes with deterministic weights, one layer at a
+    time and atomically (the file appears only when complete).
+    """
     def progress(done: int, total: int) -> None:  # on a terminal only: logs stay clean
         print(f"\rwriting {args.out}: layer {done} of {total}", end="" if done < total else "\n",
               file=sys.stderr, flush=True)
@@ -70,13 +70,7 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 
 def add_convert(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "convert", cmd_convert,
-        summary="convert .safetensors, .npz or a Hugging Face model folder to a .bpk",
-        description="Write the tensors of SRC (a .safetensors file, an .npz archive read without "
-        "pickle, or a model folder with config.json, whose config.json and tokenizer.json travel "
-        "in the metadata) to DEST.bpk, names, dtypes and shapes unchanged, one tensor at a time.",
-    )
+    parser = add_command(sub, cmd_convert)
     parser.add_argument("source", metavar="SRC", help="a .safetensors file, an .npz archive or a model folder")
     parser.add_argument("destination", metavar="DEST.bpk", help="the Burnpack file to write (replaced atomically)")
     add_model(parser, "record this model in the metadata (default: 'bert' for a BERT model folder, "
@@ -90,6 +84,12 @@ def add_convert(sub: Subcommands) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    """convert .safetensors, .npz or a Hugging Face model folder to a .bpk
+
+    Write the tensors of SRC (a .safetensors file, an .npz archive read without pickle, or a model
+    folder with config.json, whose config.json and tokenizer.json travel in the metadata) to
+    DEST.bpk, names, dtypes and shapes unchanged, one tensor at a time.
+    """
     from ..weights.convert import ConvertError, convert
 
     metadata = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 from collections.abc import Callable
 from typing import NoReturn, TypeAlias
 
@@ -17,12 +18,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def add_command(sub: Subcommands, name: str, handler: Handler | None, *, summary: str,
-                description: str) -> Parser:
-    """A subcommand with its ``summary`` (in ``workerpool --help``) and ``description`` (atop its
-    own ``--help``), wired to the function that runs it (a command that only groups others has
-    none)."""
-    parser = sub.add_parser(name, help=summary, description=description)
-    if handler is not None:
-        parser.set_defaults(handler=handler)
+def add_command(sub: Subcommands, handler: Handler) -> Parser:
+    """The subcommand ``handler`` runs, named after it (``cmd_new_model`` is ``new-model``), its
+    help texts from its docstring: the first paragraph is its line in ``workerpool --help``, the
+    rest heads its own ``--help``, so that a command's words stand beside its code."""
+    parser = add_group(sub, command_name(handler), inspect.getdoc(handler) or "")
+    parser.set_defaults(handler=handler)
     return parser
+
+
+def command_name(handler: Handler) -> str:
+    """The command ``handler`` runs: ``cmd_new_model`` runs ``new-model``."""
+    return handler.__name__.removeprefix("cmd_").replace("_", "-")
+
+
+def add_group(sub: Subcommands, name: str, texts: str) -> Parser:
+    """A subcommand with its help ``texts`` (a summary, a blank line, a description), for a
+    command that only groups others or one that :func:`add_command` wires to its handler."""
+    summary, _, description = texts.partition("\n\n")
+    return sub.add_parser(name, help=summary, description=description)

@@ -23,11 +23,7 @@ if TYPE_CHECKING:
 
 
 def add_infer(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "infer", cmd_infer,
-        summary="send one request from a .npy file",
-        description="Send the array in a .npy file to a server and print or save the output.",
-    )
+    parser = add_command(sub, cmd_infer)
     parser.add_argument("--input", required=True, metavar="X.npy",
                         help="the input array (.npy, float32 for the built-in models), or named "
                         "input arrays (.npz)")
@@ -37,6 +33,10 @@ def add_infer(sub: Subcommands) -> None:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    """send one request from a .npy file
+
+    Send the array in a .npy file to a server and print or save the output.
+    """
     if args.output:
         _check_writable(args.output)
     result = _request(args, load_input(args.input))
@@ -49,19 +49,18 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 
 def add_embed(sub: Subcommands) -> None:
-    parser = add_command(
-        sub, "embed", cmd_embed,
-        summary="embed texts with a server's sentence-embedding model",
-        description="Send the texts to a server whose model takes texts (such as 'bert' converted "
-        "from a model folder with its tokenizer) and print one JSON list per text, or save them "
-        "as one .npy array.",
-    )
+    parser = add_command(sub, cmd_embed)
     parser.add_argument("texts", nargs="+", metavar="TEXT", help="the texts to embed")
     parser.add_argument("--output", metavar="E.npy", help="save the embeddings here instead of printing them")
     _add_client_options(parser, "embed")
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
+    """embed texts with a server's sentence-embedding model
+
+    Send the texts to a server whose model takes texts (such as 'bert' converted from a model folder
+    with its tokenizer) and print one JSON list per text, or save them as one .npy array.
+    """
     import numpy as np
 
     if args.output:

@@ -18,23 +18,23 @@ from ..logs import setup_logging
 from ..pool import run as pool
 from .arguments import add_settings, client_keys
 from .failures import CommandError, reported
-from .parser import Subcommands, add_command
+from .parser import Handler, Subcommands, add_command, command_name
 
 Config = TypeVar("Config", bound=PoolConfig)
 
 
 def add_serve(sub: Subcommands) -> None:
-    _add_pool_command(
-        sub, settings.SERVE, cmd_serve,
-        summary="serve a model from N worker processes",
-        description="Serve MODEL.bpk from --workers processes that each map the file read-only, "
-        "so the weights sit in memory once. Prints one 'workerpool: serving ...' line on stdout "
-        "when every worker is ready; logs go to stderr. SIGTERM/SIGINT finish in-flight requests "
-        "and exit 0; SIGTTIN/SIGTTOU add/remove a worker. Exit 2 when the file or model is invalid.",
-    )
+    _add_pool_command(sub, cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """serve a model from N worker processes
+
+    Serve MODEL.bpk from --workers processes that each map the file read-only, so the weights sit in
+    memory once. Prints one 'workerpool: serving ...' line on stdout when every worker is ready;
+    logs go to stderr. SIGTERM/SIGINT finish in-flight requests and exit 0; SIGTTIN/SIGTTOU
+    add/remove a worker. Exit 2 when the file or model is invalid.
+    """
     if args.workers == 0 and not args.backend:
         raise CommandError("--workers 0 serves nothing unless worker hosts can join: give --backend",
                            exit_code=2)
@@ -42,30 +42,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_workers(sub: Subcommands) -> None:
-    _add_pool_command(
-        sub, settings.WORKERS, cmd_workers,
-        summary="run N workers on this host for a router on another host",
-        description="Start N worker processes on this host that map MODEL.bpk (this host's own "
-        "copy) and serve through the router of 'workerpool serve --backend tcp://...' on another "
-        "host. Workers are replaced when they die, reconnect when the router restarts, and roll "
-        "to new weights one at a time when MODEL.bpk is replaced by rename.",
-    )
+    _add_pool_command(sub, cmd_workers)
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
+    """run N workers on this host for a router on another host
+
+    Start N worker processes on this host that map MODEL.bpk (this host's own copy) and serve
+    through the router of 'workerpool serve --backend tcp://...' on another host. Workers are
+    replaced when they die, reconnect when the router restarts, and roll to new weights one at a
+    time when MODEL.bpk is replaced by rename.
+    """
     if not args.connect:
         raise CommandError("workers needs --connect ENDPOINT (or connect in --config, or "
                            "WORKERPOOL_CONNECT)", exit_code=2)
     return _run_pool(pool.run_host, _pool_config(HostConfig, args, keys=client_keys(args)))
 
 
-def _add_pool_command(sub: Subcommands, command: str, handler: Callable[[argparse.Namespace], int],
-                      **texts: str) -> None:
+def _add_pool_command(sub: Subcommands, handler: Handler) -> None:
     """A command whose options are the settings it takes; its parser is kept in its arguments,
     for :func:`with_sources` to read the file and the environment by."""
-    parser = add_command(sub, command, handler, **texts)
+    parser = add_command(sub, handler)
     parser.set_defaults(command_parser=parser)
-    add_settings(parser, command)
+    add_settings(parser, command_name(handler))
 
 
 def with_sources(parser: argparse.ArgumentParser, argv: list[str],
