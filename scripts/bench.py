@@ -16,6 +16,7 @@ Batching against --max-batch 1 and gunicorn, same run: scripts/compare.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -23,7 +24,8 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -109,21 +111,33 @@ def demo_model(directory: str, size: int, rows: int = 1) -> tuple[str, models.Ge
     return path, generated, x
 
 
-def load_parser(doc: str, *, workers: int, in_flight: str, seconds: float,
-                repeat: int) -> argparse.ArgumentParser:
-    """The parser of a benchmark that drives a pool, with the options they all share;
-    ``args.in_flight`` is the list of levels."""
+def load_arguments(doc: str, *, workers: int, in_flight: str, seconds: float, repeat: int,
+                   **more: tuple[type, Any, str]) -> argparse.Namespace:
+    """The command line of a benchmark that drives a pool: the options they all share, and
+    ``more`` of its own, each ``name=(type, default, help)``; ``args.in_flight`` is the list of
+    levels."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=workers, help=f"(default: {workers})")
     parser.add_argument("--in-flight", type=levels, default=in_flight,
                         help=f"comma-separated requests in flight (default: {in_flight})")
     parser.add_argument("--seconds", type=float, default=seconds, help=f"per figure and run (default: {seconds:g})")
     parser.add_argument("--repeat", type=int, default=repeat, help=f"alternating rounds (default: {repeat})")
-    return parser
+    for name, (kind, default, text) in more.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=text)
+    return parser.parse_args()
+
+
+def at_least_one(text: str) -> int:
+    """A count on a benchmark's command line: a run of nothing measures nothing."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
+    return value
 
 
 def levels(text: str) -> list[int]:
-    return [int(k) for k in text.split(",")]
+    """Requests in flight, comma-separated: ``1,16,64``."""
+    return [at_least_one(k) for k in text.split(",")]
 
 
 def load_average() -> str:
@@ -139,6 +153,31 @@ def print_load_averages(loads: tuple[str, str]) -> None:
 def stop_servers_on_sigterm() -> None:
     """SIGTERM leaves through the ``with`` blocks, which stop the servers this script started."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """What a benchmark run works in: a scratch directory holding the demo model."""
+
+    directory: str
+    model: str
+    generated: models.GeneratedMlp
+    row: np.ndarray
+    start_load: str  # the load average when the run began
+
+
+@contextlib.contextmanager
+def scratch_run(script: str, size: int) -> Iterator[Scratch]:
+    """A benchmark run: SIGTERM stops the servers it starts, the load average is read at its
+    start, and a failure to start or drive a server ends it with one line (exit 1)."""
+    stop_servers_on_sigterm()
+    start_load = load_average()
+    with tempfile.TemporaryDirectory(prefix=f"wp-{script}-") as directory:
+        model, generated, row = demo_model(directory, size)
+        try:
+            yield Scratch(directory, model, generated, row, start_load)
+        except (RuntimeError, OSError) as exc:
+            raise SystemExit(f"{script}: error: {exc}") from None
 
 
 def write_figures(path: str, script: str, figures: dict[str, Any]) -> None:

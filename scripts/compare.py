@@ -28,20 +28,22 @@ import gc
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from bench import (
-    demo_model,
+    at_least_one,
     drive,
     load_average,
     print_load_averages,
-    stop_servers_on_sigterm,
+    scratch_run,
     warm_workerpool,
     write_figures,
+)
+from bench import (
+    levels as level_list,
 )
 from compare_gunicorn import run_gunicorn
 from server_memory import tree_memory
@@ -309,46 +311,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default=parse_size("16MiB"),
                         help="mlp model size (default: 16MiB)")
-    parser.add_argument("--workers", type=int, default=2, help="workers of each server (default: 2)")
-    parser.add_argument("--in-flight", default="1,16,64",
+    parser.add_argument("--workers", type=at_least_one, default=2, help="workers of each server (default: 2)")
+    parser.add_argument("--in-flight", dest="levels", type=level_list, default="1,16,64",
                         help="comma-separated requests in flight (default: 1,16,64)")
     parser.add_argument("--seconds", type=float, default=3.0, help="per level and run (default: 3)")
-    parser.add_argument("--repeat", type=int, default=2,
+    parser.add_argument("--repeat", type=at_least_one, default=2,
                         help="runs of each server, alternating (default: 2)")
     parser.add_argument("--servers", type=server_list, default=list(SERVERS),
                         help="comma-separated servers to compare, among fork (workerpool --start "
                         "fork), unbatched (the same with --max-batch 1), spawn (--start spawn) and "
                         "gunicorn (default: all four)")
-    parser.add_argument("--gunicorn-threads", type=int, default=1,
+    parser.add_argument("--gunicorn-threads", type=at_least_one, default=1,
                         help="gthread threads per gunicorn worker (default: 1)")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
-    args = parser.parse_args(argv)
-    args.levels = [int(k) for k in args.in_flight.split(",")]
-    if min(args.levels) < 1 or args.workers < 1 or args.repeat < 1 or args.gunicorn_threads < 1:
-        parser.error("--in-flight, --workers, --repeat and --gunicorn-threads must be >= 1")
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_servers_on_sigterm()
-    start_load = load_average()
     blas_threads = max(1, len(os.sched_getaffinity(0)) // args.workers)
-    with tempfile.TemporaryDirectory(prefix="wp-compare-") as directory:
-        model, generated, row = demo_model(directory, args.size)
-        load = Load(model, args.workers, blas_threads, args.gunicorn_threads, row, args.levels,
-                    args.seconds, directory)
-        try:
-            runs, in_process = run_alternating(load, args.servers, args.repeat)
-        except (RuntimeError, OSError) as exc:
-            print(f"compare: error: {exc}", file=sys.stderr)
-            return 1
+    with scratch_run("compare", args.size) as run:
+        load = Load(run.model, args.workers, blas_threads, args.gunicorn_threads, run.row, args.levels,
+                    args.seconds, run.directory)
+        runs, in_process = run_alternating(load, args.servers, args.repeat)
         figures = {name: medians(runs[name], args.levels) for name in args.servers}
-        loads = (start_load, load_average())
+        loads = (run.start_load, load_average())
         print_table(load, args.servers, runs, figures, in_process, args.repeat, loads)
     if args.json:
         write_figures(args.json, "compare.py", {
-            "workers": args.workers, "servers": args.servers, "model_size": generated.size_bytes,
+            "workers": args.workers, "servers": args.servers, "model_size": run.generated.size_bytes,
             "blas_threads": blas_threads, "gunicorn_threads": args.gunicorn_threads,
             "load_average": loads, "medians": figures, "runs": runs, "in_process": in_process})
     return 0

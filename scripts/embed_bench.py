@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench import demo_model, drive, load_average, load_parser, warm_workerpool
+from bench import demo_model, drive, load_arguments, load_average, warm_workerpool
 from threadpoolctl import threadpool_limits
 
 from workerpool.control import client as control
@@ -105,9 +105,8 @@ def pytorch(folder: str, batch: int, seconds: float) -> float | None:
 
 
 def main() -> int:
-    parser = load_parser(__doc__, workers=8, in_flight="1,64", seconds=5.0, repeat=2)
-    parser.add_argument("--batch", type=int, default=64, help="sentences per in-process call (default: 64)")
-    args = parser.parse_args()
+    args = load_arguments(__doc__, workers=8, in_flight="1,64", seconds=5.0, repeat=2,
+                          batch=(int, 64, "sentences per in-process call (default: 64)"))
     try:
         from all_minilm_l6_v2 import extract_model
     except ImportError:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import urllib.request
 
-from bench import demo_model, drive, load_average, load_parser
+from bench import demo_model, drive, load_arguments, load_average
 
 from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
@@ -35,9 +35,8 @@ def scraping(url: str, interval: float, stop: threading.Event, scrapes: list[flo
 
 
 def main() -> int:
-    parser = load_parser(__doc__, workers=2, in_flight="1,16", seconds=5.0, repeat=3)
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default: 1)")
-    args = parser.parse_args()
+    args = load_arguments(__doc__, workers=2, in_flight="1,16", seconds=5.0, repeat=3,
+                          interval=(float, 1.0, "seconds between scrapes (default: 1)"))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

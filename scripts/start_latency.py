@@ -29,7 +29,6 @@ import re
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,10 +38,10 @@ from typing import Any
 import numpy as np
 import zmq
 from bench import (
-    demo_model,
+    at_least_one,
     load_average,
     print_load_averages,
-    stop_servers_on_sigterm,
+    scratch_run,
     write_figures,
 )
 
@@ -244,36 +243,27 @@ def print_table(generated: models.GeneratedMlp, args: argparse.Namespace,
     print_load_averages(loads)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default=parse_size("256MiB"),
                         help="mlp model size (default: 256MiB)")
-    parser.add_argument("--workers", type=int, default=8,
+    parser.add_argument("--workers", type=at_least_one, default=8,
                         help="workers each server starts with (default: 8)")
-    parser.add_argument("--adds", type=int, default=5,
+    parser.add_argument("--adds", type=at_least_one, default=5,
                         help="SIGTTINs per server run, one after another (default: 5)")
-    parser.add_argument("--repeat", type=int, default=2,
+    parser.add_argument("--repeat", type=at_least_one, default=2,
                         help="runs of each start method, alternating (default: 2)")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
-    args = parser.parse_args(argv)
-    if min(args.workers, args.adds, args.repeat) < 1:
-        parser.error("--workers, --adds and --repeat must be >= 1")
-    return args
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    stop_servers_on_sigterm()
-    start_load = load_average()
-    with tempfile.TemporaryDirectory(prefix="wp-start-") as directory:
-        model, generated, row = demo_model(directory, args.size)
-        try:
-            runs = run_alternating(model, args.workers, args.adds, args.repeat, row, directory)
-        except (RuntimeError, OSError) as exc:
-            print(f"start_latency: error: {exc}", file=sys.stderr)
-            return 1
+    args = build_parser().parse_args(argv)
+    with scratch_run("start_latency", args.size) as run:
+        runs = run_alternating(run.model, args.workers, args.adds, args.repeat, run.row, run.directory)
+    generated = run.generated
     result = {start: figures(runs[start]) for start in STARTS}
-    loads = (start_load, load_average())
+    loads = (run.start_load, load_average())
     print_table(generated, args, result, loads)
     if args.json:
         write_figures(args.json, "start_latency.py", {

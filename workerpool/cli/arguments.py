@@ -66,3 +66,12 @@ def model_size(text: str) -> int:
     if size < parse_size(SMALLEST_MODEL):
         raise argparse.ArgumentTypeError(f"{text} is too small: give {SMALLEST_MODEL} or more")
     return size
+
+
+def add_source_and_destination(parser: argparse.ArgumentParser, source: tuple[str, str],
+                               destination_help: str) -> None:
+    """The two files of a command that writes one from the other: ``source`` is its metavar and
+    help; the destination is always a ``DEST.bpk``."""
+    metavar, source_help = source
+    parser.add_argument("source", metavar=metavar, help=source_help)
+    parser.add_argument("destination", metavar="DEST.bpk", help=destination_help)

@@ -15,7 +15,7 @@ from ..control import client as control
 from ..control.status import Status, unready
 from ..units import format_size
 from . import render
-from .arguments import add_control, add_model, add_timeout
+from .arguments import add_control, add_model, add_source_and_destination, add_timeout
 from .failures import reported
 from .parser import Subcommands, add_command
 
@@ -92,8 +92,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def add_publish(sub: Subcommands) -> None:
     parser = add_command(sub, cmd_publish)
-    parser.add_argument("source", metavar="SRC.bpk", help="the new weights, checked before anything is replaced")
-    parser.add_argument("destination", metavar="DEST.bpk", help="the path the server serves")
+    add_source_and_destination(parser, ("SRC.bpk", "the new weights, checked before anything is replaced"),
+                               "the path the server serves")
     add_control(parser, "also ask the server at this control endpoint to check SRC")
     add_model(parser, "without --control, the model to check SRC against (default: as serve)")
 

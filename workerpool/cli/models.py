@@ -9,7 +9,7 @@ import sys
 from .. import burnpack, models
 from ..units import format_size, parse_size
 from . import render
-from .arguments import add_model, model_size
+from .arguments import add_model, add_source_and_destination, model_size
 from .failures import CommandError, reported
 from .parser import Subcommands, add_command
 
@@ -71,8 +71,8 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 def add_convert(sub: Subcommands) -> None:
     parser = add_command(sub, cmd_convert)
-    parser.add_argument("source", metavar="SRC", help="a .safetensors file, an .npz archive or a model folder")
-    parser.add_argument("destination", metavar="DEST.bpk", help="the Burnpack file to write (replaced atomically)")
+    add_source_and_destination(parser, ("SRC", "a .safetensors file, an .npz archive or a model folder"),
+                               "the Burnpack file to write (replaced atomically)")
     add_model(parser, "record this model in the metadata (default: 'bert' for a BERT model folder, "
               "else none)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, cast
 import zmq
 
 from .. import security
-from ..client import reach
 from ..config import values
 from ..endpoints import DEFAULT_BIND
+from ..protocol import reach
 from .arguments import add_settings, add_timeout, client_keys
 from .failures import CommandError, reported
 from .inputs import load_input

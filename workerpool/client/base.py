@@ -83,7 +83,7 @@ class BaseClient(Generic[SocketT]):
         delay = self._calls.next_expiry() - now
         if delay > 0:
             return max(1, math.ceil(delay * MS_PER_SECOND))
-        if self._calls.linked:
+        if self._calls.link.up:  # a server completed the handshake on the socket in use
             self._replace(dropped=False)
         else:
             self._calls.expire(now)
@@ -136,9 +136,8 @@ class BaseClient(Generic[SocketT]):
 
     @staticmethod
     def _settled(outcome: Any) -> Any:
-        """The result of a non-blocking socket call, as a blocking socket returns it. The asyncio
-        client reads its futures instead, so asyncio is never imported here: the supervisor and
-        the workers load this package (for ``reach``) and must not import asyncio or ssl."""
+        """The result of a non-blocking socket call, as a blocking socket returns it; the asyncio
+        client reads its futures instead, so the blocking client never imports asyncio."""
         return outcome
 
     def _open(self) -> SocketT:

@@ -12,24 +12,13 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    ERRORS_BY_CODE,
-    BadRequest,
-    ConnectionLost,
-    DeadlineExceeded,
-    InternalError,
-    RemoteError,
-    ShuttingDown,
-    Timeout,
-    Unreachable,
-    WorkerpoolError,
-)
+from .. import errors
 from ..protocol import messages as protocol
 from ..protocol.messages import Inputs, Message, ProtocolError
 from ..units import MS_PER_SECOND
@@ -96,12 +85,13 @@ class Call:
         header = self.message().header
         info = header.get("info")
         if not isinstance(info, dict):
-            raise InternalError(
+            raise errors.InternalError(
                 "malformed reply: 'info' is not an object", worker_pid=header.get("worker_pid")
             )
         return info
 
 
+@dataclass(eq=False)
 class Calls:
     """The outstanding calls of one client, independent of its socket and of how it waits.
 
@@ -110,34 +100,29 @@ class Calls:
     once ``next_expiry`` has passed.
     """
 
-    def __init__(self, endpoint: str, timeout: float, retries: int, connect_timeout: float,
-                 link: Link) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
-        if not connect_timeout > 0:
-            raise ValueError(f"connect_timeout must be > 0 seconds, not {connect_timeout!r}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, not {retries!r}")
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.retries = retries
-        self.link = link
-        self._ids = itertools.count(1)
-        self._outstanding: dict[int, Call] = {}
+    endpoint: str
+    timeout: float
+    retries: int
+    connect_timeout: float
+    link: Link
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False)
+    _outstanding: dict[int, Call] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {self.timeout!r}")
+        if not self.connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds, not {self.connect_timeout!r}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, not {self.retries!r}")
 
     @property
     def outstanding(self) -> bool:
         return bool(self._outstanding)
 
-    @property
-    def linked(self) -> bool:
-        """Whether a server has completed the handshake on the socket in use."""
-        return self.link.up
-
     def next_expiry(self) -> float:
         """When the next call runs out of time: for a reply while connected, else for a server."""
-        return min((call.expires if self.linked else call.connect_by
+        return min((call.expires if self.link.up else call.connect_by
                     for call in self._outstanding.values()), default=math.inf)
 
     def start(
@@ -163,7 +148,7 @@ class Calls:
         if call is None:
             _log.debug("discarding reply to request %r: not outstanding", request_id)
             return None
-        if isinstance(outcome, ShuttingDown) and call.attempts <= self.retries:
+        if isinstance(outcome, errors.ShuttingDown) and call.attempts <= self.retries:
             # A server that stops is often restarted: the call stays outstanding, to be resent
             # when the connection drops, to whatever server is there then.
             _log.debug("request %d: the server is shutting down; held for its successor", request_id)
@@ -197,7 +182,7 @@ class Calls:
             if dropped and out_of_retries:
                 self._lost(call, f"after {_attempts(call.attempts)}{why}")
             elif out_of_retries and call.expires <= now:
-                self._finish(call, Timeout(
+                self._finish(call, errors.Timeout(
                     f"no reply from {self.endpoint} in {_attempts(call.attempts)} of "
                     f"{self.timeout:g} s"))
             else:
@@ -214,7 +199,7 @@ class Calls:
             if call.lost:
                 self._lost(call, f"and no server took it back in {self.connect_timeout:g} s")
             else:
-                self._finish(call, Unreachable(unreachable))
+                self._finish(call, errors.Unreachable(unreachable))
 
     def forget(self, call: Call) -> None:
         """Stop waiting for a call (its caller gave up): a reply to it will be discarded."""
@@ -227,7 +212,7 @@ class Calls:
             self._finish(call, error)
 
     def close(self) -> None:
-        self.abandon(WorkerpoolError("the client was closed before the reply arrived"))
+        self.abandon(errors.WorkerpoolError("the client was closed before the reply arrived"))
 
     def _attempt(self, call: Call, now: float, send: Callable[[list], None]) -> None:
         call.attempts += 1
@@ -238,7 +223,7 @@ class Calls:
             elif call.deadline_at <= now:
                 self._finish(
                     call,
-                    DeadlineExceeded("the deadline passed before the request could be retried"),
+                    errors.DeadlineExceeded("the deadline passed before the request could be retried"),
                 )
                 return
             deadline_ms = (call.deadline_at - now) * MS_PER_SECOND
@@ -248,15 +233,15 @@ class Calls:
                 call.id, call.payload, method=call.method, deadline_ms=deadline_ms
             )
         except ProtocolError as exc:
-            self._finish(call, BadRequest(str(exc)))
+            self._finish(call, errors.BadRequest(str(exc)))
             return
         call.expires = now + self.timeout
-        call.connect_by = math.inf if self.linked else now + self.connect_timeout
+        call.connect_by = math.inf if self.link.up else now + self.connect_timeout
         self._outstanding[call.id] = call
         send(frames)
 
     def _lost(self, call: Call, how: str) -> None:
-        self._finish(call, ConnectionLost(
+        self._finish(call, errors.ConnectionLost(
             f"the connection to {self.endpoint} was lost while the request was in flight, {how}"))
 
     def _finish(self, call: Call, outcome: Message | BaseException) -> None:
@@ -270,7 +255,7 @@ def _attempts(count: int) -> str:
     return f"{count} attempt{'s' if count > 1 else ''}"
 
 
-def _decode(frames: list) -> tuple[Any, Message | RemoteError]:
+def _decode(frames: list) -> tuple[Any, Message | errors.RemoteError]:
     """The request id a message answers and its outcome: a reply, or the error it carries.
 
     A reply that breaks the protocol becomes ``InternalError`` (a server fault, not the
@@ -283,22 +268,22 @@ def _decode(frames: list) -> tuple[Any, Message | RemoteError]:
         message = protocol.decode_reply(frames[1:])
     except ProtocolError as exc:
         request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
-        return request_id, InternalError(f"malformed reply: {exc}")
+        return request_id, errors.InternalError(f"malformed reply: {exc}")
     if message.header["status"] == "ok":
         return message.id, message
     return message.id, _remote_error(message.header)
 
 
-def _remote_error(header: dict[str, Any]) -> RemoteError:
+def _remote_error(header: dict[str, Any]) -> errors.RemoteError:
     error = header.get("error")
     worker_pid = header.get("worker_pid")
     if not isinstance(error, dict):
-        return InternalError(
+        return errors.InternalError(
             "malformed reply: error without an 'error' object", worker_pid=worker_pid
         )
     code = error.get("code")
-    cls = ERRORS_BY_CODE.get(code, RemoteError) if isinstance(code, str) else RemoteError
+    cls = errors.ERRORS_BY_CODE.get(code, errors.RemoteError) if isinstance(code, str) else errors.RemoteError
     exc = cls(str(error.get("message", "")), worker_pid=worker_pid)
-    if cls is RemoteError:
+    if cls is errors.RemoteError:
         exc.code = str(code)
     return exc

@@ -7,13 +7,14 @@ the retry policy (``calls.py``) asks it whether a server is connected.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import ClassVar
 
 import zmq
 
 from ..errors import Unreachable
+from ..protocol import reach
 from ..security import ClientKeys
-from . import reach
 
 # The events a client's monitor asks for: those ``Link.event`` reads.
 MONITORED = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
@@ -23,6 +24,7 @@ EARLY_DROP_SECONDS = 1.0
 GREETING_SECONDS = 0.5  # for the one look at the peer's greeting when a call finds no server
 
 
+@dataclass(eq=False)
 class Link:
     """What the socket monitor has said of the connection to the server.
 
@@ -41,12 +43,11 @@ class Link:
         zmq.EVENT_HANDSHAKE_FAILED_AUTH: 3,
     }
 
-    def __init__(self, endpoint: str, keys: ClientKeys | None) -> None:
-        self.endpoint = endpoint
-        self.keys = keys
-        self.up = False
-        self.seen = 0
-        self.up_at = 0.0
+    endpoint: str
+    keys: ClientKeys | None
+    up: bool = False
+    seen: int = 0
+    up_at: float = 0.0
 
     def event(self, kind: int) -> bool | None:
         """Take one monitor event: True when the connection came up, False when it dropped."""

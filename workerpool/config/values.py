@@ -20,21 +20,23 @@ Number = TypeVar("Number", int, float)
 
 def size(text: str) -> int:
     """Bytes written like ``512MiB``."""
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return _number(text, parse_size)
 
 
 def count(text: str) -> int:
     """A whole number from 0 up."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
+    value = _number(text, int, f"invalid count {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
     return value
+
+
+def _number(text: str, parse: Callable[[str], Number], invalid: str | None = None) -> Number:
+    """``text`` parsed, else a usage error: ``invalid``, or what ``parse`` says."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(invalid or str(exc)) from None
 
 
 def seconds(text: str) -> float:
@@ -47,10 +49,7 @@ def milliseconds(text: str) -> float:
 
 
 def _amount(text: str, unit: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of {unit} {text!r}") from None
+    value = _number(text, float, f"invalid number of {unit} {text!r}")
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not a number of {unit} from 0 up")
     return value

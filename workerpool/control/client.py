@@ -7,8 +7,8 @@ from typing import Any
 
 import zmq
 
-from ..client import reach
 from ..errors import NotAJSONObject, json_object
+from ..protocol import reach
 from ..units import MS_PER_SECOND
 
 

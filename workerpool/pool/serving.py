@@ -114,8 +114,8 @@ class ServingRole:
         """What a scrape reads, taken between two events of the loop."""
         router, pool = self.router, self.pool
         return {"status": self.commands.status(), "outcomes": dict(router.intake.outcomes),
-                "queue_waits": router.queue_waits.copy(), "run_times": router.run_times.copy(),
-                "batch_rows": router.batch_rows.copy(),
+                "queue_waits": router.stats.queue_waits.copy(), "run_times": router.stats.run_times.copy(),
+                "batch_rows": router.stats.batch_rows.copy(),
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
                 "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
 

@@ -32,7 +32,7 @@ from .recovery import Recovery
 from .registry import WorkerKey, WorkerRecord, WorkerState, admit, send_to_peer
 from .rollout import Rollout
 from .sockets import RouterSockets
-from .stats import Histogram, RouterStats
+from .stats import RouterStats
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +117,6 @@ class Router:
     def wake_at(self) -> float | None:
         """When a held request is due to be released (None: none is held)."""
         return self.dispatcher.wake_at
-
-    @property
-    def queue_waits(self) -> Histogram:
-        return self.stats.queue_waits
-
-    @property
-    def run_times(self) -> Histogram:
-        return self.stats.run_times
-
-    @property
-    def batch_rows(self) -> Histogram:
-        return self.stats.batch_rows
 
     def reload_complete(self) -> bool:
         return self.rollout.complete(self._workers.values())

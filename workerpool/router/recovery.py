@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .dispatch import Dispatcher
 from .intake import Intake, Pending
@@ -23,36 +24,34 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2
 
 
+@dataclass(eq=False)
 class Recovery:
     """Forgets lost workers and retries, refuses or answers what they were running."""
 
-    def __init__(self, workers: dict[WorkerKey, WorkerRecord], intake: Intake, dispatcher: Dispatcher, *,
-                 rollout: Rollout, quarantine: Quarantine, lost: Callable[[WorkerRecord, str], None],
-                 request_timeout: float | None = None) -> None:
-        self.request_timeout = request_timeout
-        self._workers = workers  # the router's registry: a lost worker leaves it here
-        self._intake = intake
-        self._dispatcher = dispatcher
-        self._rollout = rollout
-        self._quarantine = quarantine
-        self._lost = lost
+    workers: dict[WorkerKey, WorkerRecord]  # the router's registry: a lost worker leaves it here
+    intake: Intake
+    dispatcher: Dispatcher
+    rollout: Rollout
+    quarantine: Quarantine
+    lost: Callable[[WorkerRecord, str], None]
+    request_timeout: float | None = None
 
     def lose(self, key: WorkerKey, why: str, *, asked: bool = False) -> None:
         """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
         ``asked``: it left because it was told to (the supervisor logs that, not a loss)."""
-        worker = self._workers.pop(key, None)
+        worker = self.workers.pop(key, None)
         if worker is None:
             return
-        self._dispatcher.withdraw(key)
-        self._rollout.forget(key)
+        self.dispatcher.withdraw(key)
+        self.rollout.forget(key)
         inflight = self.take_inflight(worker)
         if inflight:
             self._recover(worker, why, inflight)
         else:
             log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,
                     "left" if asked else "lost", why, extra={"worker": worker.pid})
-        self._lost(worker, why)
-        self._dispatcher.reload_next()
+        self.lost(worker, why)
+        self.dispatcher.reload_next()
 
     def _recover(self, worker: WorkerRecord, why: str, inflight: list[Pending]) -> None:
         """Retry alone, or fail, what the lost ``worker`` was running, and blame its client."""
@@ -61,22 +60,22 @@ class Recovery:
             log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
                         "alone", worker.pid, why, len(inflight))
             if len({p.client for p in inflight}) == 1:  # whichever request it was, it was this client's
-                self._quarantine.killed(pending.client, pending.frames, proven=False)
+                self.quarantine.killed(pending.client, pending.frames, proven=False)
             self._retry_alone(inflight)
         elif pending.attempts < MAX_ATTEMPTS:
             log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
-            self._quarantine.killed(pending.client, pending.frames, proven=False)
+            self.quarantine.killed(pending.client, pending.frames, proven=False)
             self._retry_alone(inflight)
         else:
             log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
-            self._quarantine.killed(pending.client, pending.frames, proven=True)
-            self._intake.fail(pending, "worker_failed",
+            self.quarantine.killed(pending.client, pending.frames, proven=True)
+            self.intake.fail(pending, "worker_failed",
                               f"worker {worker.pid} failed while running the request, twice")
 
     def take_inflight(self, worker: WorkerRecord) -> list[Pending]:
         """What ``worker`` was running, now no longer its to answer."""
         inflight, worker.inflight = worker.inflight, []
-        self._dispatcher.stopped_running(worker.key)
+        self.dispatcher.stopped_running(worker.key)
         return inflight
 
     def _retry_alone(self, batch: list[Pending]) -> None:
@@ -84,15 +83,15 @@ class Recovery:
         a batch that failed is no more to blame than its batch-mates until it fails alone."""
         for pending in reversed(batch):
             pending.solo = True
-            self._intake.enqueue(pending, first=True)
+            self.intake.enqueue(pending, first=True)
 
     def worker_exited(self, token: str, why: str, *, asked: bool = False) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
         ``asked``: it had been told to stop."""
-        for key, worker in list(self._workers.items()):
+        for key, worker in list(self.workers.items()):
             if worker.local and worker.token == token:
                 self.lose(key, why, asked=asked)
-        self._dispatcher.drain()
+        self.dispatcher.drain()
 
     def overdue(self, worker: WorkerRecord, now: float) -> bool:
         """Whether what ``worker`` runs has run past ``request_timeout``."""
@@ -110,14 +109,14 @@ class Recovery:
                       "retrying each alone")
             return
         pending = inflight[0]
-        self._quarantine.killed(pending.client, pending.frames, proven=True)
-        self._intake.fail(pending, "request_timeout", f"the request ran past {limit} on worker "
+        self.quarantine.killed(pending.client, pending.frames, proven=True)
+        self.intake.fail(pending, "request_timeout", f"the request ran past {limit} on worker "
                           f"{worker.pid}; that worker is being replaced")
         self.lose(worker.key, f"its request ran past {limit}")
 
     def fail_all(self, code: str, message: str) -> None:
         """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
-        self._intake.fail_queued(code, message)
-        for worker in self._workers.values():
+        self.intake.fail_queued(code, message)
+        for worker in self.workers.values():
             for pending in self.take_inflight(worker):
-                self._intake.fail(pending, code, message)
+                self.intake.fail(pending, code, message)

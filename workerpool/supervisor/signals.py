@@ -5,6 +5,7 @@ one worker, HUP looks at the weights, CHLD collects processes that are not worke
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -22,6 +23,18 @@ log = logging.getLogger(__name__)
 # The signals the loop handles, SIGCHLD aside (ignored by default, so nothing to hold back).
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU,
                     STOP_SIGNAL)
+
+
+def _unless_stopping(handle: Callable[[Signals], None]) -> Callable[[Signals], None]:
+    """``handle``, skipped once the pool is stopping: scaling or reloading then would only
+    start what shutdown is about to stop."""
+
+    @functools.wraps(handle)
+    def guarded(signals: Signals) -> None:
+        if not signals.pool.stopping:
+            handle(signals)
+
+    return guarded
 
 
 class Signals:
@@ -81,10 +94,9 @@ class Signals:
     def handle_int(self) -> None:
         self._stop("SIGINT")
 
+    @_unless_stopping
     def handle_ttin(self) -> None:
         pool = self.pool
-        if pool.stopping:
-            return
         pool.target += 1
         log.info("SIGTTIN: adding a worker (now %d)", pool.target)
         if pool.surplus:  # a worker on its way was to be stopped: keep it instead
@@ -92,10 +104,9 @@ class Signals:
         else:
             pool.spawn()
 
+    @_unless_stopping
     def handle_ttou(self) -> None:
         pool = self.pool
-        if pool.stopping:
-            return
         if pool.target <= 1:
             log.info("SIGTTOU ignored: keeping the last worker")
             return
@@ -118,10 +129,9 @@ class Signals:
         """A child exited: workers are reaped through their pidfds; this reaps the others."""
         self.pool.starter.collect_strays()
 
+    @_unless_stopping
     def handle_hup(self) -> None:
         pool = self.pool
-        if pool.stopping:
-            return
         if pool.check_weights("SIGHUP") == "unchanged":
             log.info("SIGHUP: %s is unchanged; generation %d keeps serving",
                      pool.config.path, pool.watcher.current.generation)

@@ -23,10 +23,10 @@ import zmq
 
 from .. import endpoints
 from ..errors import Unreachable
-from ..protocol.transport import MONITOR_EVENT
 from ..runtime import ipc_path, socket_address
 from ..security import ClientKeys
 from ..units import MS_PER_SECOND
+from .transport import MONITOR_EVENT
 
 CONNECT_SECONDS = 2.0  # for a connection, and for the greeting that follows it
 HANDSHAKE_SECONDS = 5.0  # generous: a CURVE server checks a key on a Python thread
