@@ -1,0 +1,26 @@
+"""How an ONNX model sits in a Burnpack file, shared by ``convert`` (which writes it) and the
+built-in ``onnx`` model (which serves it).
+
+Every initializer of the graph is a tensor of the file under its ONNX name, aligned as every
+Burnpack tensor is, so that a worker hands onnxruntime a view of the shared mapping instead of
+a copy. The graph itself, without its weights, is the ``uint8`` tensor :data:`GRAPH_TENSOR`:
+each initializer there keeps its name, dtype and shape but its data is an external-data entry
+naming :data:`PLACEHOLDER` (offset 0, the tensor's length). onnxruntime checks that such a file
+exists before it takes the initializers a session is given instead
+(``SessionOptions.add_initializer``), so the package ships an empty file of that name in this
+folder (:data:`PLACEHOLDER_FOLDER`) and sessions look for external data there; should an
+initializer ever go unsupplied, reading the empty file fails loudly instead of reading other
+bytes. A tokenizer travels as ``bert``'s does; how token states become one embedding, as
+:data:`POOLING_KEY` (JSON: ``{"mode": "mean"|"cls"|"max", "normalize": bool}``).
+"""
+
+from __future__ import annotations
+
+import os
+
+NAME = "onnx"  # the built-in model, named in the file's metadata workerpool.model
+GRAPH_TENSOR = "workerpool.onnx.graph"
+POOLING_KEY = "workerpool.pooling"
+PLACEHOLDER = "onnx-initializer-placeholder"
+PLACEHOLDER_FOLDER = os.path.dirname(os.path.abspath(__file__))
+POOLING_MODES = ("mean", "cls", "max")
