@@ -1,16 +1,19 @@
 """``workerpool convert``: weights from the Python world into one Burnpack file.
 
 Sources are ``.safetensors`` files (read tensor by tensor with the safetensors library's numpy
-API), ``.npz`` archives (read without pickle), or a Hugging Face model folder: its
-``*.safetensors`` files, with ``config.json``, ``tokenizer.json`` and the sentence-transformers
-maximum sequence length carried in the metadata, so that weights and tokenizer are one file
-that a reload swaps at once. Names, dtypes and shapes are kept as they are; each tensor is
-read only when the writer reaches it, so a file larger than memory converts.
+API), ``.npz`` archives (read without pickle), ONNX models (``onnx_convert``: the initializers
+and the graph without them, served by the ``onnx`` model), or a Hugging Face model folder: its
+``*.safetensors`` files or its ``model.onnx``, with ``config.json``, ``tokenizer.json``, the
+sentence-transformers maximum sequence length and pooling carried in the metadata, so that
+weights and tokenizer are one file that a reload swaps at once. Names, dtypes and shapes are
+kept as they are; each tensor is read only when the writer reaches it, so a file larger than
+memory converts.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
 import os
 import zipfile
@@ -28,6 +31,8 @@ from ..errors import NotAJSONObject, exception_text, json_object
 from ..models.base import MODEL_KEY
 from ..models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
 from ..models.bert import NAME as BERT
+from ..models.onnx_layout import NAME as ONNX
+from ..models.onnx_layout import POOLING_KEY
 from . import npy
 
 # safetensors' dtype names and the Burn dtype each is stored as.
@@ -37,6 +42,11 @@ SAFETENSORS_DTYPES = {
     "U64": "U64", "U32": "U32", "U16": "U16", "U8": "U8", "BOOL": "Bool(Native)",
 }
 SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024  # the safetensors library's own limit
+ONNX_FILE = "model.onnx"  # in a folder, or in its onnx/ as optimum and sentence-transformers write it
+# sentence-transformers' pooling flags (1_Pooling/config.json) for the modes onnx_layout knows.
+POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                 "pooling_mode_max_tokens": "max"}
+NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
 # What reading a damaged .npz raises: a bad CRC, a cut stream, an impossible size.
 _NPZ_ERRORS = (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error)
 
@@ -62,27 +72,42 @@ def convert(source: str, destination: str, *, model: str | None = None,
     glob does) to ``destination``, atomically."""
     if not os.path.exists(source):
         raise ConvertError(f"{source}: no such file or folder")
-    folder = os.path.isdir(source)
-    files = _weight_files(source) if folder else [source]
-    meta = _folder_metadata(source) if folder else {}
-    meta.update(metadata or {})
-    if model is not None:
-        meta[MODEL_KEY] = model
     with ExitStack() as stack:
-        tensors = [(name, tensor) for path in files for name, tensor in _read(path, stack)
-                   if _chosen(name, include, exclude)]
-        names = [name for name, _ in tensors]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ConvertError(f"{source}: tensor {duplicates[0]} appears in more than one file")
-        if not tensors:
-            raise ConvertError(f"{source}: no tensor left to write (check --include and --exclude)")
+        onnx_model = _onnx_model(source)
+        if onnx_model is not None:
+            tensors, meta = _onnx_source(source, onnx_model, include, exclude)
+        else:
+            tensors, meta = _tensor_source(source, stack, include, exclude)
+        meta.update(metadata or {})
+        if model is not None:
+            meta[MODEL_KEY] = model
         try:
             burnpack.write(destination, tensors, metadata=meta)
         except burnpack.BurnpackError as exc:
             raise ConvertError(str(exc)) from exc
     nbytes = sum(_nbytes(tensor) for _, tensor in tensors)
     return Converted(len(tensors), nbytes, meta.get(MODEL_KEY), sorted(meta))
+
+
+Tensors = list[tuple[str, burnpack.Deferred]]
+
+
+def _tensor_source(source: str, stack: ExitStack, include: Sequence[str],
+                   exclude: Sequence[str]) -> tuple[Tensors, dict[str, str]]:
+    """The tensors of a safetensors file, an .npz archive or a folder of safetensors files,
+    and the metadata the folder carries."""
+    folder = os.path.isdir(source)
+    files = _weight_files(source) if folder else [source]
+    meta = _safetensors_folder_metadata(source) if folder else {}
+    tensors = [(name, tensor) for path in files for name, tensor in _read(path, stack)
+               if _chosen(name, include, exclude)]
+    names = [name for name, _ in tensors]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConvertError(f"{source}: tensor {duplicates[0]} appears in more than one file")
+    if not tensors:
+        raise ConvertError(f"{source}: no tensor left to write (check --include and --exclude)")
+    return tensors, meta
 
 
 def _chosen(name: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
@@ -102,26 +127,34 @@ def _nbytes(tensor: burnpack.Deferred) -> int:
 def _weight_files(folder: str) -> list[str]:
     found = sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
     if not found:
-        raise ConvertError(f"{folder}: no .safetensors file in this folder")
+        raise ConvertError(f"{folder}: no .safetensors file or {ONNX_FILE} in this folder")
     return [os.path.join(folder, name) for name in found]
 
 
-def _folder_metadata(folder: str) -> dict[str, str]:
-    """``config.json`` and ``tokenizer.json`` as they are, the maximum sequence length, and
-    the built-in model a BERT config names."""
-    meta: dict[str, str] = {}
+def _safetensors_folder_metadata(folder: str) -> dict[str, str]:
+    """What :func:`_folder_metadata` reads, from a folder that must have its ``config.json``,
+    and the built-in model a BERT config names."""
     config = _json_file(folder, "config.json")
     if config is None:
         raise ConvertError(f"{folder}: a model folder needs its config.json")
-    meta[CONFIG_KEY] = json.dumps(config)
+    meta = _folder_metadata(folder, config)
+    if config.get("model_type") == "bert":
+        meta[MODEL_KEY] = BERT
+    return meta
+
+
+def _folder_metadata(folder: str, config: dict[str, Any] | None) -> dict[str, str]:
+    """``config`` (the folder's ``config.json``, if it has one) and ``tokenizer.json`` as they
+    are, and the maximum sequence length."""
+    meta: dict[str, str] = {}
+    if config is not None:
+        meta[CONFIG_KEY] = json.dumps(config)
     tokenizer = os.path.join(folder, "tokenizer.json")
     if os.path.exists(tokenizer):
         meta[TOKENIZER_KEY] = _text(tokenizer)
-    length = _max_length(folder, config)
+    length = _max_length(folder, config or {})
     if length is not None:
         meta[MAX_LENGTH_KEY] = str(length)
-    if config.get("model_type") == "bert":
-        meta[MODEL_KEY] = BERT
     return meta
 
 
@@ -160,6 +193,70 @@ def _text(path: str) -> str:
         raise ConvertError(f"{path}: cannot read: {exc}") from exc
 
 
+# ONNX models.
+
+
+def _onnx_model(source: str) -> str | None:
+    """The ONNX model file ``source`` is, or holds as ``model.onnx`` or ``onnx/model.onnx``."""
+    if not os.path.isdir(source):
+        return source if source.endswith(".onnx") else None
+    found = [path for path in (os.path.join(source, ONNX_FILE), os.path.join(source, "onnx", ONNX_FILE))
+             if os.path.isfile(path)]
+    return found[0] if found else None
+
+
+def _onnx_source(source: str, model_file: str, include: Sequence[str],
+                 exclude: Sequence[str]) -> tuple[Tensors, dict[str, str]]:
+    """The model's graph and initializers, and what its folder carries; only this imports ``onnx``."""
+    if include or exclude:
+        raise ConvertError(f"{source}: --include and --exclude do not apply to an ONNX model, "
+                           "whose graph needs every initializer")
+    if importlib.util.find_spec("onnx") is None:
+        raise ConvertError(f"{source}: converting an ONNX model needs the onnx package "
+                           "(pip install '.[onnx]')")
+    from .onnx_convert import onnx_tensors
+
+    meta = _onnx_folder_metadata(source) if os.path.isdir(source) else {}
+    meta[MODEL_KEY] = ONNX
+    return onnx_tensors(model_file), meta
+
+
+def _onnx_folder_metadata(folder: str) -> dict[str, str]:
+    """What :func:`_folder_metadata` reads (``config.json`` is optional here), and the pooling."""
+    meta = _folder_metadata(folder, _json_file(folder, "config.json"))
+    pooling = _pooling(folder)
+    if pooling is not None:
+        meta[POOLING_KEY] = json.dumps(pooling)
+    return meta
+
+
+def _pooling(folder: str) -> dict[str, Any] | None:
+    """How sentence-transformers makes one embedding of the token states: the mode its
+    ``1_Pooling/config.json`` sets, and whether ``modules.json`` ends with a Normalize module."""
+    settings = _json_file(folder, os.path.join("1_Pooling", "config.json"))
+    if settings is None:
+        return None
+    chosen = sorted(key for key, value in settings.items() if key.startswith("pooling_mode_") and value is True)
+    if len(chosen) != 1 or chosen[0] not in POOLING_FLAGS:
+        raise ConvertError(f"{os.path.join(folder, '1_Pooling', 'config.json')}: pooling "
+                           f"{' + '.join(chosen) or 'none'} is not supported (one of "
+                           f"{', '.join(POOLING_FLAGS)})")
+    return {"mode": POOLING_FLAGS[chosen[0]], "normalize": _normalizes(folder)}
+
+
+def _normalizes(folder: str) -> bool:
+    path = os.path.join(folder, "modules.json")
+    if not os.path.exists(path):
+        return False
+    try:
+        modules = json.loads(_text(path))
+    except ValueError as exc:
+        raise ConvertError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(modules, list) or not all(isinstance(module, dict) for module in modules):
+        raise ConvertError(f"{path}: not a JSON list of modules")
+    return any(module.get("type") == NORMALIZE_MODULE for module in modules)
+
+
 # Tensor files.
 
 
@@ -168,7 +265,8 @@ def _read(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]
         return _read_safetensors(path, stack)
     if path.endswith(".npz"):
         return _read_npz(path, stack)
-    raise ConvertError(f"{path}: not a .safetensors file, an .npz archive or a model folder")
+    raise ConvertError(f"{path}: not a .safetensors file, an .npz archive or a model folder, "
+                       "nor an .onnx model")
 
 
 def _read_safetensors(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]]:
