@@ -71,7 +71,8 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 def add_convert(sub: Subcommands) -> None:
     parser = add_command(sub, cmd_convert)
-    add_source_and_destination(parser, ("SRC", "a .safetensors file, an .npz archive or a model folder"),
+    add_source_and_destination(parser, ("SRC", "a .safetensors file, an .npz archive, an .onnx model "
+                                                "or a model folder (safetensors or ONNX)"),
                                "the Burnpack file to write (replaced atomically)")
     add_model(parser, "record this model in the metadata (default: 'bert' for a BERT model folder, "
               "else none)")
@@ -84,11 +85,14 @@ def add_convert(sub: Subcommands) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    """convert .safetensors, .npz or a Hugging Face model folder to a .bpk
+    """convert .safetensors, .npz, .onnx or a Hugging Face model folder to a .bpk
 
-    Write the tensors of SRC (a .safetensors file, an .npz archive read without pickle, or a model
-    folder with config.json, whose config.json and tokenizer.json travel in the metadata) to
-    DEST.bpk, names, dtypes and shapes unchanged, one tensor at a time.
+    Write the tensors of SRC (a .safetensors file, an .npz archive read without pickle, an .onnx
+    model with any external data beside it, or a model folder: safetensors with config.json, or
+    ONNX with model.onnx or onnx/model.onnx; a folder's config.json, tokenizer.json and
+    sentence-transformers pooling travel in the metadata) to DEST.bpk, names, dtypes and shapes
+    unchanged, one tensor at a time. An ONNX model's graph, without its weights, is one more
+    tensor, and the file names the 'onnx' model.
     """
     from ..weights.convert import ConvertError, convert
 
