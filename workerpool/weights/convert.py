@@ -49,6 +49,7 @@ POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "
 NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
 # What reading a damaged .npz raises: a bad CRC, a cut stream, an impossible size.
 _NPZ_ERRORS = (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error)
+Tensors = list[tuple[str, burnpack.Deferred]]  # in the order they are written
 
 
 class ConvertError(Exception):
@@ -87,9 +88,6 @@ def convert(source: str, destination: str, *, model: str | None = None,
             raise ConvertError(str(exc)) from exc
     nbytes = sum(_nbytes(tensor) for _, tensor in tensors)
     return Converted(len(tensors), nbytes, meta.get(MODEL_KEY), sorted(meta))
-
-
-Tensors = list[tuple[str, burnpack.Deferred]]
 
 
 def _tensor_source(source: str, stack: ExitStack, include: Sequence[str],

@@ -23,7 +23,7 @@ from .. import burnpack
 from ..burnpack import dtypes
 from ..errors import exception_text
 from ..models import onnx_layout
-from .convert import ConvertError
+from .convert import ConvertError, Tensors
 
 # protobuf's parse error, looked up by name: protobuf ships no type information for mypy.
 DecodeError = importlib.import_module("google.protobuf.message").DecodeError
@@ -37,7 +37,7 @@ ONNX_DTYPES = {
 }
 
 
-def onnx_tensors(path: str) -> list[tuple[str, burnpack.Deferred]]:
+def onnx_tensors(path: str) -> Tensors:
     """The graph of the model at ``path`` without its weights, as the ``uint8`` tensor
     ``GRAPH_TENSOR``, then each initializer under its name, read only when written."""
     model = _parse(path)
@@ -53,9 +53,8 @@ def onnx_tensors(path: str) -> list[tuple[str, burnpack.Deferred]]:
     for original, (_, tensor) in zip(initializers, tensors):
         _add_placeholder(graph, original, tensor)
     encoded = np.frombuffer(model.SerializeToString(), dtype=np.uint8)
-    bytes_dtype = dtypes.BY_NAME["U8"]
-    return [(onnx_layout.GRAPH_TENSOR, burnpack.Deferred(bytes_dtype, encoded.shape, lambda: encoded)),
-            *tensors]
+    graph_tensor = burnpack.Deferred(dtypes.BY_NAME["U8"], encoded.shape, lambda: encoded)
+    return [(onnx_layout.GRAPH_TENSOR, graph_tensor), *tensors]
 
 
 def _parse(path: str) -> Any:
