@@ -396,9 +396,9 @@ def _torch_zip(path: Path) -> None:
     ("tiny.bin", lambda p: p.write_bytes(pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)),  # torch's magic
      "a Python pickle (a PyTorch file?), which workerpool convert does not read"),
     ("tiny.onnx", lambda p: p.write_bytes(b"\x08\x07\x12\x07pytorch" + b"\0" * 32),
-     "an ONNX model, which workerpool convert does not read"),
+     "an ONNX model: 'workerpool convert {path} {stem}.bpk' makes a Burnpack file of it"),
     ("tiny.bpk", lambda p: p.write_bytes(b"not a burnpack file"),
-     "workerpool convert makes one from a .safetensors file, an .npz archive or a model folder"),
+     "workerpool convert makes one from a .safetensors file, an .npz archive, an .onnx model or a model folder"),
 ])
 def test_a_file_of_another_format_says_what_it_is_and_how_to_convert_it(tmp_path, name, write, hint):
     path = tmp_path / name

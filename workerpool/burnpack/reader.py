@@ -211,10 +211,9 @@ def _what_else(path: str, head: bytes) -> str:
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return f"it is a Python pickle (a PyTorch file?), {_NOT_CONVERTED}"
     if path.endswith(".onnx"):
-        return ("it is an ONNX model, which workerpool convert does not read: save its weights as "
-                ".safetensors or .npz and convert those")
-    return ("workerpool convert makes one from a .safetensors file, an .npz archive or a model "
-            "folder")
+        return f"it is an ONNX model: {_convert_command(path)} makes a Burnpack file of it"
+    return ("workerpool convert makes one from a .safetensors file, an .npz archive, an .onnx model "
+            "or a model folder")
 
 
 _NOT_CONVERTED = ("which workerpool convert does not read: save its state dict with "

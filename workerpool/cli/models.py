@@ -74,7 +74,7 @@ def add_convert(sub: Subcommands) -> None:
     add_source_and_destination(parser, ("SRC", "a .safetensors file, an .npz archive, an .onnx model "
                                                 "or a model folder (safetensors or ONNX)"),
                                "the Burnpack file to write (replaced atomically)")
-    add_model(parser, "record this model in the metadata (default: 'bert' for a BERT model folder, "
+    add_model(parser, "record this model in the metadata (default: 'onnx' for an ONNX model, 'bert' for a BERT model folder, "
               "else none)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                         help="add a metadata pair (repeatable)")

@@ -9,7 +9,6 @@ read from their file one tensor at a time, when the writer reaches them.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
 from .. import burnpack
@@ -25,8 +25,6 @@ from ..errors import exception_text
 from ..models import onnx_layout
 from .convert import ConvertError, Tensors
 
-# protobuf's parse error, looked up by name: protobuf ships no type information for mypy.
-DecodeError = importlib.import_module("google.protobuf.message").DecodeError
 # ONNX element types and the Burn dtype each is stored as; any other is refused by name.
 ONNX_DTYPES = {
     TensorProto.FLOAT: "F32", TensorProto.FLOAT16: "F16", TensorProto.DOUBLE: "F64",
