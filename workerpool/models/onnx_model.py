@@ -64,6 +64,8 @@ class OnnxModel:
         self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
         self.input_dtype = {arg.name: _dtype(arg) for arg in inputs}
         self.output_names = [arg.name for arg in outputs]
+        self.symbols = {arg.name: [(axis, d) for axis, d in enumerate(arg.shape) if isinstance(d, str)]
+                        for arg in inputs}  # named axes, one size wherever they appear
         batch = _common_batch_symbol(inputs)
         self.output_shape = {arg.name: _output_shape(arg.shape, batch) for arg in outputs}
         self.output_dtype = {arg.name: _dtype(arg) for arg in outputs}
@@ -74,16 +76,29 @@ class OnnxModel:
                              if name in self.input_dtype and self.input_dtype[name].kind in "iu"}
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name, (table, rows) in self.vocabularies.items():
-            ids = inputs[name]
-            if ids.size and (ids.min() < -rows or ids.max() >= rows):
-                raise ModelInputError(f"{NAME}: {name} holds ids outside [{-rows}, {rows - 1}], "
-                                      f"the rows of {table}")
+        self._check_axes(inputs)
         try:
             outputs = self.session.run(self.output_names, dict(inputs))
         except self.refused as exc:
             raise ModelInputError(f"{NAME}: {_reason(exc)}") from None
         return dict(zip(self.output_names, outputs, strict=True))
+
+    def _check_axes(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Refuse what onnxruntime would fail on deep inside the graph: one named axis of two
+        sizes across the inputs, token ids beyond their embedding table."""
+        sizes: dict[str, tuple[str, int]] = {}
+        for name, axes in self.symbols.items():
+            for axis, symbol in axes:
+                size = inputs[name].shape[axis]
+                seen, first = sizes.setdefault(symbol, (name, size))
+                if first != size:
+                    raise ModelInputError(f"{NAME}: axis {symbol} is {first} long in {seen} but "
+                                          f"{size} in {name}")
+        for name, (table, rows) in self.vocabularies.items():
+            ids = inputs[name]
+            if ids.size and (ids.min() < -rows or ids.max() >= rows):
+                raise ModelInputError(f"{NAME}: {name} holds ids outside [{-rows}, {rows - 1}], "
+                                      f"the rows of {table}")
 
     def __repr__(self) -> str:
         return f"<OnnxModel {sorted(self.input_shape)} -> {self.output_names}>"
