@@ -73,7 +73,8 @@ class OnnxModel:
         self.batching = batch is not None and all(_leading(arg.shape) == batch for arg in outputs)
         self.vocabularies = {name: (table, views[table].shape[axis])
                              for name, (table, axis) in graph.lookups.items()
-                             if name in self.input_dtype and self.input_dtype[name].kind in "iu"}
+                             if table in views and name in self.input_dtype
+                             and self.input_dtype[name].kind in "iu"}
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._check_axes(inputs)
