@@ -16,26 +16,44 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import exception_text
-from . import bert, mlp, mnist
+from . import bert, mlp, mnist, onnx_layout
 from .base import MODEL_KEY, Model, ModelError, ModelInputError
 from .contract import Contract, ModelOutputError, array_input, format_entries, takes_text
 from .mlp import GeneratedMlp, Mlp, generate_mlp
 from .mnist import BurnMnist
+from .onnx_model import OnnxModel
 
 Factory = Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Callable[..., Any]]
 
-# Typed as making a Model, not any callable, so recognition can read its declared tensor names.
-BUILTIN_MODELS: Mapping[str, Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Model]] = (
-    MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist, bert.NAME: bert.Bert})
+
+
+class BuiltinModel(Protocol):
+    """What recognition reads of a built-in model: every tensor it reads."""
+
+    @property
+    def tensor_names(self) -> frozenset[str]: ...
+
+    def __call__(self, inputs: Any) -> Any: ...
+
+
+# Typed as making a BuiltinModel, not any callable, so recognition can read its tensor names.
+BUILTIN_MODELS: Mapping[str, Callable[[Mapping[str, np.ndarray], Mapping[str, str]], BuiltinModel]] = (
+    MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist, bert.NAME: bert.Bert,
+                      onnx_layout.NAME: OnnxModel})
 )
+# Built-in models that size their own thread pool, given the worker's CPU budget (threads).
+THREADED_MODELS: Mapping[
+    str, Callable[[Mapping[str, np.ndarray], Mapping[str, str], int | None], BuiltinModel]
+] = MappingProxyType({onnx_layout.NAME: OnnxModel})
 
 __all__ = [
     "BUILTIN_MODELS",
+    "THREADED_MODELS",
     "MODEL_KEY",
     "BurnMnist",
     "Contract",
@@ -46,6 +64,7 @@ __all__ = [
     "ModelError",
     "ModelInputError",
     "ModelOutputError",
+    "OnnxModel",
     "array_input",
     "build_model",
     "choose_model",
@@ -120,16 +139,20 @@ def choose_model(
 
 
 def build_model(
-    weights: Mapping[str, np.ndarray], metadata: Mapping[str, str], name: str | None = None
+    weights: Mapping[str, np.ndarray], metadata: Mapping[str, str], name: str | None = None,
+    *, threads: int | None = None,
 ) -> Callable[..., Any]:
-    """Choose the model as :func:`choose_model` does and build it on ``weights`` (no copy).
+    """Choose the model as :func:`choose_model` does and build it on ``weights`` (no copy);
+    ``threads`` is the worker's CPU budget, given to :data:`THREADED_MODELS` (None: their
+    libraries' default).
 
     Every failure, including a user factory raising or returning a non-callable, is a
     :class:`ModelError`.
     """
     chosen, factory = choose_model(name, weights, metadata)
     try:
-        model = factory(weights, metadata)
+        model = (THREADED_MODELS[chosen](weights, metadata, threads) if chosen in THREADED_MODELS
+                 else factory(weights, metadata))
     except ModelError:
         raise
     except Exception as exc:

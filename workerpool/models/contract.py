@@ -2,7 +2,9 @@
 
 A model may declare ``input_shape`` and ``input_dtype`` (plus ``also_accepted`` dtypes), and
 ``output_shape`` and ``output_dtype``; ``None`` in a shape is an axis of any size, and a
-leading ``None`` is the batch axis. A model that returns named arrays declares
+leading ``None`` is the batch axis. A model that takes named arrays declares ``input_shape``
+and ``input_dtype`` as mappings from name to value: a request then sends exactly those names,
+with one batch size along their batch axes (a single named input may come as a bare array). A model that returns named arrays declares
 ``output_shape`` (and ``output_dtype``, or one dtype for all) as a mapping from name to value.
 A model that also takes a list of strings says ``accepts_text = True``, and may declare what it
 returns for texts as ``text_output_shape`` and ``text_output_dtype``, in the same forms.
@@ -88,13 +90,16 @@ class Contract:
     outputs: Mapping[str | None, Declared] | None  # by name; the None key: one unnamed output
     texts: bool = False  # the model takes a list of strings too
     text_outputs: Mapping[str | None, Declared] | None = None  # what it returns for texts
+    named: Mapping[str, Declared] | None = None  # named inputs, declared instead of ``input``
 
     @classmethod
     def of(cls, model: Any, name: str) -> Contract:
         """Read what ``model`` declares; one that cannot be read is a :class:`ModelError`."""
         try:
-            return cls(name, _input_of(model), _outputs_of(model),
-                       bool(getattr(model, "accepts_text", False)), _outputs_of(model, "text_"))
+            named = _named_inputs_of(model)
+            return cls(name, None if named else _input_of(model), _outputs_of(model),
+                       bool(getattr(model, "accepts_text", False)), _outputs_of(model, "text_"),
+                       named)
         except (TypeError, ValueError) as exc:
             raise ModelError(f"model {name!r} declares an unreadable signature: {exc}") from exc
 
@@ -108,11 +113,13 @@ class Contract:
         """
         undeclared = _entry(None, None, None)
         inputs = [_entry(None, TEXT, (None,))] if self.texts else []
-        if self.input is not None:
+        if self.named is not None:
+            inputs.extend(declared.entry(name) for name, declared in self.named.items())
+        elif self.input is not None:
             inputs.append(self.input.entry(None))
         elif not self.texts:
             inputs.append(undeclared)
-        only_texts = self.texts and self.input is None and self.outputs is None
+        only_texts = self.texts and self.input is None and self.named is None and self.outputs is None
         outputs = self.text_outputs if only_texts else self.outputs
         return {"inputs": inputs,
                 "outputs": [undeclared] if outputs is None else
@@ -120,13 +127,20 @@ class Contract:
 
     @property
     def batched(self) -> bool:
-        """The input has a declared batch axis, so requests can be stacked along it."""
+        """Every input has a declared batch axis, so requests can be stacked along it."""
+        if self.named is not None:
+            return all(declared.has_batch for declared in self.named.values())
         return self.input is not None and self.input.shape is not None and self.input.has_batch
 
-    def as_batch(self, inputs: Any) -> tuple[np.ndarray, bool]:
-        """The input array of a model with a batch axis, with that axis, and whether it was a
-        bare row (which gets one); :class:`ModelInputError` as :meth:`check_input` raises it."""
+    def as_batch(self, inputs: Any) -> tuple[np.ndarray | dict[str, np.ndarray], bool]:
+        """The input array (named inputs: arrays by name) of a model with a batch axis, with
+        that axis, and whether it was a bare row (which gets one); :class:`ModelInputError` as
+        :meth:`check_input` raises it."""
         self.check_input(inputs)
+        if self.named is not None:
+            arrays = self._by_name(inputs)
+            bare = any(a.ndim < len(self.named[n].shape or ()) for n, a in arrays.items())
+            return ({n: a[np.newaxis] for n, a in arrays.items()} if bare else arrays), bare
         assert self.input is not None and self.input.shape is not None
         array: np.ndarray = inputs[INPUT_NAME] if isinstance(inputs, Mapping) else inputs
         bare = array.ndim < len(self.input.shape)
@@ -136,7 +150,11 @@ class Contract:
         """``inputs`` as the model receives them. Where the outputs are declared, and so checked
         with the batch axis, a bare row gets that axis too: the model sees the shape it declares,
         whether the row runs alone or stacked with others. Otherwise the model sees the row as
-        sent and answers it as it likes (the row then always runs alone)."""
+        sent and answers it as it likes (the row then always runs alone). Named inputs reach
+        the model as arrays by name, a bare array under the single input's name."""
+        if self.named is not None and not isinstance(inputs, list):
+            return self.as_batch(inputs)[0] if self.outputs is not None and self.batched \
+                else self._by_name(inputs)
         if self.outputs is None or not self.batched or isinstance(inputs, list):
             return inputs
         array, bare = self.as_batch(inputs)
@@ -148,17 +166,20 @@ class Contract:
         """The batch size of an input that fits the declaration (None: no batch axis declared).
 
         One array is expected, bare or named ``input``; without its batch axis it is a batch of
-        one, as built-in models take it. Texts are a batch of their number for a model that takes
-        them. Raises :class:`ModelInputError` for anything else.
+        one, as built-in models take it. Named inputs are checked by :meth:`_check_named`.
+        Texts are a batch of their number for a model that takes them. Raises
+        :class:`ModelInputError` for anything else.
         """
         declared = self.input
         if isinstance(inputs, list) and self.texts:
             return len(inputs)
+        if isinstance(inputs, list) and (declared or self.named) is not None:
+            raise ModelInputError(f"the model {self.model} takes arrays, not texts: send "
+                                  f"{self._expected()} (workerpool infer)")
+        if self.named is not None:
+            return self._check_named(inputs, self.named)
         if declared is None:
             return None
-        if isinstance(inputs, list):
-            raise ModelInputError(f"the model {self.model} takes arrays, not texts: send "
-                                  f"{self._forms(declared)} (workerpool infer)")
         array = inputs
         if isinstance(inputs, Mapping) and len(inputs) == 1:
             array = inputs.get(INPUT_NAME)
@@ -169,6 +190,42 @@ class Contract:
         if declared.has_batch and declared.fits(array, unbatched=True):
             return 1
         raise self._refuse(declared, _describe(array))
+
+    def _check_named(self, inputs: Any, named: Mapping[str, Declared]) -> int | None:
+        """The batch size of named inputs: exactly the declared names, each array as declared,
+        one size along their batch axes; a single input may be a bare array, or a bare row."""
+        if not isinstance(inputs, Mapping) and len(named) == 1:
+            inputs = {next(iter(named)): inputs}
+        if not isinstance(inputs, Mapping) or set(inputs) != set(named):
+            raise ModelInputError(f"{self.model}: expected {self._expected()}, got {_describe(inputs)}")
+        batches = {}
+        for name, declared in named.items():
+            array = inputs[name]
+            if isinstance(array, np.ndarray) and declared.fits(array):
+                if declared.has_batch:
+                    batches[name] = array.shape[0]
+            elif len(named) == 1 and isinstance(array, np.ndarray) and declared.has_batch \
+                    and declared.fits(array, unbatched=True):
+                return 1
+            else:
+                raise self._refuse(declared, _describe(array), f"{name} ", rows=len(named) == 1)
+        if len(set(batches.values())) > 1:
+            sizes = ", ".join(f"{name} {size}" for name, size in batches.items())
+            raise ModelInputError(f"{self.model}: the inputs' batch sizes differ ({sizes})")
+        return next(iter(batches.values()), None) if self.batched else None
+
+    def _by_name(self, inputs: Any) -> dict[str, np.ndarray]:
+        """Checked named inputs as arrays by name (a bare array under the single input's name)."""
+        assert self.named is not None
+        return dict(inputs) if isinstance(inputs, Mapping) else {next(iter(self.named)): inputs}
+
+    def _expected(self) -> str:
+        """What the model takes, for a refusal: its input's forms, or its named arrays."""
+        if self.named is None:
+            assert self.input is not None
+            return self._forms(self.input)
+        arrays = ", ".join(f"{name} {declared.describe()}" for name, declared in self.named.items())
+        return f"arrays named {arrays}"
 
     def check_output(self, outputs: Any, batch: int | None, *, texts: bool = False) -> None:
         """Raise :class:`ModelOutputError` unless ``outputs`` are arrays as declared (for texts,
@@ -191,17 +248,20 @@ class Contract:
         if not isinstance(value, np.ndarray) or not declared.fits(value, batch):
             raise self._misfit(f"{label}{_describe(value)}, declared {declared.describe(batch)}")
 
-    def _refuse(self, declared: Declared, got: str) -> ModelInputError:
+    def _refuse(self, declared: Declared, got: str, label: str = "", *,
+                rows: bool = True) -> ModelInputError:
         hint = ""
         if got.startswith("float64") and np.dtype(np.float32) in declared.dtypes:
             hint = " (numpy makes float64 by default: send x.astype(np.float32))"
-        return ModelInputError(f"{self.model}: expected {self._forms(declared)}, got {got}{hint}")
+        return ModelInputError(f"{self.model}: expected {label}{self._forms(declared, rows=rows)}, "
+                               f"got {label}{got}{hint}")
 
     @staticmethod
-    def _forms(declared: Declared) -> str:
-        """``float32 [B, 16] or [16]``: the input with its batch axis, and a bare row."""
+    def _forms(declared: Declared, *, rows: bool = True) -> str:
+        """``float32 [B, 16] or [16]``: the input with its batch axis, and a bare row (when
+        ``rows``)."""
         forms = declared.describe()
-        if declared.shape is not None and declared.has_batch:
+        if rows and declared.shape is not None and declared.has_batch:
             forms += f" or {_format(declared.shape[1:])}"
         return forms
 
@@ -265,6 +325,16 @@ def _format(shape: Shape) -> str:
 
 def _shape(value: Any) -> Shape:
     return tuple(None if d is None else int(d) for d in value)
+
+
+def _named_inputs_of(model: Any) -> dict[str, Declared] | None:
+    """The named inputs declared as mappings ``input_shape`` and ``input_dtype``, if any."""
+    shape, dtype = getattr(model, "input_shape", None), getattr(model, "input_dtype", None)
+    if not isinstance(shape, Mapping) and not isinstance(dtype, Mapping):
+        return None
+    if not isinstance(shape, Mapping) or not isinstance(dtype, Mapping) or set(shape) != set(dtype):
+        raise ValueError("input_shape and input_dtype must name the same inputs")
+    return {str(name): _declared(shape[name], dtype[name]) for name in shape}
 
 
 def _input_of(model: Any) -> Declared | None:

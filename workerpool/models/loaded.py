@@ -22,10 +22,12 @@ _TEXTS = ("texts",)  # the stacking key of text inputs
 class LoadedModel:
     """The model of one generation, with the mapping it runs on and what it declares."""
 
-    def __init__(self, path: str, spec: str | None, load: str, generation: int = 0) -> None:
+    def __init__(self, path: str, spec: str | None, load: str, generation: int = 0,
+                 threads: int | None = None) -> None:
+        """``threads``: the worker's CPU budget, for a model that sizes its own thread pool."""
         self.pack = burnpack.read(path, mmap=load == "mmap")
         self.name = choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
-        self.model = build_model(self.pack.tensors, self.pack.metadata, self.name)
+        self.model = build_model(self.pack.tensors, self.pack.metadata, self.name, threads=threads)
         self.contract = Contract.of(self.model, self.name)
         self.generation = generation
         self.misfit_logged = False  # whether this worker logged an output that broke the contract
@@ -68,8 +70,10 @@ class LoadedModel:
                 groups.setdefault(part[0], []).append((i, part[1]))
         for key, members in groups.items():
             parts = [part for _, part in members]
-            join = functools.partial(_joined_texts if key == _TEXTS else np.concatenate, parts)
-            outcomes = self._run_stacked([len(p) for p in parts], [inputs[i] for i, _ in members], join)
+            joined = _joined_texts if key == _TEXTS else _joined_arrays if isinstance(parts[0], Mapping) \
+                else np.concatenate
+            outcomes = self._run_stacked([_rows(p) for p in parts], [inputs[i] for i, _ in members],
+                                         functools.partial(joined, parts))
             for (i, _), outcome in zip(members, outcomes, strict=True):
                 results[i] = outcome
         return results
@@ -85,10 +89,12 @@ class LoadedModel:
             return (_TEXTS, inputs) if self.contract.texts else None
         if not self.contract.batched:
             return None
-        array, bare = self.contract.as_batch(inputs)
+        arrays, bare = self.contract.as_batch(inputs)
         if bare and self.contract.outputs is None:
             return None
-        return (array.dtype, array.shape[1:]), array
+        if isinstance(arrays, Mapping):  # stacked with those whose every array has its kind
+            return tuple((name, a.dtype, a.shape[1:]) for name, a in arrays.items()), arrays
+        return (arrays.dtype, arrays.shape[1:]), arrays
 
     def _run_stacked(self, counts: list[int], originals: list[Any], join: Callable[[], Any]) -> list[Any]:
         """The outputs of ``originals`` (``counts`` rows each) from one pass over ``join()``, or
@@ -149,6 +155,15 @@ def _split_along(outputs: Any, rows: int) -> bool:
     """Whether every output array has the batch axis of a ``rows``-row input."""
     arrays = outputs.values() if isinstance(outputs, Mapping) else [outputs]
     return all(isinstance(a, np.ndarray) and a.ndim >= 1 and len(a) == rows for a in arrays)
+
+
+def _rows(part: Any) -> int:
+    """The rows a request brings to a stacked pass: texts, rows, or rows of its named arrays."""
+    return len(next(iter(part.values())) if isinstance(part, Mapping) else part)
+
+
+def _joined_arrays(parts: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def _joined_texts(parts: list[list[str]]) -> list[str]:

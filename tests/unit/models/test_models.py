@@ -420,7 +420,7 @@ def test_recognition_needs_exactly_the_models_tensors():
     [
         (
             "nope",
-            "unknown model 'nope': expected a built-in model \\(mlp, burn-mnist, bert\\) or package.module:factory",
+            "unknown model 'nope': expected a built-in model \\(mlp, burn-mnist, bert, onnx\\) or package.module:factory",
         ),
         ("{module}:missing", "has no attribute missing"),
         ("{module}:not_callable", "not_callable is not callable"),

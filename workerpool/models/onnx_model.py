@@ -1,0 +1,190 @@
+"""The built-in ``onnx`` model: an onnxruntime session on the file's tensors, never copied.
+
+The file is laid out as :mod:`.onnx_layout` describes. Each initializer is handed to
+onnxruntime as an ``OrtValue`` over the mapped view (``SessionOptions.add_initializer`` uses
+the buffer in place); the OrtValues live as long as the model, since onnxruntime does not keep
+them alive itself. Prepacking is off, as it copies MatMul weights. The optimisation level is
+the highest, less constant folding: folding reads a weight's data from the graph (the empty
+placeholder, so the session would not build) to make a private copy of it, while the other
+optimisations, such as fusing a weight's Transpose into its MatMul, keep the weights shared.
+
+Inputs and outputs are the graph's, by name; a single-input graph takes a bare array too.
+onnxruntime is imported when a model is built, so that importing the models stays light.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import onnx_graph
+from .base import ModelError, ModelInputError
+from .onnx_layout import GRAPH_TENSOR, NAME, PLACEHOLDER_FOLDER
+
+Shape = tuple[int | None, ...]
+# onnxruntime's element types (NodeArg.type) as numpy dtypes.
+ORT_DTYPES = {f"tensor({name})": np.dtype(dtype) for name, dtype in (
+    ("float", np.float32), ("double", np.float64), ("float16", np.float16), ("int8", np.int8),
+    ("int16", np.int16), ("int32", np.int32), ("int64", np.int64), ("uint8", np.uint8),
+    ("uint16", np.uint16), ("uint32", np.uint32), ("uint64", np.uint64), ("bool", np.bool_))}
+ONNXRUNTIME_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+# Integer initializers up to this size go back into the graph (see onnx_graph.with_inline).
+INLINE_BYTES = 4096
+DISABLED_OPTIMIZERS = ["ConstantFolding"]
+FATAL_ONLY = 4  # onnxruntime log severity: a request it refuses is answered, not logged
+
+
+class OnnxModel:
+    """An ONNX graph served by onnxruntime on the file's tensors (see the module)."""
+
+    name = NAME
+
+    def __init__(self, weights: Mapping[str, np.ndarray], metadata: Mapping[str, str],
+                 threads: int | None = None) -> None:
+        """Build the session; ``threads`` is the worker's CPU budget (None: onnxruntime's
+        default), its intra-op threads."""
+        raw_graph = _graph_bytes(weights)
+        graph = onnx_graph.read(raw_graph)
+        import onnxruntime
+
+        # What onnxruntime raises for a request it cannot take.
+        self.refused = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
+        views = {name: _matching_view(weights, init) for name, init in graph.initializers.items()
+                 if init.external}
+        self.tensor_names = frozenset(views) | {GRAPH_TENSOR}
+        inline = {name: view.tobytes() for name, view in views.items()
+                  if view.dtype.kind in "iu" and view.nbytes <= INLINE_BYTES}
+        graph_bytes = onnx_graph.with_inline(raw_graph, inline)
+        shared = {name: view for name, view in views.items() if name not in inline}
+        self.session, self.initializers = _session(graph_bytes, shared, threads)
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
+        self.input_dtype = {arg.name: _dtype(arg) for arg in inputs}
+        self.output_names = [arg.name for arg in outputs]
+        self.symbols = {arg.name: [(axis, d) for axis, d in enumerate(arg.shape) if isinstance(d, str)]
+                        for arg in inputs}  # named axes, one size wherever they appear
+        batch = _common_batch_symbol(inputs)
+        self.output_shape = {arg.name: _output_shape(arg.shape, batch) for arg in outputs}
+        self.output_dtype = {arg.name: _dtype(arg) for arg in outputs}
+        # Rows are independent where every input and output runs along one symbolic batch axis.
+        self.batching = batch is not None and all(_leading(arg.shape) == batch for arg in outputs)
+        self.vocabularies = {name: (table, views[table].shape[axis])
+                             for name, (table, axis) in graph.lookups.items()
+                             if table in views and name in self.input_dtype
+                             and self.input_dtype[name].kind in "iu"}
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._check_axes(inputs)
+        try:
+            outputs = self.session.run(self.output_names, dict(inputs))
+        except self.refused as exc:
+            raise ModelInputError(f"{NAME}: {_reason(exc)}") from None
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def _check_axes(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Refuse what onnxruntime would fail on deep inside the graph: one named axis of two
+        sizes across the inputs, token ids beyond their embedding table."""
+        sizes: dict[str, tuple[str, int]] = {}
+        for name, axes in self.symbols.items():
+            for axis, symbol in axes:
+                size = inputs[name].shape[axis]
+                seen, first = sizes.setdefault(symbol, (name, size))
+                if first != size:
+                    raise ModelInputError(f"{NAME}: axis {symbol} is {first} long in {seen} but "
+                                          f"{size} in {name}")
+        for name, (table, rows) in self.vocabularies.items():
+            ids = inputs[name]
+            if ids.size and (ids.min() < -rows or ids.max() >= rows):
+                raise ModelInputError(f"{NAME}: {name} holds ids outside [{-rows}, {rows - 1}], "
+                                      f"the rows of {table}")
+
+    def __repr__(self) -> str:
+        return f"<OnnxModel {sorted(self.input_shape)} -> {self.output_names}>"
+
+
+def _graph_bytes(weights: Mapping[str, np.ndarray]) -> bytes:
+    graph = weights.get(GRAPH_TENSOR)
+    if graph is None:
+        raise ModelError(f"{NAME}: the file has no {GRAPH_TENSOR} tensor (convert an .onnx file "
+                         "with workerpool convert)")
+    if not isinstance(graph, np.ndarray) or graph.dtype != np.uint8 or graph.ndim != 1:
+        raise ModelError(f"{NAME}: tensor {GRAPH_TENSOR} is not a 1-D uint8 tensor")
+    return graph.tobytes()
+
+
+def _matching_view(weights: Mapping[str, np.ndarray], init: onnx_graph.Initializer) -> np.ndarray:
+    """The file's tensor for a graph initializer, checked to be what the graph declares."""
+    if init.name not in weights:
+        raise ModelError(f"{NAME}: initializer {init.name} of the graph is missing from the file")
+    view, dtype = weights[init.name], onnx_graph.DTYPES.get(init.data_type)
+    if dtype is None:
+        raise ModelError(f"{NAME}: initializer {init.name} has ONNX data type {init.data_type}, "
+                         "which is not served")
+    if view.dtype != dtype or view.shape != init.shape:
+        raise ModelError(f"{NAME}: tensor {init.name} is {view.dtype} {list(view.shape)}, the graph "
+                         f"declares {np.dtype(dtype)} {list(init.shape)}")
+    return view
+
+
+def _session(graph: bytes, views: Mapping[str, np.ndarray], threads: int | None) -> tuple[Any, list[Any]]:
+    """The session, and the OrtValues over ``views`` that must outlive it."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     PLACEHOLDER_FOLDER)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = threads or 0
+    options.log_severity_level = FATAL_ONLY
+    values = []
+    for name, view in views.items():
+        values.append(ort.OrtValue.ortvalue_from_numpy(view))
+        options.add_initializer(name, values[-1])
+    try:
+        session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"],
+                                       disabled_optimizers=DISABLED_OPTIMIZERS)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's exceptions have no common base
+        raise ModelError(f"{NAME}: onnxruntime cannot build the graph: {_reason(exc)}") from None
+    for arg in (*session.get_inputs(), *session.get_outputs()):
+        _dtype(arg)
+    return session, values
+
+
+def _dtype(arg: Any) -> np.dtype:
+    if arg.type not in ORT_DTYPES:
+        raise ModelError(f"{NAME}: {arg.name} is a {arg.type}, which is not served")
+    return ORT_DTYPES[arg.type]
+
+
+def _shape(dims: list[Any]) -> Shape:
+    """onnxruntime's shape, None for a symbolic or unknown axis."""
+    return tuple(d if isinstance(d, int) else None for d in dims)
+
+
+def _leading(dims: list[Any]) -> Any:
+    return dims[0] if dims else None
+
+
+def _common_batch_symbol(inputs: list[Any]) -> str | None:
+    """The symbol every input's leading axis is named by, if there is one."""
+    symbols = {_leading(arg.shape) for arg in inputs}
+    symbol = symbols.pop() if len(symbols) == 1 else None
+    return symbol if isinstance(symbol, str) else None
+
+
+def _output_shape(dims: list[Any], batch: str | None) -> Shape | None:
+    """An output's declared shape; undeclared when its leading axis is dynamic but not the
+    inputs' batch axis, which the contract would otherwise hold to the batch size."""
+    if dims and not isinstance(dims[0], int) and (batch is None or dims[0] != batch):
+        return None
+    return _shape(dims)
+
+
+def _reason(exc: BaseException) -> str:
+    """onnxruntime's message on one line, without its ``[ONNXRuntimeError] : 2 : ...`` prefix."""
+    return ONNXRUNTIME_PREFIX.sub("", " ".join(str(exc).split()))
