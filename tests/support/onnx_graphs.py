@@ -1,46 +1,37 @@
 """Small ONNX graphs made with ``onnx.helper``, and the Burnpack files the ``onnx`` model serves.
 
-:func:`write_onnx_bpk` lays a model out as ``workerpool/models/onnx_layout.py`` describes it
-(what ``convert`` does for a real ``.onnx`` file): each initializer a tensor under its name,
-the graph without its weights as the ``uint8`` tensor ``GRAPH_TENSOR``, its initializers turned
-into external-data entries naming the placeholder. Each builder returns a model with its
-weights inside, from which the tests build onnxruntime's reference answers.
+:func:`write_onnx_bpk` converts a model as ``workerpool convert`` does a real ``.onnx`` file.
+Each builder returns a model with its weights inside, from which the tests build onnxruntime's
+reference answers.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from workerpool import burnpack
-from workerpool.models import MODEL_KEY, onnx_layout
+from workerpool.weights.convert import convert
 
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 
 
 def write_onnx_bpk(path: str | os.PathLike, model: onnx.ModelProto,
                    drop: tuple[str, ...] = ()) -> str:
-    """Write ``model`` to ``path`` in the ``onnx`` model's layout; initializers named in ``drop``
-    are left out of the file (but stay named in the graph)."""
-    graph = onnx.ModelProto()
-    graph.CopyFrom(model)
-    tensors: dict[str, np.ndarray] = {}
-    for initializer in graph.graph.initializer:
-        array = numpy_helper.to_array(initializer)
-        if initializer.name not in drop:
-            tensors[initializer.name] = np.ascontiguousarray(array)
-        initializer.ClearField("raw_data")
-        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-            initializer.ClearField(field)  # type: ignore[arg-type]
-        initializer.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", onnx_layout.PLACEHOLDER), ("offset", "0"),
-                           ("length", str(array.nbytes))):
-            initializer.external_data.add(key=key, value=value)
-    tensors[onnx_layout.GRAPH_TENSOR] = np.frombuffer(graph.SerializeToString(), np.uint8)
-    burnpack.write(path, tensors, metadata={MODEL_KEY: onnx_layout.NAME})
+    """Convert ``model`` to ``path``; the initializers named in ``drop`` are then left out of
+    the file (but stay named in the graph)."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "model.onnx")
+        onnx.save_model(model, source)
+        convert(source, os.fspath(path))
+    if drop:
+        pack = burnpack.read(path)
+        kept = {name: np.array(tensor) for name, tensor in pack.tensors.items() if name not in drop}
+        burnpack.write(path, kept, metadata=dict(pack.metadata))
     return os.fspath(path)
 
 

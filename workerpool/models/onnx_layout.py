@@ -10,8 +10,13 @@ exists before it takes the initializers a session is given instead
 (``SessionOptions.add_initializer``), so the package ships an empty file of that name in this
 folder (:data:`PLACEHOLDER_FOLDER`) and sessions look for external data there; should an
 initializer ever go unsupplied, reading the empty file fails loudly instead of reading other
-bytes. A tokenizer travels as ``bert``'s does; how token states become one embedding, as
-:data:`POOLING_KEY` (JSON: ``{"mode": "mean"|"cls"|"max", "normalize": bool}``).
+bytes. Integer initializers of at most :data:`INLINE_BYTES` (shapes, axes, indices) also keep their
+data in the graph: onnxruntime's shape inference reads their values while it loads the graph,
+before any supplied initializer is looked at. Which inputs index an embedding table directly
+(a ``Gather`` on an initializer fed by a graph input) is :data:`LOOKUPS_KEY` (JSON: input name
+to ``[table, axis]``), so that a worker checks token ids without parsing the graph. A tokenizer
+travels as ``bert``'s does; how token states become one embedding, as :data:`POOLING_KEY`
+(JSON: ``{"mode": "mean"|"cls"|"max", "normalize": bool}``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import os
 NAME = "onnx"  # the built-in model, named in the file's metadata workerpool.model
 GRAPH_TENSOR = "workerpool.onnx.graph"
 POOLING_KEY = "workerpool.pooling"
+LOOKUPS_KEY = "workerpool.onnx.lookups"
+INLINE_BYTES = 4096
 PLACEHOLDER = "onnx-initializer-placeholder"
 PLACEHOLDER_FOLDER = os.path.dirname(os.path.abspath(__file__))
 POOLING_MODES = ("mean", "cls", "max")

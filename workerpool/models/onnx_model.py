@@ -8,8 +8,11 @@ the highest, less constant folding: folding reads a weight's data from the graph
 placeholder, so the session would not build) to make a private copy of it, while the other
 optimisations, such as fusing a weight's Transpose into its MatMul, keep the weights shared.
 
-Inputs and outputs are the graph's, by name; a single-input graph takes a bare array too.
-onnxruntime is imported when a model is built, so that importing the models stays light.
+Every tensor of the file but the graph is supplied, so the worker needs no ONNX parser: a
+tensor the graph does not use is ignored by onnxruntime, one it needs and the file lacks fails
+the build (its data would be read from the empty placeholder). Inputs and outputs are the
+graph's, by name; a single-input graph takes a bare array too. onnxruntime is imported when a
+model is built, so that importing the models stays light.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from . import onnx_graph
+from ..errors import NotAJSONObject, json_object
 from .base import ModelError, ModelInputError
-from .onnx_layout import GRAPH_TENSOR, NAME, PLACEHOLDER_FOLDER
+from .onnx_layout import GRAPH_TENSOR, LOOKUPS_KEY, NAME, PLACEHOLDER_FOLDER
 
 Shape = tuple[int | None, ...]
 # onnxruntime's element types (NodeArg.type) as numpy dtypes.
@@ -31,8 +34,6 @@ ORT_DTYPES = {f"tensor({name})": np.dtype(dtype) for name, dtype in (
     ("int16", np.int16), ("int32", np.int32), ("int64", np.int64), ("uint8", np.uint8),
     ("uint16", np.uint16), ("uint32", np.uint32), ("uint64", np.uint64), ("bool", np.bool_))}
 ONNXRUNTIME_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
-# Integer initializers up to this size go back into the graph (see onnx_graph.with_inline).
-INLINE_BYTES = 4096
 DISABLED_OPTIMIZERS = ["ConstantFolding"]
 FATAL_ONLY = 4  # onnxruntime log severity: a request it refuses is answered, not logged
 
@@ -46,20 +47,14 @@ class OnnxModel:
                  threads: int | None = None) -> None:
         """Build the session; ``threads`` is the worker's CPU budget (None: onnxruntime's
         default), its intra-op threads."""
-        raw_graph = _graph_bytes(weights)
-        graph = onnx_graph.read(raw_graph)
+        graph = _graph_bytes(weights)
         import onnxruntime
 
         # What onnxruntime raises for a request it cannot take.
         self.refused = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
-        views = {name: _matching_view(weights, init) for name, init in graph.initializers.items()
-                 if init.external}
-        self.tensor_names = frozenset(views) | {GRAPH_TENSOR}
-        inline = {name: view.tobytes() for name, view in views.items()
-                  if view.dtype.kind in "iu" and view.nbytes <= INLINE_BYTES}
-        graph_bytes = onnx_graph.with_inline(raw_graph, inline)
-        shared = {name: view for name, view in views.items() if name not in inline}
-        self.session, self.initializers = _session(graph_bytes, shared, threads)
+        views = {name: view for name, view in weights.items() if name != GRAPH_TENSOR}
+        self.tensor_names = frozenset(weights)
+        self.session, self.initializers = _session(graph, views, threads)
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
         self.input_dtype = {arg.name: _dtype(arg) for arg in inputs}
@@ -72,9 +67,9 @@ class OnnxModel:
         # Rows are independent where every input and output runs along one symbolic batch axis.
         self.batching = batch is not None and all(_leading(arg.shape) == batch for arg in outputs)
         self.vocabularies = {name: (table, views[table].shape[axis])
-                             for name, (table, axis) in graph.lookups.items()
-                             if table in views and name in self.input_dtype
-                             and self.input_dtype[name].kind in "iu"}
+                             for name, (table, axis) in _lookups(metadata).items()
+                             if table in views and -views[table].ndim <= axis < views[table].ndim
+                             and name in self.input_dtype and self.input_dtype[name].kind in "iu"}
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._check_axes(inputs)
@@ -115,22 +110,26 @@ def _graph_bytes(weights: Mapping[str, np.ndarray]) -> bytes:
     return graph.tobytes()
 
 
-def _matching_view(weights: Mapping[str, np.ndarray], init: onnx_graph.Initializer) -> np.ndarray:
-    """The file's tensor for a graph initializer, checked to be what the graph declares."""
-    if init.name not in weights:
-        raise ModelError(f"{NAME}: initializer {init.name} of the graph is missing from the file")
-    view, dtype = weights[init.name], onnx_graph.DTYPES.get(init.data_type)
-    if dtype is None:
-        raise ModelError(f"{NAME}: initializer {init.name} has ONNX data type {init.data_type}, "
-                         "which is not served")
-    if view.dtype != dtype or view.shape != init.shape:
-        raise ModelError(f"{NAME}: tensor {init.name} is {view.dtype} {list(view.shape)}, the graph "
-                         f"declares {np.dtype(dtype)} {list(init.shape)}")
-    return view
+def _lookups(metadata: Mapping[str, str]) -> dict[str, tuple[str, int]]:
+    """The inputs that index a table directly, from the metadata convert wrote."""
+    if LOOKUPS_KEY not in metadata:
+        return {}
+    try:
+        found = json_object(metadata[LOOKUPS_KEY])
+    except NotAJSONObject as exc:
+        raise ModelError(f"{NAME}: metadata {LOOKUPS_KEY} is not a JSON object") from exc
+    lookups = {}
+    for name, entry in found.items():
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and type(entry[1]) is int):
+            raise ModelError(f"{NAME}: metadata {LOOKUPS_KEY}: {name} is not [table, axis]")
+        lookups[name] = (entry[0], entry[1])
+    return lookups
 
 
-def _session(graph: bytes, views: Mapping[str, np.ndarray], threads: int | None) -> tuple[Any, list[Any]]:
-    """The session, and the OrtValues over ``views`` that must outlive it."""
+def _session(graph: bytes, views: Mapping[str, np.ndarray],
+             threads: int | None) -> tuple[Any, dict[str, Any]]:
+    """The session, and the OrtValues over ``views``, by name, that must outlive it."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -141,10 +140,9 @@ def _session(graph: bytes, views: Mapping[str, np.ndarray], threads: int | None)
     options.inter_op_num_threads = 1
     options.intra_op_num_threads = threads or 0
     options.log_severity_level = FATAL_ONLY
-    values = []
-    for name, view in views.items():
-        values.append(ort.OrtValue.ortvalue_from_numpy(view))
-        options.add_initializer(name, values[-1])
+    values = {name: ort.OrtValue.ortvalue_from_numpy(view) for name, view in views.items()}
+    for name, value in values.items():
+        options.add_initializer(name, value)
     try:
         session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"],
                                        disabled_optimizers=DISABLED_OPTIMIZERS)

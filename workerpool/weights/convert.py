@@ -215,8 +215,8 @@ def _onnx_source(source: str, model_file: str, include: Sequence[str],
     from .onnx_convert import onnx_tensors
 
     meta = _onnx_folder_metadata(source) if os.path.isdir(source) else {}
-    meta[MODEL_KEY] = ONNX
-    return onnx_tensors(model_file), meta
+    tensors, implied = onnx_tensors(model_file)
+    return tensors, meta | implied | {MODEL_KEY: ONNX}
 
 
 def _onnx_folder_metadata(folder: str) -> dict[str, str]:

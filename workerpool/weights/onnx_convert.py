@@ -9,6 +9,7 @@ read from their file one tensor at a time, when the writer reaches them.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
@@ -33,11 +34,15 @@ ONNX_DTYPES = {
     TensorProto.UINT32: "U32", TensorProto.UINT16: "U16", TensorProto.UINT8: "U8",
     TensorProto.BOOL: "Bool(Native)",
 }
+# Integer initializers small enough keep their data in the graph too (see onnx_layout).
+INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+                           TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
 
 
-def onnx_tensors(path: str) -> Tensors:
+def onnx_tensors(path: str) -> tuple[Tensors, dict[str, str]]:
     """The graph of the model at ``path`` without its weights, as the ``uint8`` tensor
-    ``GRAPH_TENSOR``, then each initializer under its name, read only when written."""
+    ``GRAPH_TENSOR``, then each initializer under its name, read only when written; and the
+    metadata the graph implies."""
     model = _parse(path)
     graph = model.graph
     if not graph.initializer and not graph.node:
@@ -49,10 +54,27 @@ def onnx_tensors(path: str) -> Tensors:
     tensors = [(tensor.name, _initializer(path, tensor)) for tensor in initializers]
     graph.ClearField("initializer")
     for original, (_, tensor) in zip(initializers, tensors):
-        _add_placeholder(graph, original, tensor)
+        if original.data_type in INTEGER_TYPES and (tensor.nbytes or 0) <= onnx_layout.INLINE_BYTES:
+            graph.initializer.append(numpy_helper.from_array(tensor.load(), original.name))
+        else:
+            _add_placeholder(graph, original, tensor)
     encoded = np.frombuffer(model.SerializeToString(), dtype=np.uint8)
     graph_tensor = burnpack.Deferred(dtypes.BY_NAME["U8"], encoded.shape, lambda: encoded)
-    return [(onnx_layout.GRAPH_TENSOR, graph_tensor), *tensors]
+    return [(onnx_layout.GRAPH_TENSOR, graph_tensor), *tensors], _lookups(graph)
+
+
+def _lookups(graph: Any) -> dict[str, str]:
+    """The metadata naming the graph inputs that index an initializer directly (a ``Gather``
+    on it), with that table and axis: what a worker checks token ids against."""
+    inputs = {value.name for value in graph.input}
+    tables = {tensor.name for tensor in graph.initializer}
+    lookups = {}
+    for node in graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in tables \
+                and node.input[1] in inputs:
+            axis = next((attribute.i for attribute in node.attribute if attribute.name == "axis"), 0)
+            lookups[node.input[1]] = [node.input[0], axis]
+    return {onnx_layout.LOOKUPS_KEY: json.dumps(lookups)} if lookups else {}
 
 
 def _parse(path: str) -> Any:

@@ -40,7 +40,7 @@ def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, 
     file's identity and the model's signature. Reads no tensor data beyond what building the
     model reads, and keeps nothing mapped."""
     try:
-        loaded = LoadedModel(path, model, DEFAULT_LOAD)
+        loaded = LoadedModel(path, model, DEFAULT_LOAD, threads=1)  # a check: no thread pool
     except (burnpack.BurnpackError, models.ModelError) as exc:
         raise WeightsRefused(str(exc)) from exc
     return loaded.name, loaded.pack.identity, loaded.contract.info()

@@ -66,9 +66,9 @@ def test_answers_equal_onnxruntime_on_the_original_graph(tmp_path, case):
 
 def test_the_weights_are_the_files_mapping_not_copies(tmp_path):
     loaded = served(tmp_path, onnx_graphs.mlp())
-    shared = [np.shares_memory(value.numpy(), loaded.pack.tensors[name])
-              for name, value in zip(("w1", "b1", "w2", "b2"), loaded.model.initializers, strict=True)]
-    assert shared == [True] * 4
+    values = loaded.model.initializers
+    assert sorted(values) == ["b1", "b2", "w1", "w2"]
+    assert all(np.shares_memory(value.numpy(), loaded.pack.tensors[name]) for name, value in values.items())
 
 
 def test_info_lists_each_input_and_output_by_name(tmp_path):
@@ -133,7 +133,7 @@ def test_a_request_the_graph_cannot_take_is_the_clients_error(tmp_path, request_
 
 def test_an_initializer_missing_from_the_file_is_refused(tmp_path):
     path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", onnx_graphs.mlp(), drop=("w2",))
-    with pytest.raises(ModelError, match="^onnx: initializer w2 of the graph is missing from the file$"):
+    with pytest.raises(ModelError, match=r"^onnx: onnxruntime cannot build the graph: .*\bw2\b[^\n]*$"):
         LoadedModel(path, None, "mmap")
 
 
@@ -145,7 +145,8 @@ def graph_edited(tmp_path, edit) -> tuple[dict[str, np.ndarray], dict[str, str]]
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda graph: graph[:-9], "onnx: the graph is not a readable ONNX model: a field runs past the end"),
+    (lambda graph: graph[:-9], "onnx: onnxruntime cannot build the graph: Failed to load model because "
+     "protobuf parsing failed"),
     (lambda graph: graph.replace(b"Relu", b"Relx"),
      "onnx: onnxruntime cannot build the graph: This is an invalid model. In Node"),
 ])

@@ -12,8 +12,15 @@ from support.commands import cli
 
 from workerpool import burnpack
 from workerpool.models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
-from workerpool.models.onnx_layout import GRAPH_TENSOR, PLACEHOLDER, PLACEHOLDER_FOLDER, POOLING_KEY
+from workerpool.models.onnx_layout import (
+    GRAPH_TENSOR,
+    INLINE_BYTES,
+    PLACEHOLDER,
+    PLACEHOLDER_FOLDER,
+    POOLING_KEY,
+)
 from workerpool.weights.convert import ConvertError, convert
+from workerpool.weights.onnx_convert import INTEGER_TYPES
 
 onnx = pytest.importorskip("onnx", reason="needs the onnx package")
 ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime")
@@ -79,10 +86,14 @@ def assert_holds(pack: burnpack.Burnpack, model: onnx.ModelProto, folder: Path |
     graph = onnx.load_from_string(pack.tensors[GRAPH_TENSOR].tobytes())
     assert [node.op_type for node in graph.graph.node] == [node.op_type for node in model.graph.node]
     for tensor in graph.graph.initializer:
+        original = originals[tensor.name]
+        assert list(tensor.dims) == list(original.shape)
+        if tensor.data_type in INTEGER_TYPES and original.nbytes <= INLINE_BYTES:  # shapes, axes: inline too
+            assert numpy_helper.to_array(tensor).tobytes() == original.tobytes()
+            continue
         entries = {entry.key: entry.value for entry in tensor.external_data}
         assert tensor.data_location == TensorProto.EXTERNAL and not tensor.raw_data
-        assert entries == {"location": PLACEHOLDER, "offset": "0", "length": str(originals[tensor.name].nbytes)}
-        assert list(tensor.dims) == list(originals[tensor.name].shape)
+        assert entries == {"location": PLACEHOLDER, "offset": "0", "length": str(original.nbytes)}
 
 
 def test_an_mlp_keeps_every_initializer_and_runs_from_the_shared_tensors(tmp_path):
