@@ -31,7 +31,6 @@ from .onnx_model import OnnxModel
 Factory = Callable[[Mapping[str, np.ndarray], Mapping[str, str]], Callable[..., Any]]
 
 
-
 class BuiltinModel(Protocol):
     """What recognition reads of a built-in model: every tensor it reads."""
 

@@ -4,8 +4,9 @@ A model may declare ``input_shape`` and ``input_dtype`` (plus ``also_accepted`` 
 ``output_shape`` and ``output_dtype``; ``None`` in a shape is an axis of any size, and a
 leading ``None`` is the batch axis. A model that takes named arrays declares ``input_shape``
 and ``input_dtype`` as mappings from name to value: a request then sends exactly those names,
-with one batch size along their batch axes (a single named input may come as a bare array). A model that returns named arrays declares
-``output_shape`` (and ``output_dtype``, or one dtype for all) as a mapping from name to value.
+with one batch size along their batch axes (a single named input may come as a bare array). A
+model that returns named arrays declares ``output_shape`` (and ``output_dtype``, or one dtype
+for all) as a mapping from name to value.
 A model that also takes a list of strings says ``accepts_text = True``, and may declare what it
 returns for texts as ``text_output_shape`` and ``text_output_dtype``, in the same forms.
 
