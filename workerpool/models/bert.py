@@ -7,14 +7,12 @@ hidden states over the attention mask, L2-normalised, as sentence-transformers c
 
 Inputs are ``input_ids`` and ``attention_mask`` (and optionally ``token_type_ids``), int64
 ``[B, L]``; or, when the file carries a ``tokenizer.json``, a list of texts, which the worker
-tokenizes with Hugging Face's ``tokenizers`` (imported only here).
+tokenizes and embeds as :mod:`.texts` does for every model that takes texts.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,15 +21,13 @@ import numpy as np
 from ..errors import NotAJSONObject, json_object
 from .base import Model, ModelError, ModelInputError, require_tensor
 from .ops import gelu_float32
+from .texts import CHUNK_TOKENS, MEAN_NORMALIZED, TOKENIZER_KEY, embed_texts, max_length, tokenizer
+from .texts import MAX_LENGTH_KEY as MAX_LENGTH_KEY  # where convert and the tests read it
 
 NAME = "bert"
 CONFIG_KEY = "workerpool.hf_config"  # config.json, as text
-TOKENIZER_KEY = "workerpool.tokenizer"  # tokenizer.json, as text
-MAX_LENGTH_KEY = "workerpool.max_seq_length"  # tokens kept per text; the rest is cut
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-NORM_EPS = 1e-12  # as torch.nn.functional.normalize
 MAX_TOKENS = 65_536  # input_ids per request: its last_hidden_state alone is 1.5 KiB a token here
-CHUNK_TOKENS = 4096  # rows run this many tokens at a time: attention grows with length squared
 
 
 class Bert(Model):
@@ -72,8 +68,8 @@ class Bert(Model):
             })
         self.tensor_names = frozenset(name for name in weights if not name.startswith("pooler.")
                                       and name != "embeddings.position_ids")
-        self.max_length = min(_int(metadata.get(MAX_LENGTH_KEY), len(self.positions)), len(self.positions))
-        self.tokenizer = _tokenizer(metadata.get(TOKENIZER_KEY), self.max_length)
+        self.max_length = min(max_length(NAME, metadata, len(self.positions)), len(self.positions))
+        self.tokenizer = tokenizer(NAME, metadata.get(TOKENIZER_KEY), self.max_length)
         self.accepts_text = self.tokenizer is not None  # what info tells clients it takes
 
     def __call__(self, inputs: Any) -> Any:
@@ -81,7 +77,7 @@ class Bert(Model):
             return {"embedding": self._embed_texts(inputs)}
         ids, mask, types = self._arrays(inputs)
         states = self._encode(ids, mask, types)
-        return {"embedding": self._embed(states, mask), "last_hidden_state": states}
+        return {"embedding": MEAN_NORMALIZED(states, mask), "last_hidden_state": states}
 
     def __repr__(self) -> str:
         return f"<Bert {self.hidden} hidden, {len(self.layers)} layers, {self.heads} heads>"
@@ -89,33 +85,10 @@ class Bert(Model):
     # Inputs.
 
     def _embed_texts(self, texts: Sequence[Any]) -> np.ndarray:
-        """Embeddings of texts, shortest first in chunks of about ``CHUNK_TOKENS`` tokens, each
-        padded only to its own longest text: a text costs what its tokens cost, whatever the
-        texts beside it, and its embedding does not depend on them."""
         if self.tokenizer is None:
             raise ModelInputError(f"{NAME}: this file carries no tokenizer: send input_ids and "
                                   "attention_mask")
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise ModelInputError(f"{NAME}: texts must be a non-empty list of strings")
-        try:
-            encodings = self.tokenizer.encode_batch(list(texts))
-        except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
-            raise ModelInputError(f"{NAME}: the tokenizer cannot read these texts: {exc}") from None
-        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
-        embeddings = np.empty((len(encodings), self.hidden), np.float32)
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end - start + 1) * len(encodings[order[end]].ids) <= CHUNK_TOKENS:
-                end += 1
-            chunk = [encodings[i] for i in order[start:end]]
-            longest = max(len(e.ids) for e in chunk)
-            ids, mask, types = (np.array([getattr(e, field) + [0] * (longest - len(e.ids)) for e in chunk],
-                                         dtype=np.int64)
-                                for field in ("ids", "attention_mask", "type_ids"))
-            embeddings[order[start:end]] = self._embed(self._encode_rows(ids, mask, types), mask)
-            start = end
-        return embeddings
+        return embed_texts(NAME, self.tokenizer, texts, self._encode_rows, MEAN_NORMALIZED)
 
     def _arrays(self, inputs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not isinstance(inputs, Mapping) or not {"input_ids", "attention_mask"} <= set(inputs) \
@@ -178,13 +151,6 @@ class Bert(Model):
             x = _layer_norm(_apply(inner, layer["output"]) + x, *layer["output_norm"], self.eps)
         return x
 
-    @staticmethod
-    def _embed(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        weights = mask[:, :, None].astype(np.float32)
-        mean = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-        norm = np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), NORM_EPS)
-        return (mean / norm).astype(np.float32)
-
 
 def _config(metadata: Mapping[str, str]) -> dict[str, Any]:
     if CONFIG_KEY not in metadata:
@@ -205,42 +171,6 @@ def _config(metadata: Mapping[str, str]) -> dict[str, Any]:
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ModelError(f"{NAME}: only absolute position embeddings are supported")
     return config
-
-
-def _int(text: str | None, default: int) -> int:
-    try:
-        value = int(text) if text is not None else default
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ModelError(f"{NAME}: {MAX_LENGTH_KEY} {text!r} is not a whole number from 1 up")
-    return value
-
-
-@functools.lru_cache(maxsize=2)
-def _tokenizer(text: str | None, max_length: int) -> Any:
-    """The file's tokenizer, cutting texts at ``max_length`` tokens and padding a batch to its
-    longest text; None when the file carries none.
-
-    Kept once built: the supervisor builds it when it validates the file, before it forks the
-    template, so forked workers share its 10 MiB or so instead of building their own. It runs
-    on the worker's own thread (no thread pool per worker beside the model's BLAS threads).
-    """
-    if text is None:
-        return None
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise ModelError(f"{NAME}: texts need Hugging Face's tokenizers package (pip install "
-                         "tokenizers)") from exc
-    try:
-        tokenizer = Tokenizer.from_str(text)
-    except Exception as exc:
-        raise ModelError(f"{NAME}: {TOKENIZER_KEY} cannot be read: {exc}") from exc
-    tokenizer.enable_truncation(max_length)
-    tokenizer.no_padding()  # each chunk of texts is padded to its own longest (Bert._embed_texts)
-    return tokenizer
 
 
 Linear = tuple[np.ndarray, np.ndarray]
