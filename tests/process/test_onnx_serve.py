@@ -7,7 +7,7 @@ import os
 import numpy as np
 import onnxruntime
 import pytest
-from support import onnx_graphs
+from support import onnx_graphs, onnx_texts
 from support.server import Server
 
 import workerpool
@@ -82,3 +82,15 @@ def test_a_corrupt_graph_is_refused_and_the_old_weights_keep_serving(tmp_path):
         result = client.request(x)
     assert result.generation == 1
     np.testing.assert_allclose(result.outputs["y"], reference(graph, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_client_gets_the_embeddings_of_texts(tmp_path):
+    graph = onnx_texts.encoder()
+    path = onnx_texts.converted(tmp_path / "st", graph, "mean", True)
+    texts = ["hello world", "the cat sat on a mat", "a text"]
+    with Server(path, "--threads-per-worker", "1", workers=WORKERS) as server, \
+            workerpool.Client(server.endpoint) as client:
+        assert client.info()["inputs"][0]["dtype"] == "text"
+        embedding = client.infer(texts)["embedding"]
+    np.testing.assert_allclose(embedding, onnx_texts.reference(graph, texts, "mean", True),
+                               rtol=1e-5, atol=1e-6)

@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import NotAJSONObject, json_object
 from .base import ModelError, ModelInputError
-from .onnx_layout import GRAPH_TENSOR, LOOKUPS_KEY, NAME, PLACEHOLDER_FOLDER
+from .onnx_layout import GRAPH_TENSOR, LOOKUPS_KEY, NAME, PLACEHOLDER_FOLDER, POOLING_KEY
+from .texts import TOKENIZER_KEY, Pooling, embed_texts, max_length, pooling_of, tokenizer
 
 Shape = tuple[int | None, ...]
 # onnxruntime's element types (NodeArg.type) as numpy dtypes.
@@ -36,6 +37,11 @@ ORT_DTYPES = {f"tensor({name})": np.dtype(dtype) for name, dtype in (
 ONNXRUNTIME_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 DISABLED_OPTIMIZERS = ["ConstantFolding"]
 FATAL_ONLY = 4  # onnxruntime log severity: a request it refuses is answered, not logged
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the first two needed for texts
+STATES = "last_hidden_state"  # the token states texts are pooled from, else the first rank-3 output
+CONFIG_KEY = "workerpool.hf_config"  # its hidden_size: the embedding's width, if the graph has none
+DEFAULT_MAX_LENGTH = 512  # tokens kept per text when the file names no max_seq_length (BERT's)
+SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
 
 
 class OnnxModel:
@@ -70,14 +76,50 @@ class OnnxModel:
                              for name, (table, axis) in _lookups(metadata).items()
                              if table in views and -views[table].ndim <= axis < views[table].ndim
                              and name in self.input_dtype and self.input_dtype[name].kind in "iu"}
+        self._take_texts(metadata, outputs)
 
-    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _take_texts(self, metadata: Mapping[str, str], outputs: list[Any]) -> None:
+        """Texts are taken when the file carries a tokenizer and a pooling and the graph has
+        integer text inputs and token states to pool (see the module)."""
+        import onnxruntime
+
+        states = [arg for arg in outputs if len(arg.shape) == 3 and _dtype(arg).kind == "f"]
+        states.sort(key=lambda arg: arg.name != STATES)
+        names = set(self.input_dtype)
+        self.accepts_text = (TOKENIZER_KEY in metadata and POOLING_KEY in metadata and bool(states)
+                             and set(TEXT_INPUTS[:2]) <= names <= set(TEXT_INPUTS)
+                             and all(dtype.kind in "iu" for dtype in self.input_dtype.values()))
+        if not self.accepts_text:
+            return
+        self.states = states[0].name
+        self.pooling: Pooling = pooling_of(NAME, metadata[POOLING_KEY])
+        length = max_length(NAME, metadata, DEFAULT_MAX_LENGTH)
+        self.tokenizer = tokenizer(NAME, metadata[TOKENIZER_KEY], length)
+        self.text_output_shape = {"embedding": (None, _width(states[0].shape, metadata))}
+        self.text_output_dtype = np.float32
+        self.text_run = onnxruntime.RunOptions()  # gives the arena back after each pass
+        self.text_run.add_run_config_entry(*SHRINK_ARENA)
+
+    def __call__(self, inputs: Mapping[str, np.ndarray] | list[str]) -> dict[str, np.ndarray]:
+        if isinstance(inputs, list):
+            if not self.accepts_text:
+                raise ModelInputError(f"{NAME}: this graph takes no texts: send its arrays")
+            return {"embedding": embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)}
+        return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
+
+    def _run(self, names: list[str], inputs: Mapping[str, np.ndarray], options: Any = None) -> list[Any]:
         self._check_axes(inputs)
         try:
-            outputs = self.session.run(self.output_names, dict(inputs))
+            return list(self.session.run(names, dict(inputs), options))
         except self.refused as exc:
             raise ModelInputError(f"{NAME}: {_reason(exc)}") from None
-        return dict(zip(self.output_names, outputs, strict=True))
+
+    def _encode(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """The token states of one chunk of tokenized texts, fed in the dtypes the graph takes."""
+        given = dict(zip(TEXT_INPUTS, (ids, mask, types), strict=True))
+        feeds = {name: given[name].astype(dtype, copy=False) for name, dtype in self.input_dtype.items()}
+        states: np.ndarray = self._run([self.states], feeds, self.text_run)[0]
+        return states
 
     def _check_axes(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Refuse what onnxruntime would fail on deep inside the graph: one named axis of two
@@ -108,6 +150,18 @@ def _graph_bytes(weights: Mapping[str, np.ndarray]) -> bytes:
     if not isinstance(graph, np.ndarray) or graph.dtype != np.uint8 or graph.ndim != 1:
         raise ModelError(f"{NAME}: tensor {GRAPH_TENSOR} is not a 1-D uint8 tensor")
     return graph.tobytes()
+
+
+def _width(dims: list[Any], metadata: Mapping[str, str]) -> int | None:
+    """The embedding's width: the token states' last axis, else the model's ``hidden_size``
+    from its config.json, else unknown (None)."""
+    if isinstance(dims[-1], int):
+        return dims[-1]
+    try:
+        size = json_object(metadata.get(CONFIG_KEY, "{}")).get("hidden_size")
+    except NotAJSONObject:
+        return None
+    return size if type(size) is int and size > 0 else None
 
 
 def _lookups(metadata: Mapping[str, str]) -> dict[str, tuple[str, int]]:

@@ -1,0 +1,90 @@
+"""Texts served by the ``onnx`` model: tokenized in the worker, run in chunks, pooled as the
+file's sentence-transformers pooling says, against onnxruntime on the original graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+from support import onnx_texts
+
+from workerpool import burnpack
+from workerpool.models import ModelError, ModelInputError, texts
+from workerpool.models.loaded import LoadedModel
+
+TEXTS = ["hello world", "the cat sat", "a", "", "text text text the world sat a hello",
+         "unknown words here", " ".join(["cat"] * 40)]  # the last is cut at the 32 positions
+
+
+def served(path: str) -> LoadedModel:
+    return LoadedModel(path, None, "mmap", threads=1)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+def test_text_embeddings_equal_onnxruntime_on_the_original_graph_pooled(tmp_path, mode, normalize):
+    graph = onnx_texts.encoder()
+    loaded = served(onnx_texts.converted(tmp_path / "st", graph, mode, normalize))
+    embedding = loaded.infer(TEXTS)["embedding"]
+    assert embedding.dtype == np.float32 and embedding.shape == (len(TEXTS), onnx_texts.HIDDEN)
+    np.testing.assert_allclose(embedding, onnx_texts.reference(graph, TEXTS, mode, normalize),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_int32_inputs_without_token_types_are_fed_as_the_graph_declares(tmp_path):
+    graph = onnx_texts.encoder(TensorProto.INT32, token_types=False)
+    loaded = served(onnx_texts.converted(tmp_path / "st", graph, "max", True))
+    np.testing.assert_allclose(loaded.infer(TEXTS)["embedding"],
+                               onnx_texts.reference(graph, TEXTS, "max", True), rtol=1e-5, atol=1e-6)
+
+
+def test_info_lists_texts_and_the_graphs_arrays(tmp_path):
+    loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder()))
+    info = loaded.describe()
+    assert info["inputs"][0] == {"name": None, "dtype": "text", "shape": [None]}
+    assert [entry["name"] for entry in info["inputs"][1:]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert loaded.contract.text_outputs is not None
+    assert loaded.contract.text_outputs["embedding"].shape == (None, onnx_texts.HIDDEN)
+
+
+def test_texts_of_several_requests_stacked_give_each_its_own_embeddings(tmp_path):
+    loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder(), "cls", False))
+    assert loaded.batching
+    requests = [TEXTS[:2], TEXTS[2:3], TEXTS[3:]]
+    stacked = loaded.infer_batch(requests)
+    for request, outputs in zip(requests, stacked, strict=True):
+        np.testing.assert_allclose(outputs["embedding"], loaded.infer(request)["embedding"], rtol=1e-6)
+
+
+def test_texts_longer_than_a_chunk_run_in_several_passes_with_the_same_answers(tmp_path):
+    graph = onnx_texts.encoder()
+    loaded = served(onnx_texts.converted(tmp_path / "st", graph))
+    many = [" ".join(["hello", "world", "cat"][: 1 + i % 3] * (1 + i % 9)) for i in range(1000)]
+    assert sum(min(len(t.split()) + 2, onnx_texts.POSITIONS) for t in many) > 2 * texts.CHUNK_TOKENS
+    embedding = loaded.infer(many)["embedding"]
+    np.testing.assert_allclose(embedding, onnx_texts.reference(graph, many, "mean", True),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("inputs", [[], ["a text", 3], [None]])
+def test_an_empty_list_or_one_that_is_not_all_strings_is_the_clients_error(tmp_path, inputs):
+    loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder()))
+    with pytest.raises(ModelInputError, match="texts must be a non-empty list of strings"):
+        loaded.infer(inputs)
+
+
+def test_a_file_without_a_pooling_config_takes_no_texts(tmp_path):
+    loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder(), mode=None))
+    assert loaded.contract.texts is False
+    assert "text" not in [entry["dtype"] for entry in loaded.describe()["inputs"]]
+    with pytest.raises(ModelInputError, match="takes arrays, not texts"):
+        loaded.infer(["hello world"])
+
+
+def test_an_unreadable_pooling_is_refused_when_the_model_is_built(tmp_path):
+    path = onnx_texts.converted(tmp_path / "st", onnx_texts.encoder())
+    pack = burnpack.read(path)
+    burnpack.write(tmp_path / "bad.bpk", {name: np.array(t) for name, t in pack.tensors.items()},
+                   metadata={**pack.metadata, "workerpool.pooling": '{"mode": "sum"}'})
+    with pytest.raises(ModelError, match="onnx: pooling .* is not"):
+        served(str(tmp_path / "bad.bpk"))
