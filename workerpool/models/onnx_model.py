@@ -27,8 +27,7 @@ encoder served by one worker (weights shared; 38 MiB USS idle), 24 texts of 502 
 it frees), +42 MiB with shrinkage, +5 MiB with shrinkage and the trim. Speed on a shared
 2-core machine: short requests 23-30 ms in every setting, 4096-token passes 1.15-1.56 s with
 shrinkage, 1.50-1.56 s with the default arena, 1.58-1.67 s without one; the trim costs 2-5 ms
-a request. Array
-requests keep the arena as it is.
+a request. Array requests keep the arena as it is.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ import numpy as np
 from ..errors import NotAJSONObject, json_object
 from ..linux import release_free_memory
 from .base import ModelError, ModelInputError
+from .bert import CONFIG_KEY  # its hidden_size: the embedding's width, if the graph has none
 from .onnx_layout import GRAPH_TENSOR, LOOKUPS_KEY, NAME, PLACEHOLDER_FOLDER, POOLING_KEY
 from .texts import TOKENIZER_KEY, Pooling, embed_texts, max_length, pooling_of, tokenizer
 
@@ -56,7 +56,6 @@ DISABLED_OPTIMIZERS = ["ConstantFolding"]
 FATAL_ONLY = 4  # onnxruntime log severity: a request it refuses is answered, not logged
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the first two needed for texts
 STATES = "last_hidden_state"  # the token states texts are pooled from, else the first rank-3 output
-CONFIG_KEY = "workerpool.hf_config"  # its hidden_size: the embedding's width, if the graph has none
 DEFAULT_MAX_LENGTH = 512  # tokens kept per text when the file names no max_seq_length (BERT's)
 SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
 
