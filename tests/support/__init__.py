@@ -1,4 +1,5 @@
 """What the tests share, by topic: starting servers (``server``), the command line (``commands``),
 raw sockets and frames (``sockets``), status predicates (``status``), background calls and
-processes (``processes``), CURVE keys (``keys``), reference models (``models``), hand-built
+processes (``processes``), CURVE keys (``keys``), reference models (``models``), small ONNX
+graphs and text models (``onnx_graphs``, ``onnx_texts``), hand-built
 Burnpack bytes (``bpk_builder``) and where things are (``paths``)."""
