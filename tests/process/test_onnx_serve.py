@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import onnxruntime
 import pytest
 from support import onnx_graphs, onnx_texts
+from support.commands import cli
+from support.processes import Background
 from support.server import Server
 
 import workerpool
@@ -94,3 +97,48 @@ def test_a_client_gets_the_embeddings_of_texts(tmp_path):
         embedding = client.infer(texts)["embedding"]
     np.testing.assert_allclose(embedding, onnx_texts.reference(graph, texts, "mean", True),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_an_onnx_file_published_over_another_is_served_with_no_failed_request(tmp_path):
+    old, new = onnx_graphs.mlp(seed=0), onnx_graphs.mlp(seed=1)
+    served = onnx_graphs.write_onnx_bpk(tmp_path / "served.bpk", old)
+    incoming = onnx_graphs.write_onnx_bpk(tmp_path / "incoming.bpk", new)
+    x = np.random.default_rng(5).standard_normal((3, 16), dtype=np.float32)
+    expected = {1: reference(old, {"x": x})[0], 2: reference(new, {"x": x})[0]}
+    done = threading.Event()
+    with Server(served, "--threads-per-worker", "1", workers=WORKERS) as server, \
+            workerpool.Client(server.endpoint, retries=0) as client:
+
+        def ask_until_done() -> list[workerpool.Result]:
+            answers = []
+            while not done.is_set() or not answers or answers[-1].generation != 2:
+                answers.append(client.request(x))
+            return answers
+
+        asking = Background(ask_until_done)
+        published = cli("publish", incoming, served, "--control", server.control, timeout=60)
+        assert published.returncode == 0, published.stderr
+        server.wait_for(lambda s: s["model"]["generation"] == 2
+                        and all(w["generation"] == 2 for w in s["workers"]))
+        done.set()
+        answers = asking.join(60)
+    assert {a.generation for a in answers} <= {1, 2} and answers[-1].generation == 2
+    for answer in answers:
+        np.testing.assert_allclose(answer.outputs["y"], expected[answer.generation], rtol=1e-5, atol=1e-6)
+
+
+def test_a_pass_past_max_worker_memory_fails_alone_and_the_worker_keeps_serving(tmp_path):
+    """onnxruntime's arena keeps what it took when an allocation fails; the session is built again,
+    so that the next request has the memory it needs."""
+    graph = onnx_graphs.mlp(width=256, hidden=4096)
+    path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", graph)
+    small, huge = np.ones((4, 256), np.float32), np.ones((4000, 256), np.float32)  # 64 MiB a layer
+    with Server(path, "--threads-per-worker", "1", "--max-worker-memory", "64MiB", workers=1) as server, \
+            workerpool.Client(server.endpoint, timeout=30, retries=0) as client:
+        pid = client.request(small).worker_pid
+        for _ in range(2):
+            with pytest.raises(workerpool.InternalError, match="^MemoryError: onnx: onnxruntime ran out of memory"):
+                client.request(huge)
+            answer = client.request(small)
+            assert answer.worker_pid == pid
+            np.testing.assert_allclose(answer.outputs["y"], reference(graph, {"x": small})[0], rtol=1e-5, atol=1e-6)

@@ -62,10 +62,11 @@ class Link:
 
     def why_dropped(self) -> str:
         """What a drop says of the server: closing a connection it has just accepted is what a
-        server at its connection cap does."""
+        server at its connection cap does, and what libzmq does with a message over the
+        server's size limit."""
         if time.monotonic() - self.up_at < EARLY_DROP_SECONDS:
             return (" (the server closed it right after accepting it: a server at its "
-                    "--max-connections limit?)")
+                    "--max-connections limit, or a request over its --max-message-size?)")
         return ""
 
     def why_unreachable(self, waited: float) -> str:

@@ -109,8 +109,9 @@ class Contract:
         another host's model must match: one ``{"name", "dtype", "shape"}`` per array (name None
         for the single unnamed one), texts as dtype ``"text"``, None for what is undeclared.
 
-        The outputs are those of the array input, or of texts for a model that declares only
-        what texts give (bert).
+        The outputs are those of the array input, then those texts give that the array input
+        does not (an ONNX encoder's ``embedding`` beside its token states); a model that
+        declares only what texts give (bert) lists those.
         """
         undeclared = _entry(None, None, None)
         inputs = [_entry(None, TEXT, (None,))] if self.texts else []
@@ -122,9 +123,12 @@ class Contract:
             inputs.append(undeclared)
         only_texts = self.texts and self.input is None and self.named is None and self.outputs is None
         outputs = self.text_outputs if only_texts else self.outputs
-        return {"inputs": inputs,
-                "outputs": [undeclared] if outputs is None else
-                [declared.entry(name) for name, declared in outputs.items()]}
+        if outputs is None:
+            return {"inputs": inputs, "outputs": [undeclared]}
+        if self.texts and self.text_outputs is not None:
+            outputs = {**outputs, **{name: declared for name, declared in self.text_outputs.items()
+                                     if name is not None and name not in outputs}}
+        return {"inputs": inputs, "outputs": [declared.entry(name) for name, declared in outputs.items()]}
 
     @property
     def batched(self) -> bool:

@@ -30,4 +30,3 @@ LOOKUPS_KEY = "workerpool.onnx.lookups"
 INLINE_BYTES = 4096
 PLACEHOLDER = "onnx-initializer-placeholder"
 PLACEHOLDER_FOLDER = os.path.dirname(os.path.abspath(__file__))
-POOLING_MODES = ("mean", "cls", "max")

@@ -33,6 +33,9 @@ from ..models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
 from ..models.bert import NAME as BERT
 from ..models.onnx_layout import NAME as ONNX
 from ..models.onnx_layout import POOLING_KEY
+from ..models.texts import (
+    POOLING_MODES,  # sentence-transformers 5 names them ("pooling_mode": "mean")
+)
 from . import npy
 
 # safetensors' dtype names and the Burn dtype each is stored as.
@@ -46,7 +49,8 @@ ONNX_FILE = "model.onnx"  # in a folder, or in its onnx/ as optimum and sentence
 # sentence-transformers' pooling flags (1_Pooling/config.json) for the modes onnx_layout knows.
 POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
                  "pooling_mode_max_tokens": "max"}
-NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
+NORMALIZE_MODULES = ("sentence_transformers.models.Normalize",  # what 2.x to 4.x write, then 5.x
+                     "sentence_transformers.sentence_transformer.modules.normalize.Normalize")
 # What reading a damaged .npz raises: a bad CRC, a cut stream, an impossible size.
 _NPZ_ERRORS = (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error)
 Tensors = list[tuple[str, burnpack.Deferred]]  # in the order they are written
@@ -230,16 +234,24 @@ def _onnx_folder_metadata(folder: str) -> dict[str, str]:
 
 def _pooling(folder: str) -> dict[str, Any] | None:
     """How sentence-transformers makes one embedding of the token states: the mode its
-    ``1_Pooling/config.json`` sets, and whether ``modules.json`` ends with a Normalize module."""
+    ``1_Pooling/config.json`` sets (``pooling_mode`` since 5.0, one ``pooling_mode_*`` flag
+    before), and whether ``modules.json`` has a Normalize module."""
     settings = _json_file(folder, os.path.join("1_Pooling", "config.json"))
     if settings is None:
         return None
-    chosen = sorted(key for key, value in settings.items() if key.startswith("pooling_mode_") and value is True)
-    if len(chosen) != 1 or chosen[0] not in POOLING_FLAGS:
+    if "pooling_mode" in settings:
+        mode = settings["pooling_mode"]
+        chosen = [str(m) for m in mode] if isinstance(mode, list) else [str(mode)]
+        modes = dict(zip(POOLING_MODES, POOLING_MODES))
+    else:
+        chosen = sorted(key for key, value in settings.items()
+                        if key.startswith("pooling_mode_") and value is True)
+        modes = POOLING_FLAGS
+    if len(chosen) != 1 or chosen[0] not in modes:
         raise ConvertError(f"{os.path.join(folder, '1_Pooling', 'config.json')}: pooling "
                            f"{' + '.join(chosen) or 'none'} is not supported (one of "
-                           f"{', '.join(POOLING_FLAGS)})")
-    return {"mode": POOLING_FLAGS[chosen[0]], "normalize": _normalizes(folder)}
+                           f"{', '.join(modes)})")
+    return {"mode": modes[chosen[0]], "normalize": _normalizes(folder)}
 
 
 def _normalizes(folder: str) -> bool:
@@ -252,7 +264,7 @@ def _normalizes(folder: str) -> bool:
         raise ConvertError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(modules, list) or not all(isinstance(module, dict) for module in modules):
         raise ConvertError(f"{path}: not a JSON list of modules")
-    return any(module.get("type") == NORMALIZE_MODULE for module in modules)
+    return any(module.get("type") in NORMALIZE_MODULES for module in modules)
 
 
 # Tensor files.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -140,17 +141,26 @@ def tiny_tokenizer(path: Path) -> None:
     tokenizer.save(str(path))
 
 
-def sentence_transformers_folder(root: Path, pooling: dict[str, bool] | None, normalize: bool) -> Path:
+LEGACY_MODULES = {"Transformer": "sentence_transformers.models.Transformer",  # sentence-transformers < 5
+                  "Pooling": "sentence_transformers.models.Pooling",
+                  "Normalize": "sentence_transformers.models.Normalize"}
+MODULES_5 = {"Transformer": "sentence_transformers.base.modules.transformer.Transformer",
+             "Pooling": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+             "Normalize": "sentence_transformers.sentence_transformer.modules.normalize.Normalize"}
+
+
+def sentence_transformers_folder(root: Path, pooling: dict[str, Any] | None, normalize: bool,
+                                 types: dict[str, str] = LEGACY_MODULES) -> Path:
     """A folder as sentence-transformers' ONNX backend writes it: the model in onnx/, the rest beside."""
     (root / "onnx").mkdir(parents=True)
     onnx.save_model(mlp_model(), str(root / "onnx" / "model.onnx"))
     tiny_tokenizer(root / "tokenizer.json")
     (root / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
     (root / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    modules = [{"idx": 0, "name": "0", "path": "", "type": types["Transformer"]},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": types["Pooling"]}]
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": types["Normalize"]})
     (root / "modules.json").write_text(json.dumps(modules))
     if pooling is not None:
         (root / "1_Pooling").mkdir()
@@ -178,6 +188,24 @@ def test_a_sentence_transformers_folder_carries_tokenizer_length_config_and_pool
     assert pack.metadata[MAX_LENGTH_KEY] == "256"
     assert json.loads(pack.metadata[CONFIG_KEY]) == json.loads((folder / "config.json").read_text())
     assert json.loads(pack.metadata[POOLING_KEY]) == pooling
+
+
+@pytest.mark.parametrize(("mode", "normalize"), [("mean", True), (["cls"], False), ("max", True)])
+def test_the_pooling_of_sentence_transformers_5_is_read_too(tmp_path, mode, normalize):
+    pooling = {"embedding_dimension": 2, "pooling_mode": mode, "include_prompt": True}
+    folder = sentence_transformers_folder(tmp_path / "st", pooling, normalize, MODULES_5)
+    convert(str(folder), str(tmp_path / "out.bpk"))
+    metadata = burnpack.read(tmp_path / "out.bpk").metadata
+    expected = mode[0] if isinstance(mode, list) else mode
+    assert json.loads(metadata[POOLING_KEY]) == {"mode": expected, "normalize": normalize}
+
+
+@pytest.mark.parametrize("mode", ["lasttoken", ["mean", "max"], 3])
+def test_a_pooling_of_sentence_transformers_5_that_is_not_served_is_refused(tmp_path, mode):
+    folder = sentence_transformers_folder(tmp_path / "st", {"pooling_mode": mode}, False, MODULES_5)
+    with pytest.raises(ConvertError, match=r"pooling .* is not supported \(one of mean, cls, max\)"):
+        convert(str(folder), str(tmp_path / "out.bpk"))
+    assert not (tmp_path / "out.bpk").exists()
 
 
 def test_a_bare_folder_with_model_onnx_carries_only_what_it_has(tmp_path):
