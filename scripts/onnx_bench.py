@@ -14,9 +14,10 @@ folder with ``workerpool convert`` and then, in this order:
   call); sentence-transformers in this process (``encode``, ``batch_size`` ``--batch``); the pool
   (``--workers``, one BLAS thread each) kept at each ``--in-flight`` level of one-sentence requests;
 - memory, in each round: the total PSS of a pool of 1 and of ``--workers`` workers once every
-  worker has answered, then each worker's private memory (USS) idle and after it served
-  a request of as many texts at the token cut as one request holds (64 KiB of text); and ``--workers`` processes that each hold their own
-  session on the exported model.onnx, as a per-instance backend does, each having answered.
+  worker has answered, then each worker's private memory (USS) idle and after it served a
+  request of as many texts at the token cut as one request holds (64 KiB of text); and
+  ``--workers`` processes that each hold their own session on the exported model.onnx, as a
+  per-instance backend does, each having answered.
 
 It needs PyTorch, which workerpool never installs: run it in a virtual environment of its own.
 

@@ -134,6 +134,8 @@ class OnnxModel:
 
     def _run(self, names: list[str], inputs: Mapping[str, np.ndarray], options: Any = None) -> list[Any]:
         self._check_axes(inputs)
+        if self.session is None:  # building it again after running out of memory failed too
+            self.session, self.initializers = self.rebuild()
         try:
             return list(self.session.run(names, dict(inputs), options))
         except self.refused as exc:
@@ -141,7 +143,7 @@ class OnnxModel:
         except Exception as exc:  # noqa: BLE001 - onnxruntime's exceptions have no common base
             if not OUT_OF_MEMORY.search(str(exc)):
                 raise
-        del self.session, self.initializers  # the old arena goes (session first) before a new one
+        self.session, self.initializers = None, {}  # the old arena goes before a new one is built
         self.session, self.initializers = self.rebuild()
         raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request (its session "
                           "was built again)")
