@@ -12,9 +12,10 @@ folder with ``workerpool convert`` and then, in this order:
 - speed, in alternating rounds: onnxruntime in this process (default session options, all
   cores, the folder's tokenizer, mean pooling and normalisation in numpy, ``--batch`` sentences a
   call); sentence-transformers in this process (``encode``, ``batch_size`` ``--batch``); the pool
-  (``--workers``, one BLAS thread each) kept at each ``--in-flight`` level of one-sentence requests;
-- memory, in each round: the total PSS of a pool of 1 and of ``--workers`` workers once every
-  worker has answered, then each worker's private memory (USS) idle and after it served a
+  (``--workers``, one BLAS thread each), on its prepacked copy and with ``--cache-dir off``, kept
+  at each ``--in-flight`` level of one-sentence requests;
+- memory, in each round and for both pools: the total PSS of 1 and of ``--workers`` workers once
+  every worker has answered, then each worker's private memory (USS) idle and after it served a
   request of as many texts at the token cut as one request holds (64 KiB of text); and
   ``--workers`` processes that each hold their own session on the exported model.onnx, as a
   per-instance backend does, each having answered.
@@ -129,11 +130,13 @@ def accuracy(reference: Any, endpoint: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def pool(model: str, workers: int, name: str, directory: str) -> Iterator[tuple[str, str]]:
-    """A pool on ``model`` once every worker has answered: its endpoint and control endpoint."""
+def pool(model: str, workers: int, name: str, directory: str,
+         cache: str | None = None) -> Iterator[tuple[str, str]]:
+    """A pool on ``model`` once every worker has answered: its endpoint and control endpoint.
+    ``cache``: its ``--cache-dir`` (None: off, the sessions on views of the mapping)."""
     control_endpoint = f"ipc://{directory}/control-{name}.sock"
     args = serve_args(model, workers, "--threads-per-worker", "1", "--control", control_endpoint,
-                      "--log-level", "warning")
+                      "--log-level", "warning", "--cache-dir", cache or "off")
     with ServerProcess(args, log_path=os.path.join(directory, f"{name}.log")) as server:
         warm_workerpool(server.endpoint, protocol.encode_request(0, [SENTENCES[0]]), workers)
         yield server.endpoint, control_endpoint
@@ -145,17 +148,17 @@ def status(control_endpoint: str) -> dict[str, Any]:
 
 
 def served(model: str, workers: int, levels: list[int], seconds: float, batch: int,
-           directory: str) -> dict[str, Any]:
+           directory: str, cache: str | None) -> dict[str, Any]:
     """Sentences/s and p50 at each level; the pool's memory once every worker answered, and
     each worker's private memory before and after a batch of texts at the token cut."""
     requests = [protocol.encode_request(0, [sentence]) for sentence in SENTENCES]
-    with pool(model, workers, "pool", directory) as (endpoint, control_endpoint):
+    with pool(model, workers, "pool", directory, cache) as (endpoint, control_endpoint):
         answered = status(control_endpoint)
         runs = {k: drive(endpoint, requests, k, seconds) for k in levels}
         idle = [w["memory"]["uss"] for w in status(control_endpoint)["workers"]]
         texts = largest_batch(endpoint, batch, workers)
         after = [w["memory"]["uss"] for w in status(control_endpoint)["workers"]]
-    with pool(model, 1, "one", directory) as (_, control_endpoint):
+    with pool(model, 1, "one", directory, cache) as (_, control_endpoint):
         alone = status(control_endpoint)
     return {"levels": runs, "pss": answered["totals"]["pss"], "pss_one": alone["totals"]["pss"],
             "uss_idle": statistics.median(idle), "uss_after_batch": statistics.median(after),
@@ -201,7 +204,9 @@ def one_round(args: Any, folder: str, model: str, reference: Any, directory: str
                                             args.seconds),
         "pytorch": sentences_per_second(lambda texts: reference.encode(texts, batch_size=args.batch),
                                         args.batch, args.seconds),
-        "pool": served(model, args.workers, args.in_flight, args.seconds, args.batch, directory),
+        "pool": served(model, args.workers, args.in_flight, args.seconds, args.batch, directory,
+                       os.path.join(directory, "cache")),
+        "views": served(model, args.workers, args.in_flight, args.seconds, args.batch, directory, None),
         "private": private_sessions(onnx_file, args.workers),
         "private_one": private_sessions(onnx_file, 1),
     }
@@ -225,8 +230,10 @@ def main() -> int:
         source = args.model or default_model(directory)
         folder, model = exported(source, directory)
         reference = SentenceTransformer(source, device="cpu")
-        with pool(model, 2, "accuracy", directory) as (endpoint, _):
-            matched = accuracy(reference, endpoint)
+        matched = {}
+        for kind, cache in (("copy", os.path.join(directory, "cache")), ("views", None)):
+            with pool(model, 2, f"accuracy-{kind}", directory, cache) as (endpoint, _):
+                matched[kind] = accuracy(reference, endpoint)
         rounds = []
         for number in range(1, args.repeat + 1):
             rounds.append(one_round(args, folder, model, reference, directory))
@@ -236,7 +243,7 @@ def main() -> int:
     return 0
 
 
-def report(args: Any, source: str, size: int, matched: dict[str, Any], rounds: list[dict[str, Any]],
+def report(args: Any, source: str, size: int, matched: dict[str, dict[str, Any]], rounds: list[dict[str, Any]],
            start_load: str) -> None:
     def median(get: Callable[[dict[str, Any]], float]) -> float:
         return statistics.median(get(r) for r in rounds)
@@ -244,28 +251,31 @@ def report(args: Any, source: str, size: int, matched: dict[str, Any], rounds: l
     cpus = len(os.sched_getaffinity(0))
     print(f"{os.path.basename(source)} exported to ONNX ({size / MiB:.1f} MiB converted), {cpus} CPUs; "
           f"medians of {len(rounds)} rounds, {args.seconds:g} s per speed figure")
-    worst = min(matched["together"] + matched["alone"])
-    print(f"accuracy: {len(ACCURACY_TEXTS)} texts of {min(matched['tokens'])}-{max(matched['tokens'])} "
-          f"tokens, lowest cosine to sentence-transformers {worst:.7f} (sent together and one by one)")
+    tokens = matched["copy"]["tokens"]
+    worst = {kind: min(m["together"] + m["alone"]) for kind, m in matched.items()}
+    print(f"accuracy: {len(ACCURACY_TEXTS)} texts of {min(tokens)}-{max(tokens)} tokens, sent together "
+          f"and one by one; lowest cosine to sentence-transformers {worst['copy']:.7f} on the prepacked "
+          f"copy, {worst['views']:.7f} on views")
     ort_rate, torch_rate = median(lambda r: r["onnxruntime"]), median(lambda r: r["pytorch"])
     print(f"one process, onnxruntime, {args.batch} sentences a call: {ort_rate:.0f} sentences/s")
     print(f"one process, sentence-transformers on PyTorch, batch_size {args.batch}: {torch_rate:.0f} sentences/s")
-    for k in args.in_flight:
-        rate = median(lambda r, k=k: r["pool"]["levels"][k]["rps"])
-        p50 = median(lambda r, k=k: r["pool"]["levels"][k]["p50_us"]) / 1000
-        print(f"workerpool, {args.workers} workers, {k} one-sentence requests in flight: {rate:.0f} "
-              f"sentences/s, p50 {p50:.1f} ms ({rate / ort_rate:.2f}x onnxruntime, "
-              f"{rate / torch_rate:.2f}x sentence-transformers)")
     added = args.workers - 1
-    pool_each = median(lambda r: (r["pool"]["pss"] - r["pool"]["pss_one"]) / added) / MiB
+    for kind, label in (("pool", "on the prepacked copy"), ("views", "--cache-dir off (views)")):
+        for k in args.in_flight:
+            rate = median(lambda r, k=k: r[kind]["levels"][k]["rps"])
+            p50 = median(lambda r, k=k: r[kind]["levels"][k]["p50_us"]) / 1000
+            print(f"workerpool {label}, {args.workers} workers, {k} one-sentence requests in flight: "
+                  f"{rate:.0f} sentences/s, p50 {p50:.1f} ms ({rate / ort_rate:.2f}x onnxruntime, "
+                  f"{rate / torch_rate:.2f}x sentence-transformers)")
+        each = median(lambda r: (r[kind]["pss"] - r[kind]["pss_one"]) / added) / MiB
+        print(f"  total PSS, each worker having answered: {median(lambda r: r[kind]['pss']) / MiB:.1f} MiB "
+              f"({each:.1f} MiB per added worker); a worker's private memory (USS, median) "
+              f"{median(lambda r: r[kind]['uss_idle']) / MiB:.1f} MiB after the speed runs, "
+              f"{median(lambda r: r[kind]['uss_after_batch']) / MiB:.1f} MiB after a request of "
+              f"{rounds[0][kind]['largest']} texts at the token cut (the most one request holds)")
     private_each = median(lambda r: (r["private"] - r["private_one"]) / added) / MiB
-    print(f"total PSS, {args.workers} workers, each having answered: workerpool "
-          f"{median(lambda r: r['pool']['pss']) / MiB:.1f} MiB ({pool_each:.1f} MiB per added worker); "
-          f"a private session per process {median(lambda r: r['private']) / MiB:.1f} MiB "
-          f"({private_each:.1f} MiB per added process)")
-    print(f"a worker's private memory (USS, median): {median(lambda r: r['pool']['uss_idle']) / MiB:.1f} MiB "
-          f"after the speed runs, {median(lambda r: r['pool']['uss_after_batch']) / MiB:.1f} MiB after "
-          f"a request of {rounds[0]['pool']['largest']} texts at the token cut (the most one request holds)")
+    print(f"a private onnxruntime session per process, {args.workers} processes: total PSS "
+          f"{median(lambda r: r['private']) / MiB:.1f} MiB ({private_each:.1f} MiB per added process)")
     print(f"load average at start: {start_load}; at end: {load_average()}")
 
 

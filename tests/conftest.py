@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.process)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Servers the tests start keep what their models prepare (``--cache-dir``'s default, under
+    ``$XDG_CACHE_HOME``) in a folder of this session's, not the user's cache."""
+    folder = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder / "workerpool"
+
+
 @pytest.fixture(scope="session")
 def burn_mnist_path() -> Path:
     """Path of the Burn-written MNIST weights (``burn-mnist.bpk``); skips the test if absent."""

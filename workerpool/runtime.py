@@ -1,4 +1,4 @@
-"""The private runtime directory that holds the supervisor's ipc sockets.
+"""The private runtime directory that holds the supervisor's ipc sockets, and the cache folder.
 
 Each server makes its own ``pool-*`` directory there, with an ``owner`` file naming its pid
 and that process's start time. A server killed with SIGKILL cannot remove its directory, so the
@@ -37,6 +37,13 @@ def runtime_dir() -> str:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise PermissionError(f"{path} must be a directory owned by uid {os.getuid()} with mode 0700")
     return path
+
+
+def default_cache_dir() -> str:
+    """Where models keep what they prepare once per machine: ``$XDG_CACHE_HOME/workerpool``,
+    else ``~/.cache/workerpool``. On disk, unlike the runtime directory (often in memory)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "workerpool")
 
 
 def make_pool_dir() -> str:

@@ -46,22 +46,36 @@ def test_a_client_gets_onnxruntimes_answers(tmp_path):
     np.testing.assert_allclose(again["pooled"], answers[0]["pooled"])
 
 
-def test_forked_workers_share_the_weights(tmp_path):
-    """Every worker has run all its layers (the weights all resident) and holds far less private
-    memory than their 32 MiB: no copy at load (prepacking makes one, 32 MiB of USS each) nor
-    while serving. (About 6 MiB of USS each here.)"""
+def mapped_copy(pid: int) -> set[str]:
+    """The files of a prepacked copy (under the tests' cache folder) that a process maps."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return {line.split()[-1] for line in maps if "/workerpool/onnx/" in line}
+
+
+@pytest.mark.parametrize("cache", ["default", "off"])
+def test_forked_workers_share_the_weights(tmp_path, cache_dir, cache):
+    """Every worker has run all its layers and holds far less private memory than their 32 MiB:
+    no copy at load nor while serving. On the prepacked copy the workers map its data file;
+    with ``--cache-dir off`` they run on the Burnpack file's mapping, all of it resident (there
+    prepacking would make a copy: 32 MiB of USS each). (About 6 MiB of USS each here.)"""
     path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", onnx_graphs.mlp_of_size(32 * MiB))
     size = os.path.getsize(path)
     x = np.ones((1, 1024), np.float32)
-    with Server(path, "--threads-per-worker", "1", workers=WORKERS) as server, \
+    cache_args = ("--cache-dir", "off") if cache == "off" else ()
+    with Server(path, "--threads-per-worker", "1", *cache_args, workers=WORKERS) as server, \
             workerpool.Client(server.endpoint) as client:
         idle = {w["pid"]: w["memory"] for w in server.status()["workers"]}
         while not all(w["served"] > 0 for w in server.status(memory=False)["workers"]):
             list(client.infer_many([x] * 2 * WORKERS, window=WORKERS))
         status = server.status()
+        copies = {w["pid"]: mapped_copy(w["pid"]) for w in status["workers"]}
     for worker in status["workers"]:
         memory, before = worker["memory"], idle[worker["pid"]]
-        assert memory["weights_resident"] >= 0.95 * (size - MiB)
+        if cache == "off":
+            assert memory["weights_resident"] >= 0.95 * (size - MiB) and not copies[worker["pid"]]
+        else:
+            assert {os.path.basename(f) for f in copies[worker["pid"]]} == {"model.data"}
+            assert str(cache_dir) in copies[worker["pid"]].pop()
         assert memory["uss"] < size / 3, memory
         assert memory["anon"] - before["anon"] < 8 * MiB, (memory, before)
         assert memory["uss"] - before["uss"] < 8 * MiB, (memory, before)
@@ -127,13 +141,16 @@ def test_an_onnx_file_published_over_another_is_served_with_no_failed_request(tm
         np.testing.assert_allclose(answer.outputs["y"], expected[answer.generation], rtol=1e-5, atol=1e-6)
 
 
-def test_a_pass_past_max_worker_memory_fails_alone_and_the_worker_keeps_serving(tmp_path):
-    """onnxruntime's arena keeps what it took when an allocation fails; the session is built again,
-    so that the next request has the memory it needs."""
+@pytest.mark.parametrize("cache", ["default", "off"])
+def test_a_pass_past_max_worker_memory_fails_alone_and_the_worker_keeps_serving(tmp_path, cache):
+    """onnxruntime's arena keeps what it took when an allocation fails; it is given back, so that
+    the next request has the memory it needs: on the prepacked copy and on views."""
     graph = onnx_graphs.mlp(width=256, hidden=4096)
     path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", graph)
     small, huge = np.ones((4, 256), np.float32), np.ones((4000, 256), np.float32)  # 64 MiB a layer
-    with Server(path, "--threads-per-worker", "1", "--max-worker-memory", "64MiB", workers=1) as server, \
+    cache_args = ("--cache-dir", "off") if cache == "off" else ()
+    with Server(path, "--threads-per-worker", "1", "--max-worker-memory", "64MiB", *cache_args,
+                workers=1) as server, \
             workerpool.Client(server.endpoint, timeout=30, retries=0) as client:
         pid = client.request(small).worker_pid
         for _ in range(2):

@@ -58,6 +58,7 @@ class PoolConfig:
     watch_interval: float | None = field("watch_interval")  # None: reload only when asked
     max_worker_memory: int | None = None  # bytes of private memory before a worker is recycled
     threads_per_worker: int | None = None  # None: the CPUs this process may use, shared out
+    cache_dir: str | None = field("cache_dir")  # None: models prepare nothing
     start: str = field("start")  # fork: from the warm template; spawn: a fresh interpreter each
 
     def cpu_budget(self) -> int:

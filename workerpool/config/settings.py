@@ -17,6 +17,7 @@ from typing import Any
 
 from ..endpoints import DEFAULT_BIND
 from ..logs import FORMATS, LEVELS
+from ..runtime import default_cache_dir
 from ..units import MS_PER_SECOND
 from . import values
 
@@ -143,6 +144,14 @@ _POOL_SETTINGS = (
             "past it fails that request with 'internal' (default: no limit)",
             doc="a worker's private memory bound: an allocation past it fails that request "
             "(`internal`), and a worker left above it is replaced after answering"),
+    Setting("--cache-dir", parse=values.cache_dir, default_factory=default_cache_dir, metavar="DIR",
+            file_value=lambda folder: values.CACHE_OFF if folder is None else folder,
+            help="where models keep what they prepare once per machine and weight file (an ONNX "
+            "model's prepacked weights); 'off' prepares nothing (default: %(default)s)",
+            doc="where models keep what they prepare once per machine and weight file: an ONNX "
+            "model's prepacked weights, shared by every worker (see [ONNX models](models.md#onnx-models)); "
+            "`off` prepares nothing",
+            doc_default="`$XDG_CACHE_HOME/workerpool`, else `~/.cache/workerpool`"),
     Setting("--no-watch", switch=True,
             help="do not watch MODEL.bpk; reload only on SIGHUP (or 'workerpool reload')",
             doc="reload only on `SIGHUP` or `workerpool reload`"),

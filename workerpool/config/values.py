@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -70,6 +71,18 @@ def _above_zero(parse: Callable[[str], Number], message: str) -> Callable[[str],
 positive_count = _above_zero(count, "must be at least 1")
 positive_size = _above_zero(size, "must be more than 0 bytes")
 positive_seconds = _above_zero(seconds, "must be more than 0 seconds")
+
+
+CACHE_OFF = "off"
+
+
+def cache_dir(text: str) -> str | None:
+    """A cache folder, made absolute (workers may start elsewhere); ``off``: None, no cache."""
+    if text == CACHE_OFF:
+        return None
+    if not text:
+        raise argparse.ArgumentTypeError("give a folder, or 'off'")
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def endpoint(text: str, *, bind: bool = False) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import exception_text
 from . import bert, mlp, mnist, onnx_layout
-from .base import MODEL_KEY, Model, ModelError, ModelInputError
+from .base import MODEL_KEY, BuildOptions, Model, ModelError, ModelInputError
 from .contract import Contract, ModelOutputError, array_input, format_entries, takes_text
 from .mlp import GeneratedMlp, Mlp, generate_mlp
 from .mnist import BurnMnist
@@ -45,14 +45,16 @@ BUILTIN_MODELS: Mapping[str, Callable[[Mapping[str, np.ndarray], Mapping[str, st
     MappingProxyType({mlp.NAME: Mlp, mnist.NAME: BurnMnist, bert.NAME: bert.Bert,
                       onnx_layout.NAME: OnnxModel})
 )
-# Built-in models that size their own thread pool, given the worker's CPU budget (threads).
-THREADED_MODELS: Mapping[
-    str, Callable[[Mapping[str, np.ndarray], Mapping[str, str], int | None], BuiltinModel]
+# Built-in models that tune themselves to their worker (BuildOptions): its CPU budget for
+# their thread pool, a cache folder for what they prepare once per machine.
+TUNED_MODELS: Mapping[
+    str, Callable[[Mapping[str, np.ndarray], Mapping[str, str], BuildOptions], BuiltinModel]
 ] = MappingProxyType({onnx_layout.NAME: OnnxModel})
 
 __all__ = [
     "BUILTIN_MODELS",
-    "THREADED_MODELS",
+    "TUNED_MODELS",
+    "BuildOptions",
     "MODEL_KEY",
     "BurnMnist",
     "Contract",
@@ -139,19 +141,18 @@ def choose_model(
 
 def build_model(
     weights: Mapping[str, np.ndarray], metadata: Mapping[str, str], name: str | None = None,
-    *, threads: int | None = None,
+    *, options: BuildOptions | None = None,
 ) -> Callable[..., Any]:
     """Choose the model as :func:`choose_model` does and build it on ``weights`` (no copy);
-    ``threads`` is the worker's CPU budget, given to :data:`THREADED_MODELS` (None: their
-    libraries' default).
+    ``options`` are what :data:`TUNED_MODELS` are told of their worker (None: nothing).
 
     Every failure, including a user factory raising or returning a non-callable, is a
     :class:`ModelError`.
     """
     chosen, factory = choose_model(name, weights, metadata)
     try:
-        model = (THREADED_MODELS[chosen](weights, metadata, threads) if chosen in THREADED_MODELS
-                 else factory(weights, metadata))
+        model = (TUNED_MODELS[chosen](weights, metadata, options or BuildOptions())
+                 if chosen in TUNED_MODELS else factory(weights, metadata))
     except ModelError:
         raise
     except Exception as exc:

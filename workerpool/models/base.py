@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..burnpack import FileIdentity
+
 INPUT_NAME = "input"
 # The metadata key that names a file's model: a built-in name or package.module:factory.
 MODEL_KEY = "workerpool.model"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What the built-in models that tune themselves to their worker are told: its CPU budget
+    (None: their libraries' default), and a folder for what a model prepares once per machine
+    and weight file (None: it prepares nothing), with that file's path and identity."""
+
+    threads: int | None = None
+    cache_dir: str | None = None
+    path: str | None = None
+    identity: FileIdentity | None = None
 
 
 class ModelError(Exception):

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import burnpack
 from . import build_model, choose_model
-from .base import ModelInputError
+from .base import BuildOptions, ModelInputError
 from .contract import Contract
 
 log = logging.getLogger(__name__)
@@ -23,11 +23,14 @@ class LoadedModel:
     """The model of one generation, with the mapping it runs on and what it declares."""
 
     def __init__(self, path: str, spec: str | None, load: str, generation: int = 0,
-                 threads: int | None = None) -> None:
-        """``threads``: the worker's CPU budget, for a model that sizes its own thread pool."""
+                 threads: int | None = None, cache_dir: str | None = None) -> None:
+        """``threads``: the worker's CPU budget, for a model that sizes its own thread pool;
+        ``cache_dir``: where a model keeps what it prepares once per machine (None, or a
+        ``load`` other than mmap: nothing is prepared)."""
         self.pack = burnpack.read(path, mmap=load == "mmap")
         self.name = choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
-        self.model = build_model(self.pack.tensors, self.pack.metadata, self.name, threads=threads)
+        options = BuildOptions(threads, cache_dir if self.pack.mapped else None, path, self.pack.identity)
+        self.model = build_model(self.pack.tensors, self.pack.metadata, self.name, options=options)
         self.contract = Contract.of(self.model, self.name)
         self.generation = generation
         self.misfit_logged = False  # whether this worker logged an output that broke the contract

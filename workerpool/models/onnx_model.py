@@ -1,5 +1,8 @@
 """The built-in ``onnx`` model: an onnxruntime session on the file's tensors, never copied.
 
+The session runs on this machine's prepacked copy of the model (:mod:`.onnx_prepared`) when the
+worker is given a cache folder and the copy can be made: onnxruntime maps the copy's data, so
+the workers share its packed weights. Otherwise it runs on views of the mapping, as follows.
 The file is laid out as :mod:`.onnx_layout` describes. Each initializer is handed to
 onnxruntime as an ``OrtValue`` over the mapped view (``SessionOptions.add_initializer`` uses
 the buffer in place); the OrtValues live as long as the model, since onnxruntime does not keep
@@ -30,12 +33,14 @@ shrinkage, 1.50-1.56 s with the default arena, 1.58-1.67 s without one; the trim
 a request. Array requests keep the arena as it is.
 
 A pass that runs out of memory (``--max-worker-memory``, or the machine's) fails as a
-``MemoryError``, and the session is built again: its arena keeps what it took until the session
-goes, so that every later request would fail too.
+``MemoryError``, and what the arena took for it is given back (see ``_recover_memory``): the
+arena keeps it otherwise, so that every later request would fail too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -44,10 +49,13 @@ import numpy as np
 
 from ..errors import NotAJSONObject, json_object
 from ..linux import release_free_memory
-from .base import ModelError, ModelInputError
+from . import onnx_prepared
+from .base import BuildOptions, ModelError, ModelInputError
 from .bert import CONFIG_KEY  # its hidden_size: the embedding's width, if the graph has none
 from .onnx_layout import GRAPH_TENSOR, LOOKUPS_KEY, NAME, PLACEHOLDER_FOLDER, POOLING_KEY
 from .texts import TOKENIZER_KEY, Pooling, embed_texts, max_length, pooling_of, tokenizer
+
+log = logging.getLogger(__name__)
 
 Shape = tuple[int | None, ...]
 # onnxruntime's element types (NodeArg.type) as numpy dtypes.
@@ -71,9 +79,11 @@ class OnnxModel:
     name = NAME
 
     def __init__(self, weights: Mapping[str, np.ndarray], metadata: Mapping[str, str],
-                 threads: int | None = None) -> None:
-        """Build the session; ``threads`` is the worker's CPU budget (None: onnxruntime's
-        default), its intra-op threads."""
+                 options: BuildOptions | None = None) -> None:
+        """Build the session: on this machine's prepacked copy when ``options`` name a cache
+        folder and the copy can be made (:mod:`.onnx_prepared`), else on views of ``weights``;
+        ``options.threads`` is the worker's CPU budget (None: onnxruntime's default), its
+        intra-op threads."""
         graph = _graph_bytes(weights)
         import onnxruntime
 
@@ -81,8 +91,25 @@ class OnnxModel:
         self.refused = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
         views = {name: view for name, view in weights.items() if name != GRAPH_TENSOR}
         self.tensor_names = frozenset(weights)
+        options = options or BuildOptions()
+        threads = options.threads
         self.rebuild = lambda: _session(graph, views, threads)
-        self.session, self.initializers = self.rebuild()
+        self.prepared = _prepared_file(options)
+        if self.prepared is not None:
+            prepared = self.prepared
+            self.rebuild = lambda: _prepared_session(prepared, threads)
+        self.shrinking = onnxruntime.RunOptions()  # gives the arena back after the pass
+        self.shrinking.add_run_config_entry(*SHRINK_ARENA)
+        self.shrink_next = False  # after running out of memory on the prepacked copy
+        try:
+            self.session, self.initializers = self.rebuild()
+        except ModelError as exc:
+            if self.prepared is None:
+                raise
+            log.warning("%s; serving %s without prepacking", exc, options.path)
+            onnx_prepared.forget(self.prepared)
+            self.prepared, self.rebuild = None, lambda: _session(graph, views, threads)
+            self.session, self.initializers = self.rebuild()
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
         self.input_dtype = {arg.name: _dtype(arg) for arg in inputs}
@@ -119,8 +146,6 @@ class OnnxModel:
         self.tokenizer = tokenizer(NAME, metadata[TOKENIZER_KEY], length)
         self.text_output_shape = {"embedding": (None, _width(states[0].shape, metadata))}
         self.text_output_dtype = np.float32
-        self.text_run = onnxruntime.RunOptions()  # gives the arena back after each pass
-        self.text_run.add_run_config_entry(*SHRINK_ARENA)
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | list[str]) -> dict[str, np.ndarray]:
         if isinstance(inputs, list):
@@ -134,8 +159,10 @@ class OnnxModel:
 
     def _run(self, names: list[str], inputs: Mapping[str, np.ndarray], options: Any = None) -> list[Any]:
         self._check_axes(inputs)
-        if self.session is None:  # building it again after running out of memory failed too
-            self.session, self.initializers = self.rebuild()
+        if self.session is None:  # building it again after running out of memory failed
+            self._build_again()
+        if self.shrink_next:
+            options, self.shrink_next = self.shrinking, False
         try:
             return list(self.session.run(names, dict(inputs), options))
         except self.refused as exc:
@@ -143,16 +170,36 @@ class OnnxModel:
         except Exception as exc:  # noqa: BLE001 - onnxruntime's exceptions have no common base
             if not OUT_OF_MEMORY.search(str(exc)):
                 raise
+        self._recover_memory()
+        raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request")
+
+    def _recover_memory(self) -> None:
+        """What the arena took for a pass that ran out of memory goes back: on the prepacked
+        copy, with the next pass (a session built again would map the copy again, over the
+        bound); on views, where packing each weight needs memory beside the arena, by building
+        the session again (or at the next request, if that fails too)."""
+        release_free_memory()
+        if self.prepared is not None:
+            self.shrink_next = True
+            return
         self.session, self.initializers = None, {}  # the old arena goes before a new one is built
-        self.session, self.initializers = self.rebuild()
-        raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request (its session "
-                          "was built again)")
+        release_free_memory()
+        with contextlib.suppress(MemoryError):
+            self._build_again()
+
+    def _build_again(self) -> None:
+        try:
+            self.session, self.initializers = self.rebuild()
+        except ModelError as exc:
+            if not OUT_OF_MEMORY.search(str(exc)):
+                raise
+            raise MemoryError(f"{NAME}: not enough memory to build the session again") from None
 
     def _encode(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
         """The token states of one chunk of tokenized texts, fed in the dtypes the graph takes."""
         given = dict(zip(TEXT_INPUTS, (ids, mask, types), strict=True))
         feeds = {name: given[name].astype(dtype, copy=False) for name, dtype in self.input_dtype.items()}
-        states: np.ndarray = self._run([self.states], feeds, self.text_run)[0]
+        states: np.ndarray = self._run([self.states], feeds, self.shrinking)[0]
         return states
 
     def _check_axes(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -213,6 +260,29 @@ def _lookups(metadata: Mapping[str, str]) -> dict[str, tuple[str, int]]:
             raise ModelError(f"{NAME}: metadata {LOOKUPS_KEY}: {name} is not [table, axis]")
         lookups[name] = (entry[0], entry[1])
     return lookups
+
+
+def _prepared_file(options: BuildOptions) -> str | None:
+    if options.cache_dir is None or options.path is None or options.identity is None:
+        return None
+    return onnx_prepared.prepared_model(options.cache_dir, options.path, options.identity)
+
+
+def _prepared_session(model_file: str, threads: int | None) -> tuple[Any, dict[str, Any]]:
+    """A session on this machine's prepacked copy, which onnxruntime maps; already optimised."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = threads or 0
+    options.log_severity_level = FATAL_ONLY
+    try:
+        session = ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's exceptions have no common base
+        raise ModelError(f"{NAME}: the prepacked copy {model_file} does not load: {_reason(exc)}") from None
+    release_free_memory()  # loading leaves some 7 MiB freed on the heap, in every worker
+    return session, {}
 
 
 def _session(graph: bytes, views: Mapping[str, np.ndarray],

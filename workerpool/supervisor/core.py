@@ -66,7 +66,7 @@ class Supervisor:
     def run(self) -> int:
         raise_fd_limit()
         try:  # the file and the model, checked once before anything starts
-            self.watcher = reload.Watcher(self.config.path, self.config.model)
+            self.watcher = reload.Watcher(self.config.path, self.config.model, self.config.cache_dir)
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
         self._check_memory_limit()
@@ -150,6 +150,7 @@ class Supervisor:
             max_memory=self.config.max_worker_memory,
             parent=os.getpid(),
             threads=self.threads_per_worker,
+            cache_dir=self.config.cache_dir,
         )
         order = StartOrder.make(self.role.prepare(spec), ready_pipe=self.role.ready_pipe)
         try:

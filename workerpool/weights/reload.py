@@ -35,12 +35,14 @@ class Weights:
     signature: dict[str, Any]
 
 
-def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
+def validate(path: str, model: str | None,
+             cache_dir: str | None = None) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
     """Read the file and build the model on it, as a worker will; return the model's name, the
     file's identity and the model's signature. Reads no tensor data beyond what building the
-    model reads, and keeps nothing mapped."""
+    model reads, and keeps nothing mapped; what the model prepares in ``cache_dir`` is there
+    for the workers."""
     try:
-        loaded = LoadedModel(path, model, DEFAULT_LOAD, threads=1)  # a check: no thread pool
+        loaded = LoadedModel(path, model, DEFAULT_LOAD, threads=1, cache_dir=cache_dir)  # no thread pool
     except (burnpack.BurnpackError, models.ModelError) as exc:
         raise WeightsRefused(str(exc)) from exc
     return loaded.name, loaded.pack.identity, loaded.contract.info()
@@ -49,9 +51,10 @@ def validate(path: str, model: str | None) -> tuple[str, burnpack.FileIdentity, 
 class Watcher:
     """Tracks the served file and decides when its content is a new, valid generation."""
 
-    def __init__(self, path: str, model: str | None) -> None:
+    def __init__(self, path: str, model: str | None, cache_dir: str | None = None) -> None:
         self.path = path
-        name, identity, signature = validate(path, model)
+        self.cache_dir = cache_dir
+        name, identity, signature = validate(path, model, cache_dir)
         self.current = Weights(1, identity, name, signature)
         self.seen: burnpack.FileIdentity | None = identity
         self.problem: str | None = None
@@ -83,7 +86,7 @@ class Watcher:
                         "crash with SIGBUS; publish new weights by rename (workerpool publish NEW.bpk %s)",
                         self.path, self.current.identity.size, identity.size, self.path)
         try:
-            name, validated, signature = validate(self.path, self.current.model)
+            name, validated, signature = validate(self.path, self.current.model, self.cache_dir)
         except WeightsRefused as exc:
             self.problem = str(exc)
             return self._refuse(trigger, self.problem)

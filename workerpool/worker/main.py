@@ -69,7 +69,8 @@ class Worker:
         spec = self.spec
         if spec.threads is not None:  # before the model is built: it may run BLAS already
             self.threads = thread_pools().limit(limits=spec.threads)
-        self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads)
+        self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
+                                  spec.cache_dir)
         if spec.expect and self.loaded.pack.identity.as_list() != spec.expect:
             log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
                         os.getpid(), spec.path)
@@ -237,7 +238,7 @@ class Worker:
         """
         try:
             loaded = LoadedModel(self.spec.path, self.spec.model, self.spec.load, generation,
-                                 self.spec.threads)
+                                 self.spec.threads, self.spec.cache_dir)
         except (burnpack.BurnpackError, models.ModelError) as exc:
             return str(exc)
         if loaded.pack.identity.as_list() != expected:

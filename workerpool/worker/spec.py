@@ -70,6 +70,8 @@ class WorkerSpec:
         "help": "the supervisor's pid: exit at once if it is already gone"})
     threads: int | None = field(default=None, metadata={
         "help": "threads for numpy's BLAS and OpenMP pools"})  # None leaves the libraries' defaults
+    cache_dir: str | None = field(default=None, metadata={
+        "help": "where the model keeps what it prepares once per machine"})  # None: nothing
 
     def to_argv(self) -> list[str]:
         """The settings every worker is given, then those given only when set."""
