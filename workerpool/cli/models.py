@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 
 from .. import burnpack, models
 from ..units import format_size, parse_size
@@ -111,8 +112,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if done.model:
         from ..weights.reload import WeightsRefused, validate
 
-        try:
-            validate(args.destination, None)
-        except WeightsRefused as exc:
-            print(f"workerpool: warning: serve would refuse it: {exc}", file=sys.stderr)
+        # As serve builds it by default: an ONNX model on a prepacked copy, here a throwaway one.
+        with tempfile.TemporaryDirectory(prefix="workerpool-check-") as cache:
+            try:
+                validate(args.destination, None, cache)
+            except WeightsRefused as exc:
+                print(f"workerpool: warning: serve would refuse it: {exc}", file=sys.stderr)
     return 0

@@ -12,7 +12,10 @@ folder (:data:`PLACEHOLDER_FOLDER`) and sessions look for external data there; s
 initializer ever go unsupplied, reading the empty file fails loudly instead of reading other
 bytes. Integer initializers of at most :data:`INLINE_BYTES` (shapes, axes, indices) also keep their
 data in the graph: onnxruntime's shape inference reads their values while it loads the graph,
-before any supplied initializer is looked at. Which inputs index an embedding table directly
+before any supplied initializer is looked at. What the graph declares of each initializer is
+:data:`INITIALIZERS_KEY` (JSON: name to ``[dtype, shape]``, the dtype as numpy writes it), so
+that a worker refuses a file whose tensors do not fit its graph (onnxruntime would take them and
+fail every request) without parsing the graph. Which inputs index an embedding table directly
 (a ``Gather`` on an initializer fed by a graph input) is :data:`LOOKUPS_KEY` (JSON: input name
 to ``[table, axis]``), so that a worker checks token ids without parsing the graph. A tokenizer
 travels as ``bert``'s does; how token states become one embedding, as :data:`POOLING_KEY`
@@ -27,6 +30,7 @@ NAME = "onnx"  # the built-in model, named in the file's metadata workerpool.mod
 GRAPH_TENSOR = "workerpool.onnx.graph"
 POOLING_KEY = "workerpool.pooling"
 LOOKUPS_KEY = "workerpool.onnx.lookups"
+INITIALIZERS_KEY = "workerpool.onnx.initializers"
 INLINE_BYTES = 4096
 PLACEHOLDER = "onnx-initializer-placeholder"
 PLACEHOLDER_FOLDER = os.path.dirname(os.path.abspath(__file__))

@@ -30,7 +30,9 @@ encoder served by one worker (weights shared; 38 MiB USS idle), 24 texts of 502 
 it frees), +42 MiB with shrinkage, +5 MiB with shrinkage and the trim. Speed on a shared
 2-core machine: short requests 23-30 ms in every setting, 4096-token passes 1.15-1.56 s with
 shrinkage, 1.50-1.56 s with the default arena, 1.58-1.67 s without one; the trim costs 2-5 ms
-a request. Array requests keep the arena as it is.
+a request. Array passes run with shrinkage too, and the heap is trimmed after an array request
+only when the worker's private memory grew by :data:`TRIM_GROWTH` since the last trim, so that
+small requests do not pay for the trim.
 
 A pass that runs out of memory (``--max-worker-memory``, or the machine's) fails as a
 ``MemoryError``, and what the arena took for it is given back (see ``_recover_memory``): the
@@ -48,11 +50,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotAJSONObject, json_object
-from ..linux import release_free_memory
+from ..linux import private_resident, release_free_memory
+from ..units import MiB
 from . import onnx_prepared
 from .base import BuildOptions, ModelError, ModelInputError
 from .bert import CONFIG_KEY  # its hidden_size: the embedding's width, if the graph has none
-from .onnx_layout import GRAPH_TENSOR, LOOKUPS_KEY, NAME, PLACEHOLDER_FOLDER, POOLING_KEY
+from .onnx_layout import (
+    GRAPH_TENSOR,
+    INITIALIZERS_KEY,
+    LOOKUPS_KEY,
+    NAME,
+    PLACEHOLDER_FOLDER,
+    POOLING_KEY,
+)
 from .texts import TOKENIZER_KEY, Pooling, embed_texts, max_length, pooling_of, tokenizer
 
 log = logging.getLogger(__name__)
@@ -71,6 +81,7 @@ TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the first two
 STATES = "last_hidden_state"  # the token states texts are pooled from, else the first rank-3 output
 DEFAULT_MAX_LENGTH = 512  # tokens kept per text when the file names no max_seq_length (BERT's)
 SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
+TRIM_GROWTH = 32 * MiB  # private memory grown past the last trim's by this much is trimmed
 
 
 class OnnxModel:
@@ -87,9 +98,12 @@ class OnnxModel:
         graph = _graph_bytes(weights)
         import onnxruntime
 
-        # What onnxruntime raises for a request it cannot take.
-        self.refused = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
+        # What onnxruntime raises for a request it cannot take: an input it refuses, or a graph
+        # (one that built, on tensors that fit it) failing on this input.
+        state = onnxruntime.capi.onnxruntime_pybind11_state
+        self.refused, self.failed = state.InvalidArgument, (state.Fail, state.RuntimeException)
         views = {name: view for name, view in weights.items() if name != GRAPH_TENSOR}
+        _check_initializers(views, metadata)
         self.tensor_names = frozenset(weights)
         options = options or BuildOptions()
         threads = options.threads
@@ -98,9 +112,9 @@ class OnnxModel:
         if self.prepared is not None:
             prepared = self.prepared
             self.rebuild = lambda: _prepared_session(prepared, threads)
-        self.shrinking = onnxruntime.RunOptions()  # gives the arena back after the pass
+        self.shrinking = onnxruntime.RunOptions()  # gives the arena back after each pass
         self.shrinking.add_run_config_entry(*SHRINK_ARENA)
-        self.shrink_next = False  # after running out of memory on the prepacked copy
+        self.trimmed_at = private_resident()
         try:
             self.session, self.initializers = self.rebuild()
         except ModelError as exc:
@@ -130,7 +144,6 @@ class OnnxModel:
     def _take_texts(self, metadata: Mapping[str, str], outputs: list[Any]) -> None:
         """Texts are taken when the file carries a tokenizer and a pooling and the graph has
         integer text inputs and token states to pool (see the module)."""
-        import onnxruntime
 
         states = [arg for arg in outputs if len(arg.shape) == 3 and _dtype(arg).kind == "f"]
         states.sort(key=lambda arg: arg.name != STATES)
@@ -155,32 +168,34 @@ class OnnxModel:
                 return {"embedding": embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)}
             finally:
                 release_free_memory()
-        return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
+        try:
+            return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
+        finally:
+            if private_resident() > self.trimmed_at + TRIM_GROWTH:
+                release_free_memory()
+                self.trimmed_at = private_resident()
 
-    def _run(self, names: list[str], inputs: Mapping[str, np.ndarray], options: Any = None) -> list[Any]:
+    def _run(self, names: list[str], inputs: Mapping[str, np.ndarray]) -> list[Any]:
         self._check_axes(inputs)
         if self.session is None:  # building it again after running out of memory failed
             self._build_again()
-        if self.shrink_next:
-            options, self.shrink_next = self.shrinking, False
         try:
-            return list(self.session.run(names, dict(inputs), options))
+            return list(self.session.run(names, dict(inputs), self.shrinking))
         except self.refused as exc:
             raise ModelInputError(f"{NAME}: {_reason(exc)}") from None
-        except Exception as exc:  # noqa: BLE001 - onnxruntime's exceptions have no common base
+        except self.failed as exc:
             if not OUT_OF_MEMORY.search(str(exc)):
-                raise
+                raise ModelInputError(f"{NAME}: the graph cannot run on this input: {_reason(exc)}") from None
         self._recover_memory()
         raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request")
 
     def _recover_memory(self) -> None:
         """What the arena took for a pass that ran out of memory goes back: on the prepacked
-        copy, with the next pass (a session built again would map the copy again, over the
-        bound); on views, where packing each weight needs memory beside the arena, by building
-        the session again (or at the next request, if that fails too)."""
+        copy, as the next pass shrinks the arena (a session built again would map the copy
+        again, over the bound); on views, where packing each weight needs memory beside the
+        arena, by building the session again (or at the next request, if that fails too)."""
         release_free_memory()
         if self.prepared is not None:
-            self.shrink_next = True
             return
         self.session, self.initializers = None, {}  # the old arena goes before a new one is built
         release_free_memory()
@@ -199,7 +214,7 @@ class OnnxModel:
         """The token states of one chunk of tokenized texts, fed in the dtypes the graph takes."""
         given = dict(zip(TEXT_INPUTS, (ids, mask, types), strict=True))
         feeds = {name: given[name].astype(dtype, copy=False) for name, dtype in self.input_dtype.items()}
-        states: np.ndarray = self._run([self.states], feeds, self.shrinking)[0]
+        states: np.ndarray = self._run([self.states], feeds)[0]
         return states
 
     def _check_axes(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -243,6 +258,28 @@ def _width(dims: list[Any], metadata: Mapping[str, str]) -> int | None:
     except NotAJSONObject:
         return None
     return size if type(size) is int and size > 0 else None
+
+
+def _check_initializers(views: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+    """Refuse tensors of another dtype or shape than the graph declares for them (convert
+    wrote what it declares; files from before that are not checked)."""
+    if INITIALIZERS_KEY not in metadata:
+        return
+    try:
+        declared = json_object(metadata[INITIALIZERS_KEY])
+    except NotAJSONObject as exc:
+        raise ModelError(f"{NAME}: metadata {INITIALIZERS_KEY} is not a JSON object") from exc
+    for name, entry in declared.items():
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], list)):
+            raise ModelError(f"{NAME}: metadata {INITIALIZERS_KEY}: {name} is not [dtype, shape]")
+        view = views.get(name)
+        if view is None:
+            raise ModelError(f"{NAME}: onnxruntime cannot build the graph: its initializer {name} is "
+                             "missing from the file")
+        if entry != [view.dtype.str, list(view.shape)]:
+            raise ModelError(f"{NAME}: tensor {name} is {view.dtype.str} {list(view.shape)}, where the "
+                             f"graph declares {entry[0]} {entry[1]}")
 
 
 def _lookups(metadata: Mapping[str, str]) -> dict[str, tuple[str, int]]:

@@ -60,7 +60,10 @@ def onnx_tensors(path: str) -> tuple[Tensors, dict[str, str]]:
             _add_placeholder(graph, original, tensor)
     encoded = np.frombuffer(model.SerializeToString(), dtype=np.uint8)
     graph_tensor = burnpack.Deferred(dtypes.BY_NAME["U8"], encoded.shape, lambda: encoded)
-    return [(onnx_layout.GRAPH_TENSOR, graph_tensor), *tensors], _lookups(graph)
+    declared = {name: [np.dtype(getattr(tensor.dtype, "numpy", tensor.dtype)).str, list(tensor.shape)]
+                for name, tensor in tensors}
+    metadata = {**_lookups(graph), onnx_layout.INITIALIZERS_KEY: json.dumps(declared)}
+    return [(onnx_layout.GRAPH_TENSOR, graph_tensor), *tensors], metadata
 
 
 def _lookups(graph: Any) -> dict[str, str]:

@@ -265,7 +265,6 @@ class MemoryBound:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._inherited = resource.getrlimit(resource.RLIMIT_DATA)
-        self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
         _warm_up_blas()
         self.arm()
         private = self.private()
@@ -299,10 +298,8 @@ class MemoryBound:
             self._warn_if_over()
 
     def private(self) -> int:
-        """Resident private memory (RssAnon) in bytes: resident minus file-backed and shmem pages
-        in /proc/self/statm, which is cheap enough to read after every request."""
-        fields = os.pread(self._statm, 256, 0).split()
-        return (int(fields[1]) - int(fields[2])) * resource.getpagesize()
+        """Resident private memory (RssAnon) in bytes."""
+        return linux.private_resident()
 
 
 def _mapped_data() -> int:

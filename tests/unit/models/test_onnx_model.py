@@ -162,3 +162,19 @@ def test_what_onnxruntime_refuses_as_invalid_is_the_clients_error(tmp_path):
     model = served(tmp_path, onnx_graphs.embedding()).model
     with pytest.raises(ModelInputError, match=r"^onnx: Unexpected input data type\. Actual: \(tensor\(int32\)\)"):
         model({"ids": ids(1, 6).astype(np.int32), "mask": np.ones((1, 6), np.float32)})
+
+
+@pytest.mark.parametrize(("tensor", "changed", "message"), [
+    ("w1", lambda w: w.astype(np.float64), r"tensor w1 is <f8 \[16, 32\], where the graph declares <f4 \[16, 32\]"),
+    ("w1", lambda w: np.ascontiguousarray(w.T), r"tensor w1 is <f4 \[32, 16\], where the graph declares <f4 \[16, 32\]"),
+    ("b2", lambda b: b[:4], r"tensor b2 is <f4 \[4\], where the graph declares <f4 \[8\]"),
+])
+def test_tensors_that_do_not_fit_the_graph_are_refused(tmp_path, tensor, changed, message):
+    """onnxruntime takes a supplied initializer of another dtype or shape, then fails every
+    request; the file is refused when it is loaded instead."""
+    pack = burnpack.read(onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", onnx_graphs.mlp()))
+    tensors = {name: np.array(value) for name, value in pack.tensors.items()}
+    tensors[tensor] = changed(tensors[tensor])
+    burnpack.write(tmp_path / "bad.bpk", tensors, metadata=dict(pack.metadata))
+    with pytest.raises(ModelError, match=f"^onnx: {message}$"):
+        LoadedModel(str(tmp_path / "bad.bpk"), None, "mmap")

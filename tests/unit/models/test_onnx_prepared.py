@@ -9,10 +9,11 @@ import os
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from support import onnx_graphs, onnx_texts
 from test_onnx_model import CASES, assert_same, reference
 
-from workerpool.models import onnx_copier, onnx_prepared
+from workerpool.models import ModelError, onnx_copier, onnx_prepared
 from workerpool.models.loaded import LoadedModel
 
 
@@ -99,3 +100,20 @@ def test_a_copy_is_never_made_for_a_private_copy_of_the_weights(tmp_path):
     path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", onnx_graphs.mlp())
     model = LoadedModel(path, None, "copy", threads=1, cache_dir=str(tmp_path / "cache"))
     assert model.model.prepared is None and copies(tmp_path / "cache") == []
+
+
+def test_a_graph_that_folds_a_weight_is_served_from_the_copy(tmp_path):
+    """A Cast of a float16 weight before its MatMul: onnxruntime reads that weight while it
+    optimises, which on views means the empty placeholder; the copy was made from real data."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float16), "h")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["h"], ["hf"], to=TensorProto.FLOAT), helper.make_node("MatMul", ["x", "hf"], ["y"])],
+        "cast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", model)
+    with pytest.raises(ModelError, match="onnxruntime cannot build the graph"):
+        loaded(path, None)
+    feeds = {"x": np.ones((2, 16), np.float32)}
+    assert_same(loaded(path, tmp_path / "cache").infer(feeds), reference(model, feeds))

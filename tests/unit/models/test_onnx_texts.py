@@ -89,3 +89,15 @@ def test_an_unreadable_pooling_is_refused_when_the_model_is_built(tmp_path):
                    metadata={**pack.metadata, "workerpool.pooling": '{"mode": "sum"}'})
     with pytest.raises(ModelError, match="onnx: pooling .* is not"):
         served(str(tmp_path / "bad.bpk"))
+
+
+def test_arrays_the_graph_cannot_run_on_are_the_clients_error(tmp_path):
+    """Positions past the graph's table fail inside onnxruntime (not in a check of ours); that is
+    the request's fault, answered as such, and the model keeps answering."""
+    loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder()))
+
+    def ids(length: int) -> dict[str, np.ndarray]:
+        return {name: np.ones((2, length), np.int64) for name in ("input_ids", "attention_mask", "token_type_ids")}
+    with pytest.raises(ModelInputError, match=r"^onnx: the graph cannot run on this input: .*Add node.*32 by 40$"):
+        loaded.infer(ids(onnx_texts.POSITIONS + 8))
+    assert loaded.infer(ids(onnx_texts.POSITIONS))["last_hidden_state"].shape == (2, onnx_texts.POSITIONS, onnx_texts.HIDDEN)

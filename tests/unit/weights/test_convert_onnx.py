@@ -15,6 +15,7 @@ from workerpool import burnpack
 from workerpool.models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
 from workerpool.models.onnx_layout import (
     GRAPH_TENSOR,
+    INITIALIZERS_KEY,
     INLINE_BYTES,
     PLACEHOLDER,
     PLACEHOLDER_FOLDER,
@@ -97,10 +98,15 @@ def assert_holds(pack: burnpack.Burnpack, model: onnx.ModelProto, folder: Path |
         assert entries == {"location": PLACEHOLDER, "offset": "0", "length": str(original.nbytes)}
 
 
+def declared(model: onnx.ModelProto) -> str:
+    """What convert records of each initializer: its numpy dtype and shape, as the graph has them."""
+    return json.dumps({t.name: [numpy_helper.to_array(t).dtype.str, list(t.dims)] for t in model.graph.initializer})
+
+
 def test_an_mlp_keeps_every_initializer_and_runs_from_the_shared_tensors(tmp_path):
     pack = converted(mlp_model(), tmp_path)
     assert_holds(pack, mlp_model())
-    assert pack.metadata == {"workerpool.model": "onnx"}
+    assert dict(pack.metadata) == {"workerpool.model": "onnx", INITIALIZERS_KEY: declared(mlp_model())}
     options = ort.SessionOptions()  # as a worker builds it: the graph, and views of the mapping
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", PLACEHOLDER_FOLDER)
     values = {name: ort.OrtValue.ortvalue_from_numpy(np.asarray(pack.tensors[name])) for name in MLP_WEIGHTS}
@@ -213,7 +219,9 @@ def test_a_bare_folder_with_model_onnx_carries_only_what_it_has(tmp_path):
     onnx.save_model(mixed_model(), str(tmp_path / "bare" / "model.onnx"))
     convert(str(tmp_path / "bare"), str(tmp_path / "out.bpk"), metadata={"origin": "test"})
     pack = burnpack.read(tmp_path / "out.bpk")
-    assert pack.metadata == {"workerpool.model": "onnx", "origin": "test"}
+    views = {"ids": ["<i8", [3]], "table": ["<f2", [4, 3]], "flags": ["|b1", [2]], "scale": ["<f8", []],
+             "bf16": ["<u2", [2]]}  # bfloat16 is viewed as its bits
+    assert dict(pack.metadata) == {"workerpool.model": "onnx", "origin": "test", INITIALIZERS_KEY: json.dumps(views)}
     assert_holds(pack, mixed_model())
 
 
