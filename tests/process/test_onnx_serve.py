@@ -113,7 +113,9 @@ def test_a_client_gets_the_embeddings_of_texts(tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_an_onnx_file_published_over_another_is_served_with_no_failed_request(tmp_path):
+def test_an_onnx_file_published_over_another_is_served_with_no_failed_request(tmp_path, cache_dir):
+    """The new file is validated on views (the router does not wait for a prepacked copy); the
+    first worker of the new generation makes its copy, on which the new generation serves."""
     old, new = onnx_graphs.mlp(seed=0), onnx_graphs.mlp(seed=1)
     served = onnx_graphs.write_onnx_bpk(tmp_path / "served.bpk", old)
     incoming = onnx_graphs.write_onnx_bpk(tmp_path / "incoming.bpk", new)
@@ -137,6 +139,8 @@ def test_an_onnx_file_published_over_another_is_served_with_no_failed_request(tm
         done.set()
         answers = asking.join(60)
     assert {a.generation for a in answers} <= {1, 2} and answers[-1].generation == 2
+    made = [name for name in os.listdir(cache_dir / "onnx") if name.startswith("served.bpk-")]
+    assert len(made) == 2  # one copy for each generation's file
     for answer in answers:
         np.testing.assert_allclose(answer.outputs["y"], expected[answer.generation], rtol=1e-5, atol=1e-6)
 

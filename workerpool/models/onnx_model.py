@@ -23,16 +23,14 @@ from a sentence-transformers folder) and the graph's inputs are ``input_ids`` an
 pool: the rank-3 float output ``last_hidden_state``, else the first one. They are tokenized,
 run and pooled as :mod:`.texts` does, at most ``CHUNK_TOKENS`` tokens a pass, fed in the dtypes
 the graph declares. What a pass needed is then given back, so that a worker's private memory
-after long texts returns near its idle size: each text pass runs with the arena shrinkage run
-option, and the C heap is trimmed after each text request. Measured on a 4-layer, 384-wide
-encoder served by one worker (weights shared; 38 MiB USS idle), 24 texts of 502 tokens left
+after long texts returns near its idle size: each pass runs with the arena shrinkage run
+option, and the C heap is trimmed after a request that grew the worker by :data:`TRIM_GROWTH`.
+Measured on a 4-layer, 384-wide encoder served by one worker (weights shared; 38 MiB USS idle), 24 texts of 502 tokens left
 +90 MiB with the default arena, +110 MiB with ``enable_cpu_mem_arena = False`` (glibc keeps what
 it frees), +42 MiB with shrinkage, +5 MiB with shrinkage and the trim. Speed on a shared
 2-core machine: short requests 23-30 ms in every setting, 4096-token passes 1.15-1.56 s with
 shrinkage, 1.50-1.56 s with the default arena, 1.58-1.67 s without one; the trim costs 2-5 ms
-a request. Array passes run with shrinkage too, and the heap is trimmed after an array request
-only when the worker's private memory grew by :data:`TRIM_GROWTH` since the last trim, so that
-small requests do not pay for the trim.
+a request, which is why small requests skip it.
 
 A pass that runs out of memory (``--max-worker-memory``, or the machine's) fails as a
 ``MemoryError``, and what the arena took for it is given back (see ``_recover_memory``): the
@@ -81,7 +79,7 @@ TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the first two
 STATES = "last_hidden_state"  # the token states texts are pooled from, else the first rank-3 output
 DEFAULT_MAX_LENGTH = 512  # tokens kept per text when the file names no max_seq_length (BERT's)
 SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
-TRIM_GROWTH = 32 * MiB  # private memory grown past the last trim's by this much is trimmed
+TRIM_GROWTH = 8 * MiB  # private memory grown past the last trim's by this much is trimmed
 
 
 class OnnxModel:
@@ -105,25 +103,10 @@ class OnnxModel:
         views = {name: view for name, view in weights.items() if name != GRAPH_TENSOR}
         _check_initializers(views, metadata)
         self.tensor_names = frozenset(weights)
-        options = options or BuildOptions()
-        threads = options.threads
-        self.rebuild = lambda: _session(graph, views, threads)
-        self.prepared = _prepared_file(options)
-        if self.prepared is not None:
-            prepared = self.prepared
-            self.rebuild = lambda: _prepared_session(prepared, threads)
+        self._open(graph, views, options or BuildOptions())
         self.shrinking = onnxruntime.RunOptions()  # gives the arena back after each pass
         self.shrinking.add_run_config_entry(*SHRINK_ARENA)
         self.trimmed_at = private_resident()
-        try:
-            self.session, self.initializers = self.rebuild()
-        except ModelError as exc:
-            if self.prepared is None:
-                raise
-            log.warning("%s; serving %s without prepacking", exc, options.path)
-            onnx_prepared.forget(self.prepared)
-            self.prepared, self.rebuild = None, lambda: _session(graph, views, threads)
-            self.session, self.initializers = self.rebuild()
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
         self.input_dtype = {arg.name: _dtype(arg) for arg in inputs}
@@ -140,6 +123,24 @@ class OnnxModel:
                              if table in views and -views[table].ndim <= axis < views[table].ndim
                              and name in self.input_dtype and self.input_dtype[name].kind in "iu"}
         self._take_texts(metadata, outputs)
+
+    def _open(self, graph: bytes, views: Mapping[str, np.ndarray], options: BuildOptions) -> None:
+        """The session, on the prepacked copy (``prepared``, its model file) or on views (see
+        the module); ``rebuild`` builds it again the same way."""
+        threads = options.threads
+        self.prepared = _prepared_file(options)
+        if self.prepared is not None:
+            prepared = self.prepared
+            self.rebuild = lambda: _prepared_session(prepared, threads)
+            try:
+                self.session, self.initializers = self.rebuild()
+                return
+            except ModelError as exc:
+                log.warning("%s; serving %s without prepacking", exc, options.path)
+                onnx_prepared.forget(prepared)
+                self.prepared = None
+        self.rebuild = lambda: _session(graph, views, threads)
+        self.session, self.initializers = self.rebuild()
 
     def _take_texts(self, metadata: Mapping[str, str], outputs: list[Any]) -> None:
         """Texts are taken when the file carries a tokenizer and a pooling and the graph has
@@ -167,13 +168,18 @@ class OnnxModel:
             try:
                 return {"embedding": embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)}
             finally:
-                release_free_memory()
+                self._trim_if_grown()
         try:
             return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
         finally:
-            if private_resident() > self.trimmed_at + TRIM_GROWTH:
-                release_free_memory()
-                self.trimmed_at = private_resident()
+            self._trim_if_grown()
+
+    def _trim_if_grown(self) -> None:
+        """Give the heap back once a request grew the worker by :data:`TRIM_GROWTH`: a large
+        pass leaves that much free on it, a small one nothing worth the trim's milliseconds."""
+        if private_resident() > self.trimmed_at + TRIM_GROWTH:
+            release_free_memory()
+            self.trimmed_at = private_resident()
 
     def _run(self, names: list[str], inputs: Mapping[str, np.ndarray]) -> list[Any]:
         self._check_axes(inputs)
