@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,9 @@ def forget(model_file: str) -> None:
 def _prepared(cache_dir: str, path: str, identity: burnpack.FileIdentity) -> str:
     folder = os.path.join(cache_dir, "onnx")
     os.makedirs(folder, mode=0o700, exist_ok=True)
+    found = os.lstat(folder)  # a copy is code onnxruntime runs: nobody else may plant one
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
+        raise NotPrepared(f"{folder} must be a directory of uid {os.getuid()} that no one else can write to")
     name = os.path.basename(path)
     entry = os.path.join(folder, f"{name}-{_key(identity)}")
     model = os.path.join(entry, MODEL_FILE)
