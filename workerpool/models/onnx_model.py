@@ -25,12 +25,13 @@ run and pooled as :mod:`.texts` does, at most ``CHUNK_TOKENS`` tokens a pass, fe
 the graph declares. What a pass needed is then given back, so that a worker's private memory
 after long texts returns near its idle size: each pass runs with the arena shrinkage run
 option, and the C heap is trimmed after a request that grew the worker by :data:`TRIM_GROWTH`.
-Measured on a 4-layer, 384-wide encoder served by one worker (weights shared; 38 MiB USS idle), 24 texts of 502 tokens left
-+90 MiB with the default arena, +110 MiB with ``enable_cpu_mem_arena = False`` (glibc keeps what
-it frees), +42 MiB with shrinkage, +5 MiB with shrinkage and the trim. Speed on a shared
-2-core machine: short requests 23-30 ms in every setting, 4096-token passes 1.15-1.56 s with
-shrinkage, 1.50-1.56 s with the default arena, 1.58-1.67 s without one; the trim costs 2-5 ms
-a request, which is why small requests skip it.
+Measured on a 4-layer, 384-wide encoder served by one worker (weights shared; 38 MiB USS
+idle), 24 texts of 502 tokens left +90 MiB with the default arena, +110 MiB with
+``enable_cpu_mem_arena = False`` (glibc keeps what it frees), +42 MiB with shrinkage, +5 MiB
+with shrinkage and the trim. Speed on a shared 2-core machine: short requests 23-30 ms in
+every setting, 4096-token passes 1.15-1.56 s with shrinkage, 1.50-1.56 s with the default
+arena, 1.58-1.67 s without one; the trim costs 2-5 ms a request, which is why small requests
+skip it.
 
 A pass that runs out of memory (``--max-worker-memory``, or the machine's) fails as a
 ``MemoryError``, and what the arena took for it is given back (see ``_recover_memory``): the
