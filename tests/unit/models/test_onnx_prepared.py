@@ -62,7 +62,7 @@ def test_texts_on_the_copy_equal_onnxruntime_pooled(tmp_path):
 def test_a_new_file_at_the_path_gets_its_own_copy_and_old_ones_are_removed(tmp_path):
     path = tmp_path / "model.bpk"
     made = []
-    for seed in range(onnx_prepared.KEEP + 2):
+    for seed in range(onnx_prepared.KEEP + 1):
         incoming = onnx_graphs.write_onnx_bpk(tmp_path / "incoming.bpk", onnx_graphs.mlp(seed=seed))
         os.rename(incoming, path)  # a publish: a new inode at the served path
         made.append(os.path.basename(os.path.dirname(loaded(path, tmp_path / "cache").model.prepared)))
