@@ -110,12 +110,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     print(f"workerpool: wrote {args.destination}: {done.tensors} tensors, "
           f"{format_size(done.nbytes)}{model}")
     if done.model:
-        from ..weights.reload import WeightsRefused, validate
+        from ..weights.reload import WeightsRefused, validate_new
 
-        # As serve builds it by default: an ONNX model on a prepacked copy, here a throwaway one.
+        # As serve takes new weights: a model that needs what it prepares (an ONNX model that
+        # builds only on its prepacked copy) prepares it, here in a throwaway folder.
         with tempfile.TemporaryDirectory(prefix="workerpool-check-") as cache:
             try:
-                validate(args.destination, None, cache)
+                validate_new(args.destination, None, cache)
             except WeightsRefused as exc:
                 print(f"workerpool: warning: serve would refuse it: {exc}", file=sys.stderr)
     return 0

@@ -146,7 +146,6 @@ class OnnxModel:
     def _take_texts(self, metadata: Mapping[str, str], outputs: list[Any]) -> None:
         """Texts are taken when the file carries a tokenizer and a pooling and the graph has
         integer text inputs and token states to pool (see the module)."""
-
         states = [arg for arg in outputs if len(arg.shape) == 3 and _dtype(arg).kind == "f"]
         states.sort(key=lambda arg: arg.name != STATES)
         names = set(self.input_dtype)
@@ -163,14 +162,11 @@ class OnnxModel:
         self.text_output_dtype = np.float32
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | list[str]) -> dict[str, np.ndarray]:
-        if isinstance(inputs, list):
-            if not self.accepts_text:
-                raise ModelInputError(f"{NAME}: this graph takes no texts: send its arrays")
-            try:
-                return {"embedding": embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)}
-            finally:
-                self._trim_if_grown()
+        if isinstance(inputs, list) and not self.accepts_text:
+            raise ModelInputError(f"{NAME}: this graph takes no texts: send its arrays")
         try:
+            if isinstance(inputs, list):
+                return {"embedding": embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)}
             return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
         finally:
             self._trim_if_grown()
@@ -201,13 +197,12 @@ class OnnxModel:
         copy, as the next pass shrinks the arena (a session built again would map the copy
         again, over the bound); on views, where packing each weight needs memory beside the
         arena, by building the session again (or at the next request, if that fails too)."""
+        if self.prepared is None:
+            self.session, self.initializers = None, {}  # the old arena goes before a new one
         release_free_memory()
-        if self.prepared is not None:
-            return
-        self.session, self.initializers = None, {}  # the old arena goes before a new one is built
-        release_free_memory()
-        with contextlib.suppress(MemoryError):
-            self._build_again()
+        if self.prepared is None:
+            with contextlib.suppress(MemoryError):
+                self._build_again()
 
     def _build_again(self) -> None:
         try:
@@ -316,11 +311,7 @@ def _prepared_session(model_file: str, threads: int | None) -> tuple[Any, dict[s
     """A session on this machine's prepacked copy, which onnxruntime maps; already optimised."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.inter_op_num_threads = 1
-    options.intra_op_num_threads = threads or 0
-    options.log_severity_level = FATAL_ONLY
+    options = _options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     try:
         session = ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime's exceptions have no common base
@@ -334,14 +325,10 @@ def _session(graph: bytes, views: Mapping[str, np.ndarray],
     """The session, and the OrtValues over ``views``, by name, that must outlive it."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                      PLACEHOLDER_FOLDER)
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.inter_op_num_threads = 1
-    options.intra_op_num_threads = threads or 0
-    options.log_severity_level = FATAL_ONLY
     values = {name: ort.OrtValue.ortvalue_from_numpy(view) for name, view in views.items()}
     for name, value in values.items():
         options.add_initializer(name, value)
@@ -350,9 +337,20 @@ def _session(graph: bytes, views: Mapping[str, np.ndarray],
                                        disabled_optimizers=DISABLED_OPTIMIZERS)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's exceptions have no common base
         raise ModelError(f"{NAME}: onnxruntime cannot build the graph: {_reason(exc)}") from None
-    for arg in (*session.get_inputs(), *session.get_outputs()):
-        _dtype(arg)
     return session, values
+
+
+def _options(threads: int | None, level: Any) -> Any:
+    """What every session of a worker shares: the CPU provider's threads, one inter-op, the
+    intra-op ones its CPU budget (None: onnxruntime's default); only fatal errors logged."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = threads or 0
+    options.log_severity_level = FATAL_ONLY
+    return options
 
 
 def _dtype(arg: Any) -> np.dtype:

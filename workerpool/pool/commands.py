@@ -88,7 +88,7 @@ class ControlCommands:
         if os.path.dirname(os.path.realpath(path)) != served_dir:
             return {"error": f"check only looks at files in {served_dir}, the served file's directory"}
         try:
-            name, _, signature = reload.validate(path, current.model)
+            name, _, signature = reload.validate_new(path, current.model, self.role.config.cache_dir)
         except reload.WeightsRefused as exc:
             return {"error": str(exc)}
         mismatch = models.signature_mismatch(current.signature, signature)

@@ -48,6 +48,20 @@ def validate(path: str, model: str | None,
     return loaded.name, loaded.pack.identity, loaded.contract.info()
 
 
+def validate_new(path: str, model: str | None,
+                 cache_dir: str | None) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
+    """:func:`validate` for new weights, preparing nothing where it can: the router waits while
+    the supervisor validates, and the first worker of the new generation prepares what its
+    model needs (an ONNX model's prepacked copy) while the old generation serves. Only a model
+    that cannot be built without it is built with ``cache_dir``."""
+    try:
+        return validate(path, model)
+    except WeightsRefused:
+        if cache_dir is None:
+            raise
+    return validate(path, model, cache_dir)
+
+
 class Watcher:
     """Tracks the served file and decides when its content is a new, valid generation."""
 
@@ -62,18 +76,6 @@ class Watcher:
         self.problem: str | None = None
         self.last_reload: dict[str, Any] | None = None
         self.outcomes = {"accepted": 0, "refused": 0}  # new weights taken or refused, so far
-
-    def _validate_while_serving(self) -> tuple[str, burnpack.FileIdentity, dict[str, Any]]:
-        """New weights, checked without preparing anything: the router waits while the
-        supervisor validates, and the first worker of the new generation prepares what its
-        model needs (an ONNX model's prepacked copy) while the old generation serves. Only a
-        model that cannot be built without it is built with the cache folder here."""
-        try:
-            return validate(self.path, self.current.model)
-        except WeightsRefused:
-            if self.cache_dir is None:
-                raise
-        return validate(self.path, self.current.model, self.cache_dir)
 
     def check(self, trigger: str) -> str:
         """Look at the path now: ``unchanged``, ``refused`` or ``new`` (then ``current`` moved on)."""
@@ -100,7 +102,7 @@ class Watcher:
                         "crash with SIGBUS; publish new weights by rename (workerpool publish NEW.bpk %s)",
                         self.path, self.current.identity.size, identity.size, self.path)
         try:
-            name, validated, signature = self._validate_while_serving()
+            name, validated, signature = validate_new(self.path, self.current.model, self.cache_dir)
         except WeightsRefused as exc:
             self.problem = str(exc)
             return self._refuse(trigger, self.problem)
