@@ -137,7 +137,8 @@ class OnnxModel:
                 self.session, self.initializers = self.rebuild()
                 return
             except ModelError as exc:
-                log.warning("%s; serving %s without prepacking", exc, options.path)
+                log.warning("%s; this process serves %s without prepacking (the copy is removed, and "
+                            "made again by the next process that builds the model)", exc, options.path)
                 onnx_prepared.forget(prepared)
                 self.prepared = None
         self.rebuild = lambda: _session(graph, views, threads)

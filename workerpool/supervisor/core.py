@@ -66,7 +66,9 @@ class Supervisor:
     def run(self) -> int:
         raise_fd_limit()
         try:  # the file and the model, checked once before anything starts
-            self.watcher = reload.Watcher(self.config.path, self.config.model, self.config.cache_dir)
+            # A copy of the weights per worker (--load copy) prepares nothing to share.
+            cache_dir = self.config.cache_dir if self.config.load == "mmap" else None
+            self.watcher = reload.Watcher(self.config.path, self.config.model, cache_dir)
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
         self._check_memory_limit()
