@@ -20,8 +20,11 @@ import workerpool
 def fd_targets(pid: int) -> set[str]:
     """The files, pipes and sockets ``pid``'s descriptors above the standard streams point to
     (eventfds and epolls all show as the same anonymous inode: they cannot be told apart)."""
-    fds = [fd for fd in os.listdir(f"/proc/{pid}/fd") if int(fd) > 2]
-    targets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
+    targets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        if int(fd) > 2:
+            with contextlib.suppress(FileNotFoundError):  # closed since it was listed: not held
+                targets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
     return {target for target in targets if not target.startswith("anon_inode:")}
 
 
