@@ -29,7 +29,7 @@ LAYERS: list[dict[str, list[str]]] = [
     {"worker spec": ["workerpool.worker", "workerpool.worker.spec"]},
     {"weights": ["workerpool.weights"]},
     {"worker": ["workerpool.worker.main", "workerpool.worker.template", "workerpool.worker.child"],
-     "router": ["workerpool.router"]},
+     "router": ["workerpool.router"], "gateway": ["workerpool.gateway"]},
     {"supervisor": ["workerpool.supervisor"]},
     {"control server": ["workerpool.control.server"], "ops": ["workerpool.ops"]},
     {"pool": ["workerpool.pool"]},

@@ -84,7 +84,13 @@ class ServeConfig(PoolConfig):
     max_message_size: int | None = None  # None: sized to the model's input
     reload_timeout: float = RELOAD_TIMEOUT_SECONDS
     backend: str | None = None  # None: a private ipc socket
-    http: str | None = None  # HOST:PORT of the operations endpoint; None: none
+    http: str | None = None  # HOST:PORT of the HTTP front door; None: none
+    model_name: str | None = None  # None: the file's name without .bpk
+    http_processes: int = field("http_processes")
+    http_timeout: float = field("http_timeout")
+    http_token_file: str | None = None
+    http_cert: str | None = None
+    http_key: str | None = None
     server_keys: security.ServerKeys | None = None
 
 

@@ -214,11 +214,33 @@ _SERVE_SETTINGS = (
             doc="client connections served at once; more are closed as they arrive (lowered to fit a "
             "low open file limit)"),
     Setting("--http", commands=SERVE_ONLY, metavar="HOST:PORT",
-            help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here; a bare :PORT is "
-            "loopback (default: off)",
-            doc="serve `/metrics`, `/healthz` and `/readyz` here (`:PORT` alone is loopback); see "
-            "[Health, readiness and metrics](operations.md#health-readiness-and-metrics)",
+            help="serve HTTP here: KServe v2 inference (/v2/...), OpenAI embeddings (/v1/embeddings), "
+            "/metrics, /healthz and /readyz; a bare :PORT is loopback (default: off; needs "
+            "workerpool-mmap[http])",
+            doc="serve HTTP here (`:PORT` alone is loopback): the [KServe v2 and OpenAI routes](http.md) "
+            "and [`/metrics`, `/healthz`, `/readyz`](operations.md#health-readiness-and-metrics)",
             doc_default="off"),
+    Setting("--model-name", commands=SERVE_ONLY, metavar="NAME",
+            help="the model's name in HTTP URLs and OpenAI's 'model' (default: the weight file's name "
+            "without .bpk)",
+            doc="the model's name in `/v2/models/NAME` and OpenAI's `model`", doc_default="the file's name"),
+    Setting("--http-processes", commands=SERVE_ONLY, parse=values.positive_count, default=1,
+            metavar="N", help="gateway processes serving --http, sharing its port (default: %(default)s)",
+            doc="gateway processes serving `--http` on one port; each is a client of the router"),
+    Setting("--http-timeout", commands=SERVE_ONLY, parse=values.seconds, default=10.0, metavar="SECONDS",
+            help="how long an HTTP client may take to send a request's head, stay idle between "
+            "requests or pause within a body before it is closed (default: %(default)s)",
+            doc="how long an HTTP client may take to send a request's head, stay idle between requests "
+            "or pause within a body before its connection is closed"),
+    Setting("--http-token-file", commands=SERVE_ONLY, metavar="FILE",
+            help="require 'Authorization: Bearer TOKEN' on every HTTP route but the probes; the token "
+            "is this file's content (default: none)",
+            doc="a file holding the bearer token every HTTP route but the probes and `/metrics` needs"),
+    Setting("--http-cert", commands=SERVE_ONLY, metavar="FILE",
+            help="serve HTTPS with this certificate chain (PEM), with --http-key (default: plain HTTP)",
+            doc="HTTPS: the certificate chain, PEM (with `--http-key`)"),
+    Setting("--http-key", commands=SERVE_ONLY, metavar="FILE",
+            help="the private key of --http-cert (PEM)", doc="HTTPS: the private key, PEM"),
     Setting("--backend", commands=SERVE_ONLY, parse=values.bind_endpoint, metavar="ENDPOINT",
             help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on other hosts "
             "join (default: none; local workers always use a private ipc socket)",

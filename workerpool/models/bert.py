@@ -21,7 +21,15 @@ import numpy as np
 from ..errors import NotAJSONObject, json_object
 from .base import Model, ModelError, ModelInputError, require_tensor
 from .ops import gelu_float32
-from .texts import CHUNK_TOKENS, MEAN_NORMALIZED, TOKENIZER_KEY, embed_texts, max_length, tokenizer
+from .texts import (
+    CHUNK_TOKENS,
+    MEAN_NORMALIZED,
+    TOKENIZER_KEY,
+    embed_texts,
+    max_length,
+    text_outputs,
+    tokenizer,
+)
 from .texts import MAX_LENGTH_KEY as MAX_LENGTH_KEY  # where convert and the tests read it
 
 NAME = "bert"
@@ -36,12 +44,11 @@ class Bert(Model):
     name = NAME
     input_dtype = None  # named integer inputs or texts, checked here
     output_dtype = None
-    text_output_dtype = np.float32  # texts give {"embedding": [B, hidden]} (see __init__)
 
     def __init__(self, weights: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
         config = _config(metadata)
         self.hidden, self.heads = config["hidden_size"], config["num_attention_heads"]
-        self.text_output_shape = {"embedding": (None, self.hidden)}
+        self.text_output_shape, self.text_output_dtype = text_outputs(self.hidden)
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         layers = config["num_hidden_layers"]
 
@@ -74,7 +81,7 @@ class Bert(Model):
 
     def __call__(self, inputs: Any) -> Any:
         if isinstance(inputs, list):
-            return {"embedding": self._embed_texts(inputs)}
+            return self._embed_texts(inputs)
         ids, mask, types = self._arrays(inputs)
         states = self._encode(ids, mask, types)
         return {"embedding": MEAN_NORMALIZED(states, mask), "last_hidden_state": states}
@@ -84,7 +91,7 @@ class Bert(Model):
 
     # Inputs.
 
-    def _embed_texts(self, texts: Sequence[Any]) -> np.ndarray:
+    def _embed_texts(self, texts: Sequence[Any]) -> dict[str, np.ndarray]:
         if self.tokenizer is None:
             raise ModelInputError(f"{NAME}: this file carries no tokenizer: send input_ids and "
                                   "attention_mask")

@@ -62,7 +62,15 @@ from .onnx_layout import (
     PLACEHOLDER_FOLDER,
     POOLING_KEY,
 )
-from .texts import TOKENIZER_KEY, Pooling, embed_texts, max_length, pooling_of, tokenizer
+from .texts import (
+    TOKENIZER_KEY,
+    Pooling,
+    embed_texts,
+    max_length,
+    pooling_of,
+    text_outputs,
+    tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,15 +167,14 @@ class OnnxModel:
         self.pooling: Pooling = pooling_of(NAME, metadata[POOLING_KEY])
         length = max_length(NAME, metadata, DEFAULT_MAX_LENGTH)
         self.tokenizer = tokenizer(NAME, metadata[TOKENIZER_KEY], length)
-        self.text_output_shape = {"embedding": (None, _width(states[0].shape, metadata))}
-        self.text_output_dtype = np.float32
+        self.text_output_shape, self.text_output_dtype = text_outputs(_width(states[0].shape, metadata))
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | list[str]) -> dict[str, np.ndarray]:
         if isinstance(inputs, list) and not self.accepts_text:
             raise ModelInputError(f"{NAME}: this graph takes no texts: send its arrays")
         try:
             if isinstance(inputs, list):
-                return {"embedding": embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)}
+                return embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)
             return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
         finally:
             self._trim_if_grown()

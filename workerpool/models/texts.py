@@ -116,10 +116,12 @@ def _tokenizer(text: str, length: int) -> Any:
 
 
 def embed_texts(model: str, tokenizer: Any, texts: Sequence[Any], encode: Encoder,
-                pooling: Pooling) -> np.ndarray:
-    """Embeddings ``[len(texts), H]`` float32 of texts, shortest first in chunks of about
-    :data:`CHUNK_TOKENS` tokens, each padded only to its own longest text: a text costs what its
-    tokens cost, whatever the texts beside it, and its embedding does not depend on them."""
+                pooling: Pooling) -> dict[str, np.ndarray]:
+    """``embedding``, ``[len(texts), H]`` float32, and ``tokens``, ``[len(texts)]`` int32 (each
+    text's tokens after the cut, what usage is counted in), of texts. They run shortest first in
+    chunks of about :data:`CHUNK_TOKENS` tokens, each padded only to its own longest text: a text
+    costs what its tokens cost, whatever the texts beside it, and its embedding does not depend
+    on them."""
     if not texts or not all(isinstance(t, str) for t in texts):
         raise ModelInputError(f"{model}: texts must be a non-empty list of strings")
     try:
@@ -141,7 +143,14 @@ def embed_texts(model: str, tokenizer: Any, texts: Sequence[Any], encode: Encode
         embeddings[order[start:end]] = pooled
         start = end
     assert embeddings is not None
-    return embeddings
+    return {"embedding": embeddings, "tokens": np.array(lengths, np.int32)}
+
+
+def text_outputs(width: int | None) -> tuple[dict[str, tuple[int | None, ...]], dict[str, type]]:
+    """The shapes and dtypes a model that embeds texts declares for them (``width`` None:
+    unknown)."""
+    shapes: dict[str, tuple[int | None, ...]] = {"embedding": (None, width), "tokens": (None,)}
+    return shapes, {"embedding": np.float32, "tokens": np.int32}
 
 
 def _padded(chunk: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

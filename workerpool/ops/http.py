@@ -242,7 +242,7 @@ class OpsServer:
 
     def start(self) -> None:
         self._thread.start()
-        log.info("operations endpoint on %s (/metrics, /healthz, /readyz)", self.url)
+        log.debug("the supervisor's operations endpoint, for the HTTP gateways, on %s", self.url)
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -17,7 +17,7 @@ import resource
 import shutil
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
@@ -39,12 +39,16 @@ from ..units import KiB, MiB, format_size
 from ..worker.spec import WorkerSpec
 from .commands import ControlCommands
 
+if TYPE_CHECKING:
+    from .gateways import Gateways
+
 log = logging.getLogger(__name__)
 
 BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
 UNDECLARED_MESSAGE_SIZE = 64 * MiB
 STRAGGLER_LINGER_MS = 1000
 RESERVED_FDS = 64  # the supervisor's own: sockets, libzmq's internals, logs, the control socket
+GATEWAYS_SOCKET = "gateways.sock"  # the router's endpoint for this pool's HTTP gateways
 FDS_PER_WORKER = 4  # its pidfd, its backend connection and the pipes around starting it
 
 
@@ -88,27 +92,57 @@ class ServingRole:
         self.control_server = ControlServer(context, control_endpoint, self.commands.handlers())
         self.control_server.claim()
         self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
+        self.gateways: Gateways | None = None
         cleanup.callback(self._answer_stragglers)
         self.control_server.bind(pool.loop, cleanup)
         self.connections = ConnectionLimit(self.router.frontend, self._connection_cap())
         cleanup.callback(self.connections.close)
         self._read_sockets(pool.loop)
-        self.http_url = self._open_http(pool, cleanup) if self.config.http else None
+        self.http_url = self._open_http(pool, cleanup, private_dir) if self.config.http else None
 
-    def _open_http(self, pool: Supervisor, cleanup: ExitStack) -> str:
-        """The operations endpoint on its own thread (imported only when asked for)."""
+    def _open_http(self, pool: Supervisor, cleanup: ExitStack, private_dir: str) -> str:
+        """The HTTP front door: gateway processes on the --http socket, and the supervisor's
+        operations endpoint on loopback that answers their probes (imported only when asked for)."""
+        from ..gateway.spec import GatewaySpec
         from ..ops.http import OpsServer, Snapshots, parse_address
+        from .gateways import Gateways, bind
 
-        assert self.config.http is not None
+        config = self.config
+        assert config.http is not None
+        try:
+            host, port = parse_address(config.http)
+        except ValueError as exc:
+            raise StartupError(f"--http: {exc}") from exc
+        _check_http_files(config)
         snapshots = Snapshots(pool.loop, self._snapshot)
         try:
-            server = OpsServer(*parse_address(self.config.http), snapshots, self.config.path)
-        except (OSError, ValueError) as exc:
+            ops = OpsServer("127.0.0.1", 0, snapshots, config.path)
+        except OSError as exc:
             snapshots.close()
-            raise StartupError(f"cannot serve --http {self.config.http}: {exc}") from exc
-        server.start()
-        cleanup.callback(server.stop)
-        return server.url
+            raise StartupError(f"cannot start the operations endpoint: {exc}") from exc
+        ops.start()
+        cleanup.callback(ops.stop)
+        try:
+            sock = bind(host, port)
+        except OSError as exc:
+            raise StartupError(f"cannot serve --http {config.http}: {exc}") from exc
+        spec = GatewaySpec(
+            listen_fd=-1, router=f"ipc://{os.path.join(private_dir, GATEWAYS_SOCKET)}", routing_id="",
+            ops_url=ops.url, model_name=config.model_name or _model_name(config.path),
+            max_body=self.max_message_size, max_buffered=config.max_queue_bytes,
+            max_connections=self._connection_cap(), request_timeout=config.request_timeout,
+            client_timeout=config.http_timeout,
+            supervisor_pid=os.getpid(), log_level=config.log_level, token_file=config.http_token_file,
+            cert_file=config.http_cert, key_file=config.http_key)
+        self.gateways = Gateways(pool.loop, self.router.intake, sock, spec, config.http_processes)
+        self.gateways.start()
+        cleanup.callback(self.gateways.stop, self.router.frontend, self._answer_late)
+        scheme = "https" if config.http_cert else "http"
+        url = f"{scheme}://{host}:{sock.getsockname()[1]}"
+        log.info("HTTP on %s: KServe v2 at /v2/models/%s, OpenAI at /v1/embeddings, /metrics, /healthz, "
+                 "/readyz (%d gateway process%s)", url, spec.model_name, config.http_processes,
+                 "es" if config.http_processes > 1 else "")
+        return url
 
     def _snapshot(self) -> dict[str, Any]:
         """What a scrape reads, taken between two events of the loop."""
@@ -117,7 +151,14 @@ class ServingRole:
                 "queue_waits": router.stats.queue_waits.copy(), "run_times": router.stats.run_times.copy(),
                 "batch_rows": router.stats.batch_rows.copy(),
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
-                "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
+                "pids": list(pool.children), "helpers": self.helper_pids()}
+
+    def helper_pids(self) -> list[int]:
+        """The pool's processes that are not workers: the supervisor, its template, its gateways."""
+        return [os.getpid(), *self.pool.helper_pids(), *self.gateway_pids()]
+
+    def gateway_pids(self) -> list[int]:
+        return [] if self.gateways is None else self.gateways.pids()
 
     def _connection_cap(self) -> int:
         """--max-connections, lowered when the descriptor limit could not hold that many beside
@@ -140,9 +181,11 @@ class ServingRole:
                                f"--max-message-size {format_size(max_message_size)}: a worker could not "
                                "even receive the largest request")
         backend = f"ipc://{os.path.join(private_dir, 'backend.sock')}"  # local workers only
+        gateways = f"ipc://{os.path.join(private_dir, GATEWAYS_SOCKET)}" if config.http else None
+        self.max_message_size = max_message_size
         try:
             sockets = bind_sockets(
-                context, frontend=config.bind, backend=backend, remote_backend=config.backend,
+                context, frontend=config.bind, backend=backend, remote_backend=config.backend, gateways=gateways,
                 max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
                 secure=secure,
             )
@@ -197,10 +240,14 @@ class ServingRole:
     def _answer_stragglers(self) -> None:
         """At exit, answer requests that reached the socket after the last poll, and give the
         replies a moment to leave: every request that reached the router gets an answer."""
+        self._answer_late()
+        self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
+
+    def _answer_late(self) -> None:
+        """Answer ``shutting_down`` to what is on the client socket now."""
         self.router.stop_accepting()
         while readable(self.router.frontend):
             self.router.intake.on_readable()
-        self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
 
     def _duties(self) -> None:
         self.router.tick()
@@ -265,6 +312,32 @@ class ServingRole:
     def reload_failed(self, worker: WorkerRecord, why: str) -> None:
         self.switch_failure = (f"worker {worker.pid} could not switch to generation "
                                f"{self.pool.watcher.current.generation}: {why}")
+
+
+def _model_name(path: str) -> str:
+    name = os.path.basename(path)
+    return name[:-len(".bpk")] if name.endswith(".bpk") and len(name) > len(".bpk") else name
+
+
+def _check_http_files(config: ServeConfig) -> None:
+    """Fail the start, not every request, on a token, certificate or key that cannot be read."""
+    if (config.http_cert is None) != (config.http_key is None):
+        raise StartupError("--http-cert and --http-key go together")
+    for option, path in (("--http-token-file", config.http_token_file), ("--http-cert", config.http_cert),
+                         ("--http-key", config.http_key)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise StartupError(f"{option} {path}: cannot be read")
+    if config.http_token_file is not None:
+        with open(config.http_token_file, "rb") as file:
+            if not file.read().strip():
+                raise StartupError(f"--http-token-file {config.http_token_file} is empty")
+    if config.http_cert is not None:
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.http_cert, config.http_key)
+        except (ssl.SSLError, OSError) as exc:
+            raise StartupError(f"--http-cert/--http-key cannot be used: {exc}") from exc
 
 
 def default_max_message_size(signature: dict[str, Any]) -> int:

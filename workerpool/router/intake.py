@@ -18,6 +18,12 @@ pipelines thousands of requests cannot starve the others:
   request is. The newest go because the oldest have waited longest and are served next.
   Finding the biggest holder scans the clients, but only when a limit is reached.
 
+A gateway (the HTTP front door, a process this supervisor started) sends for many clients over
+one connection: its routing id is a secret the supervisor gave it, and it puts a lane (one HTTP
+connection) before the delimiter. Each lane is a client here, with its own line, its own
+share and its own quarantine, exactly as a ZeroMQ connection; a peer without a gateway's id
+that sends a lane gets ``bad_request``.
+
 Replies are sent without blocking: libzmq holds up to the socket's SNDHWM replies (1000 by
 default) for a client that does not read, then the router drops the rest, so a stalled client
 never delays anyone else; what it costs is those buffered replies.
@@ -49,6 +55,8 @@ EXPIRY_SCAN_INTERVAL = 0.01  # seconds between scans of the queue for passed dea
 SHARED_FRAME_MAX = 8 * KiB
 EVICTED = ("the queue is full and this client held the most of it: its newest request gave "
            "way to a client holding less than its share")
+GATEWAY_ID_BYTES = 16  # a gateway's routing id, which the supervisor made
+MAX_LANE_BYTES = 64
 COUNT = "count"  # the limits a full queue can be at
 BYTES = "bytes"
 
@@ -264,26 +272,35 @@ class Intake:
         self.queue = RequestQueue(max_queue, max_queue_bytes)
         self.accepting = True
         self.outcomes: Counter[str] = Counter()  # replies sent, by "ok" or error code
+        self.gateways: set[bytes] = set()  # the routing ids of this pool's gateways
 
     def on_readable(self) -> None:
         receive_batch(self.socket, self._accept)
 
     def _accept(self, frames: list[zmq.Frame]) -> None:
         client = frames[0].bytes
-        if len(frames) < 3 or frames[1].bytes != b"":
-            request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
+        start = 1  # the delimiter's place
+        if len(frames) > 2 and client in self.gateways and frames[1].bytes != b"":
+            lane = frames[1].bytes
+            if len(lane) > MAX_LANE_BYTES:
+                self.reply_error(client, None, "bad_request", f"a lane is at most {MAX_LANE_BYTES} bytes")
+                return
+            client, start = client + lane, 2
+        if len(frames) < start + 2 or frames[start].bytes != b"":
+            request_id = protocol.request_id_of(frames[start]) if len(frames) > start else None
             self.reply_error(client, request_id, "bad_request",
                              "a request is an empty delimiter frame, a JSON header frame, then array frames")
             return
+        header = frames[start + 1]
         if not self.accepting:
-            self.refuse(client, frames[2], "shutting_down", "the server is shutting down")
+            self.refuse(client, header, "shutting_down", "the server is shutting down")
             return
         size = sum(len(frame) for frame in frames)
         if size > self.max_message_size:  # libzmq's own limit is per frame
-            self.refuse(client, frames[2], "bad_request",
+            self.refuse(client, header, "bad_request",
                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
             return
-        pending = Pending(client, frames[2:], time.monotonic(), size=size)
+        pending = Pending(client, frames[start + 1:], time.monotonic(), size=size)
         if not self.dispatch(pending):
             self._wait(pending)
 
@@ -336,8 +353,11 @@ class Intake:
         self.send(client, protocol.encode_error(request_id, code, message))
 
     def send(self, client: bytes, frames: list[Any]) -> None:
+        gateway = client[:GATEWAY_ID_BYTES]
+        address = [gateway, client[GATEWAY_ID_BYTES:]] if len(client) > GATEWAY_ID_BYTES \
+            and gateway in self.gateways else [client]
         try:
-            send_parts(self.socket, [client, b"", *frames], NOBLOCK)
+            send_parts(self.socket, [*address, b"", *frames], NOBLOCK)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
             log.debug("reply to a vanished or stalled client dropped: %s", exc)
 

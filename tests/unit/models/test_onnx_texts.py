@@ -43,9 +43,10 @@ def test_info_lists_texts_and_the_graphs_arrays(tmp_path):
     info = loaded.describe()
     assert info["inputs"][0] == {"name": None, "dtype": "text", "shape": [None]}
     assert [entry["name"] for entry in info["inputs"][1:]] == ["input_ids", "attention_mask", "token_type_ids"]
-    *arrays, embedding = info["outputs"]
+    *arrays, embedding, tokens = info["outputs"]
     assert [entry["name"] for entry in arrays] == ["pooler_output", "last_hidden_state"]
     assert embedding == {"name": "embedding", "dtype": "<f4", "shape": [None, onnx_texts.HIDDEN]}
+    assert tokens == {"name": "tokens", "dtype": "<i4", "shape": [None]}
 
 
 def test_texts_of_several_requests_stacked_give_each_its_own_embeddings(tmp_path):

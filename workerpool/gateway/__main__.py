@@ -1,0 +1,7 @@
+"""``python -m workerpool.gateway``: see :mod:`.main`."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

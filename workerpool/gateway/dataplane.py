@@ -1,0 +1,173 @@
+"""What the HTTP routes ask of the pool, in no protocol's terms: the model's description,
+whether a name and version are served, and inference on arrays or texts.
+
+Like KServe's data plane it knows no transport: the REST adapters (``kserve``, ``openai``)
+turn requests into these calls and their results or errors into responses. Every call goes
+through the router as a ZeroMQ client's would (``upstream``), so it batches, queues, retries
+and drains exactly as theirs do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadRequest
+from ..protocol import messages as protocol
+from .upstream import RouterLink
+
+UNNAMED_INPUT = "input"  # what the protocols call the model's single unnamed input and output
+UNNAMED_OUTPUT = "output"
+TEXT = "text"
+DESCRIBING = b"describe"  # the lane the model's description is asked on
+
+
+class ModelNotFound(LookupError):
+    """No model of that name, or not that version, is served here."""
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One declared input or output: its name here, numpy dtype string (or ``"text"``), shape
+    with None for a free axis (None when undeclared), and the other dtypes it takes."""
+
+    name: str
+    dtype: str | None
+    shape: list[int | None] | None
+    also_accepted: tuple[str, ...] = ()
+    wire_name: str | None = None  # the name on the router's protocol; None for the unnamed one
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """The served model as the routes describe it: ``version`` is the generation."""
+
+    name: str
+    kind: str
+    version: int
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+
+    @property
+    def takes_texts(self) -> bool:
+        return any(tensor.dtype == TEXT for tensor in self.inputs)
+
+    @property
+    def array_inputs(self) -> list[Tensor]:
+        return [tensor for tensor in self.inputs if tensor.dtype != TEXT]
+
+    def input(self, name: str) -> Tensor:
+        for tensor in self.inputs:
+            if tensor.name == name:
+                return tensor
+        raise BadRequest(f"model {self.name!r} has no input {name!r}; its inputs are "
+                         f"{', '.join(repr(t.name) for t in self.inputs)}")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Outputs by name here, and which generation and worker gave them."""
+
+    outputs: dict[str, np.ndarray]
+    version: int | None
+    worker_pid: int | None
+
+
+class DataPlane:
+    """The pool behind one gateway, named ``model_name``."""
+
+    def __init__(self, link: RouterLink, model_name: str, *, request_timeout: float) -> None:
+        self.link = link
+        self.model_name = model_name
+        self.request_timeout = request_timeout
+        self._view: ModelView | None = None
+        self._asking: asyncio.Task[ModelView] | None = None
+
+    def start(self) -> None:
+        """Ask for the model's description now, so that no request waits for it."""
+        self._ask()
+
+    async def model(self, lane: bytes = DESCRIBING, *, fresh: bool = False) -> ModelView:
+        """The model's description, asked of a worker once per generation (one question at a
+        time, which every caller waits for)."""
+        if self._view is not None and not fresh:
+            return self._view
+        return await asyncio.shield(self._ask())
+
+    def _ask(self) -> asyncio.Task[ModelView]:
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.create_task(self._describe())
+            self._asking.add_done_callback(_retrieved)  # a failure is the next caller's to see
+        return self._asking
+
+    async def _describe(self) -> ModelView:
+        reply = await self.link.call(DESCRIBING, method=protocol.METHOD_INFO, deadline=self.request_timeout,
+                                     patience=2 * self.request_timeout)
+        self._view = _view(self.model_name, reply.header.get("info") or {}, reply.header.get("generation"))
+        return self._view
+
+    async def resolve(self, name: str, version: str | None = None) -> ModelView:
+        """The model if ``name`` (and ``version``, when given) is what is served; else
+        ``ModelNotFound``. A version newer than the one known is looked up once more."""
+        if name != self.model_name:
+            raise ModelNotFound(f"no model named {name!r} is served here; this server serves "
+                                f"{self.model_name!r}")
+        view = await self.model()
+        if version is not None and version != str(view.version):
+            if version.isdigit() and int(version) > view.version:
+                view = await self.model(fresh=True)
+            if version != str(view.version):
+                raise ModelNotFound(f"model {name!r} serves version {view.version}, not {version!r}")
+        return view
+
+    async def infer(self, lane: bytes, view: ModelView, inputs: Mapping[str, np.ndarray] | list[str], *,
+                    deadline: float | None) -> Answer:
+        """Run the model on named arrays (names as ``view`` gives them) or on texts."""
+        budget = self.request_timeout if deadline is None else deadline
+        if isinstance(inputs, list):
+            reply = await self.link.call(lane, method=protocol.METHOD_INFER, text=inputs, deadline=budget,
+                                         patience=budget + self.request_timeout)
+        else:
+            descriptors, buffers = protocol.pack_arrays(_wire_inputs(view, inputs))
+            reply = await self.link.call(lane, method=protocol.METHOD_INFER, descriptors=descriptors,
+                                         arrays=buffers, deadline=budget,
+                                         patience=budget + self.request_timeout)
+        generation = reply.header.get("generation")
+        if isinstance(generation, int) and generation > view.version and self._view is view:
+            self._ask()  # a newer generation answered: describe it afresh
+        outputs = {name or UNNAMED_OUTPUT: array for name, array in zip(reply.names, reply.arrays, strict=True)}
+        return Answer(outputs, generation if isinstance(generation, int) else None, reply.header.get("worker_pid"))
+
+
+def _retrieved(task: asyncio.Task[ModelView]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _wire_inputs(view: ModelView, inputs: Mapping[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
+    """The arrays as the router's protocol takes them: the unnamed one alone, others by name."""
+    unknown = sorted(set(inputs) - {tensor.name for tensor in view.inputs})
+    if unknown:
+        view.input(unknown[0])  # raises, naming the inputs there are
+    if len(inputs) == 1:
+        (name, array), = inputs.items()
+        if view.input(name).wire_name is None:
+            return array
+    return {view.input(name).wire_name or name: array for name, array in inputs.items()}
+
+
+def _view(name: str, info: Mapping[str, Any], generation: Any) -> ModelView:
+    def tensors(entries: Any, unnamed: str) -> list[Tensor]:
+        found = []
+        for entry in entries if isinstance(entries, list) else []:
+            wire = entry.get("name")
+            found.append(Tensor(wire or unnamed, entry.get("dtype"), entry.get("shape"),
+                                tuple(entry.get("also_accepted") or ()), wire))
+        return found
+
+    return ModelView(name, str(info.get("model", "")), generation if isinstance(generation, int) else 0,
+                     tensors(info.get("inputs"), UNNAMED_INPUT), tensors(info.get("outputs"), UNNAMED_OUTPUT))
