@@ -6,7 +6,9 @@ standing in for systemd.
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import shutil
 import signal
 import socket
@@ -15,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 
+import kubernetes_validate
 import numpy as np
 import pytest
 import yaml
@@ -28,7 +31,10 @@ from support.sockets import free_backend, free_port
 from support.status import pool_ready
 
 import workerpool
+from workerpool.cli.main import build_parser
 from workerpool.weights.publish import publish
+
+KUBERNETES = "1.33.0"  # the schema version the manifests are checked against
 
 
 def get(url: str) -> tuple[int, str]:
@@ -209,22 +215,55 @@ def test_json_logs_are_one_object_per_line(small_model):
     assert not any("lost" in e["message"] for e in entries)  # a normal stop is no loss
 
 
-def test_deployment_examples_parse_and_follow_the_readme():
+def _validated(document: dict) -> None:
+    """Against the Kubernetes schemas, offline; a KServe resource's containers as a Pod's."""
+    if document["apiVersion"].startswith("serving.kserve.io/"):
+        spec = document["spec"]
+        containers = spec.get("containers") or []
+        if containers:
+            kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"},
+                                          "spec": {"containers": containers}}, KUBERNETES, strict=True)
+        return
+    kubernetes_validate.validate(document, KUBERNETES, strict=True)
+
+
+def _serve_accepts(args: list[str]) -> argparse.Namespace:
+    """``serve`` parses the container's arguments (a KServe placeholder stands for a name)."""
+    parsed = build_parser().parse_args(["serve", *[a.replace("{{.Name}}", "model") for a in args]])
+    assert parsed.path.endswith(".bpk")
+    return parsed
+
+
+def test_deployment_examples_are_valid_kubernetes_and_use_what_serve_accepts():
     deploy = ROOT / "deploy"
-    for path in deploy.glob("kubernetes/*.yaml"):
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
-        assert documents and all("kind" in d for d in documents)
-    pool = list(yaml.safe_load_all((deploy / "kubernetes" / "pool.yaml").read_text()))
-    deployment = next(d for d in pool if d["kind"] == "Deployment")
+    documents = {path.name: [d for d in yaml.safe_load_all(path.read_text()) if d]
+                 for path in deploy.glob("kubernetes/*.yaml")}
+    for found in documents.values():
+        for document in found:
+            _validated(document)
+    deployment = next(d for d in documents["pool.yaml"] if d["kind"] == "Deployment")
     spec = deployment["spec"]["template"]["spec"]
     container = spec["containers"][0]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    graceful = float(container["args"][container["args"].index("--graceful-timeout") + 1])
-    assert spec["terminationGracePeriodSeconds"] > graceful
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    parsed = _serve_accepts(container["args"])
+    assert spec["terminationGracePeriodSeconds"] > parsed.graceful_timeout
+    http_port = int(re.search(r"WORKERPOOL_HTTP=\S*:(\d+)", (deploy / "Dockerfile").read_text()).group(1))
+    assert {"name": "http", "containerPort": http_port} in container["ports"]
+    runtime = next(d for d in documents["kserve.yaml"] if d["kind"] == "ServingRuntime")
+    assert runtime["spec"]["protocolVersions"] == ["v2"]
+    served = runtime["spec"]["containers"][0]
+    parsed = _serve_accepts(served["args"])
+    port = int(parsed.http.rpartition(":")[2])
+    assert served["ports"] == [{"containerPort": port, "protocol": "TCP"}]
+    assert served["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": port}
+    service = next(d for d in documents["kserve.yaml"] if d["kind"] == "InferenceService")
+    model = service["spec"]["predictor"]["model"]
+    assert (model["runtime"], model["protocolVersion"]) == (runtime["metadata"]["name"], "v2")
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     unit = (deploy / "workerpool.service").read_text()
     assert "Type=notify" in unit and "ExecReload=/bin/kill -HUP $MAINPID" in unit
-    readme_install = "python3 -m pip install ."
+    readme_install = "python3 -m pip install '.[http]'"
     assert readme_install in (ROOT / "README.md").read_text()
     assert f"RUN {readme_install}" in (deploy / "Dockerfile").read_text()
 

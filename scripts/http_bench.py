@@ -1,0 +1,159 @@
+"""The HTTP front door against the ZeroMQ client and gunicorn ``--preload``, same run, same model.
+
+One pool (``workerpool serve --http``, 2 workers, a 4 MiB ``mlp``, one-row float32 requests) is
+driven by wrk over keep-alive connections with binary KServe v2 bodies, and by the ZeroMQ
+client (``bench.drive``) on the same pool; ``gunicorn --preload`` (``compare_app``, gthread
+workers, keep-alive, the same BLAS budget) is driven by wrk with the same row as raw bytes.
+Each round runs the three in turn, the order rotating; the table gives the medians of the
+rounds at 1, 16 and 64 connections (requests in flight for the ZeroMQ client), and any answer
+that was not 200.
+
+    python3 -m pip install -e '.[http,compare]'   # and wrk: apt-get install wrk
+    python3 scripts/http_bench.py [--rounds 3] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+
+from bench import drive, load_average, scratch_run, warm_workerpool
+from compare import Load
+from compare_gunicorn import gunicorn_server
+
+from workerpool.pool.launcher import ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
+
+LEVELS = (1, 16, 64)
+UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def wrk_script(path: str, body: bytes, headers: dict[str, str]) -> str:
+    """A wrk Lua script that POSTs ``body`` (kept in a file beside it) with ``headers``."""
+    with open(path + ".body", "wb") as file:
+        file.write(body)
+    lines = [f'local f = io.open("{path}.body", "rb"); wrk.body = f:read("*all"); f:close()',
+             'wrk.method = "POST"']
+    lines += [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
+    with open(path, "w") as file:
+        file.write("\n".join(lines) + "\n")
+    return path
+
+
+def run_wrk(url: str, script: str, connections: int, seconds: float) -> dict[str, float]:
+    done = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", script, "--latency", url],
+                          capture_output=True, text=True, check=True)
+    out = done.stdout
+
+    def latency(percent: str) -> float:
+        value, unit = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s)$", out, re.M).groups()
+        return float(value) * UNITS[unit]
+
+    failed = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50_us": latency("50"), "p99_us": latency("99"),
+            "failed": int(failed.group(1)) if failed else 0, "socket_errors": errors.group(1) if errors else ""}
+
+
+def kserve_body(row) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps({"inputs": [{"name": "input", "shape": list(row.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": row.nbytes}}],
+                       "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}).encode()
+    return head + row.tobytes(), {"Content-Type": "application/octet-stream",
+                                  "Inference-Header-Content-Length": str(len(head))}
+
+
+@contextlib.contextmanager
+def pool(load: Load, port: int) -> Iterator[ServerProcess]:
+    args = serve_args(load.model, load.workers, "--http", f"127.0.0.1:{port}", "--model-name", "mlp",
+                      "--threads-per-worker", str(load.blas_threads),
+                      "--control", f"ipc://{load.directory}/control.sock", "--log-level", "warning")
+    with ServerProcess(args, log_path=os.path.join(load.directory, "workerpool.log")) as server:
+        warm_workerpool(server.endpoint, protocol.encode_request(0, load.row), load.workers)
+        yield server
+
+
+def run_pool(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, list[dict]]:
+    port = free_port()
+    with pool(load, port) as server:
+        url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
+        run_wrk(url, scripts["kserve"], 16, 1)  # warm the gateway and its connections
+        http, zmq = [], []
+        for k in LEVELS:
+            http.append(run_wrk(url, scripts["kserve"], k, seconds))
+            zmq.append(drive(server.endpoint, protocol.encode_request(0, load.row), k, seconds))
+    return {"http": http, "zmq": zmq}
+
+
+def run_gunicorn(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, list[dict]]:
+    with gunicorn_server(load) as (_, port):
+        url = f"http://127.0.0.1:{port}/"
+        run_wrk(url, scripts["raw"], 16, 1)
+        return {"gunicorn": [run_wrk(url, scripts["raw"], k, seconds) for k in LEVELS]}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def median_of(runs: list[list[dict]], index: int, key: str) -> float:
+    return statistics.median(run[index][key] for run in runs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("http_bench: needs wrk (apt-get install wrk)")
+    with scratch_run("http_bench", 4 * 1024 * 1024) as scratch:
+        row = scratch.row
+        load = Load(model=scratch.model, workers=2, blas_threads=1, gthreads=4, row=row, levels=list(LEVELS),
+                    seconds=args.seconds, directory=scratch.directory)
+        body, headers = kserve_body(row)
+        scripts = {"kserve": wrk_script(os.path.join(scratch.directory, "kserve.lua"), body, headers),
+                   "raw": wrk_script(os.path.join(scratch.directory, "raw.lua"), row.tobytes(),
+                                     {"Content-Type": "application/octet-stream"})}
+        runs: dict[str, list[list[dict]]] = {"http": [], "zmq": [], "gunicorn": []}
+        before = scratch.start_load
+        for round_number in range(args.rounds):
+            order = [run_pool, run_gunicorn] if round_number % 2 == 0 else [run_gunicorn, run_pool]
+            for run in order:
+                for name, levels in run(load, scripts, args.seconds).items():
+                    runs[name].append(levels)
+        after = load_average()
+    print(f"4 MiB mlp, 2 workers, one-row float32 requests; {args.rounds} rounds of {args.seconds:g} s per "
+          f"level, medians; load average {before} before, {after} after\n")
+    print("| connections | HTTP (KServe v2, binary): req/s, p50, p99 | ZeroMQ client | gunicorn --preload "
+          "| HTTP ÷ gunicorn: req/s, p50 | HTTP ÷ ZeroMQ: req/s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for index, k in enumerate(LEVELS):
+        cells = {}
+        for name in runs:
+            rps, p50, p99 = (median_of(runs[name], index, key) for key in ("rps", "p50_us", "p99_us"))
+            cells[name] = (rps, p50, p99)
+        text = {name: f"{rps:.0f}, {p50 / 1e3:.2f} ms, {p99 / 1e3:.2f} ms" for name, (rps, p50, p99) in cells.items()}
+        print(f"| {k} | {text['http']} | {text['zmq']} | {text['gunicorn']} | "
+              f"{cells['http'][0] / cells['gunicorn'][0]:.2f}x, {cells['http'][1] / cells['gunicorn'][1]:.2f}x | "
+              f"{cells['http'][0] / cells['zmq'][0]:.2f}x |")
+    failed = {name: sum(level.get("failed", 0) for run in runs[name] for level in run) for name in ("http", "gunicorn")}
+    print(f"\nanswers other than 200: HTTP {failed['http']}, gunicorn {failed['gunicorn']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
