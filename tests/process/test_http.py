@@ -8,11 +8,9 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
 import signal
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -240,10 +238,9 @@ def test_queue_limits_deadlines_and_draining_answer_429_504_and_503(small_model)
         assert call(address, "GET", "/v2/health/ready")[0] == 503
         assert held.join(10).outputs[0, 0] == -6.0 and queued.join(10).outputs[0, 0] == -0.2
         assert server.proc.wait(20) == 0
-        assert "HTTP gateway" not in server.log()  # each stopped when asked, none was killed
 
 
-def test_a_token_guards_every_route_but_the_probes_and_curve_keeps_the_gateway_in(small_model, tmp_path):
+def test_a_token_guards_every_route_but_the_probes_with_curve_on_the_zeromq_side(small_model, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
     keys = CurveKeys(tmp_path / "keys")
@@ -261,7 +258,7 @@ def test_a_token_guards_every_route_but_the_probes_and_curve_keeps_the_gateway_i
         assert allowed[0] == 200 and len(json.loads(allowed[2])["outputs"][0]["data"]) == 10
 
 
-def test_no_request_is_lost_or_wrong_across_a_reload_a_killed_gateway_and_ttin_ttou(small_model, tmp_path):
+def test_no_request_is_lost_or_wrong_across_a_reload_and_ttin_ttou(small_model, tmp_path):
     model, newer = tmp_path / "model.bpk", tmp_path / "newer.bpk"
     publish(small_model, str(model))
     models.generate_mlp(newer, 1024 * 1024, seed=2)
@@ -280,10 +277,9 @@ def test_no_request_is_lost_or_wrong_across_a_reload_a_killed_gateway_and_ttin_t
                 conn.request("POST", "/v2/models/mlp/infer", body, {"Inference-Header-Content-Length": length})
                 reply = conn.getresponse()
                 data, head = reply.read(), reply.getheader("Inference-Header-Content-Length")
-            except (ConnectionError, http.client.HTTPException):  # the killed gateway's connection
-                conn.close()
-                conn = http.client.HTTPConnection(host, int(port), timeout=30)
-                continue
+            except (ConnectionError, http.client.HTTPException) as exc:
+                answers.append((0, repr(exc), None))
+                break
             if reply.status != 200:
                 answers.append((reply.status, data.decode(), None))
                 continue
@@ -304,9 +300,6 @@ def test_no_request_is_lost_or_wrong_across_a_reload_a_killed_gateway_and_ttin_t
             server.wait_for(lambda s: sum(w["state"] == "ready" for w in s["workers"]) == 2)
             server.signal(signal.SIGTTOU)
             server.wait_for(lambda s: len(s["workers"]) == 1)
-            killed = server.status(memory=False)["gateways"][0]["pid"]
-            os.kill(killed, signal.SIGKILL)
-            server.wait_for(lambda s: [g["pid"] for g in s["gateways"]] not in ([], [killed]))
             after = len(answers) + 20
             server.wait_for(lambda s: len(answers) >= after)
         finally:

@@ -29,9 +29,10 @@ LAYERS: list[dict[str, list[str]]] = [
     {"worker spec": ["workerpool.worker", "workerpool.worker.spec"]},
     {"weights": ["workerpool.weights"]},
     {"worker": ["workerpool.worker.main", "workerpool.worker.template", "workerpool.worker.child"],
-     "router": ["workerpool.router"], "gateway": ["workerpool.gateway"]},
+     "router": ["workerpool.router"]},
     {"supervisor": ["workerpool.supervisor"]},
-    {"control server": ["workerpool.control.server"], "ops": ["workerpool.ops"]},
+    {"control server": ["workerpool.control.server"], "ops": ["workerpool.ops"],
+     "gateway": ["workerpool.gateway"]},
     {"pool": ["workerpool.pool"]},
     {"cli": ["workerpool.cli", "workerpool.command", "workerpool.__main__"]},
 ]

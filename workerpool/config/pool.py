@@ -86,7 +86,6 @@ class ServeConfig(PoolConfig):
     backend: str | None = None  # None: a private ipc socket
     http: str | None = None  # HOST:PORT of the HTTP front door; None: none
     model_name: str | None = None  # None: the file's name without .bpk
-    http_processes: int = field("http_processes")
     http_timeout: float = field("http_timeout")
     http_token_file: str | None = None
     http_cert: str | None = None

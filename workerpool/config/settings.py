@@ -224,9 +224,6 @@ _SERVE_SETTINGS = (
             help="the model's name in HTTP URLs and OpenAI's 'model' (default: the weight file's name "
             "without .bpk)",
             doc="the model's name in `/v2/models/NAME` and OpenAI's `model`", doc_default="the file's name"),
-    Setting("--http-processes", commands=SERVE_ONLY, parse=values.positive_count, default=1,
-            metavar="N", help="gateway processes serving --http, sharing its port (default: %(default)s)",
-            doc="gateway processes serving `--http` on one port; each is a client of the router"),
     Setting("--http-timeout", commands=SERVE_ONLY, parse=values.seconds, default=10.0, metavar="SECONDS",
             help="how long an HTTP client may take to send a request's head, stay idle between "
             "requests or pause within a body before it is closed (default: %(default)s)",

@@ -66,11 +66,6 @@ class TemplateStatus(TypedDict):
     memory: MemoryFigures | None
 
 
-class GatewayStatus(TypedDict):
-    pid: int
-    memory: MemoryFigures | None
-
-
 class Status(TypedDict):
     supervisor_pid: int
     draining: bool  # stopping: new requests are refused
@@ -78,7 +73,6 @@ class Status(TypedDict):
     template: TemplateStatus | None  # None: workers are spawned (--start spawn)
     endpoint: str
     http: str | None  # the HTTP front door's URL, if --http was given
-    gateways: list[GatewayStatus]  # its processes
     threads_per_worker: int  # each worker's BLAS/OpenMP threads
     model: ModelStatus
     queue: QueueStatus

@@ -9,8 +9,7 @@ and drains exactly as theirs do.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,6 @@ from .upstream import RouterLink
 UNNAMED_INPUT = "input"  # what the protocols call the model's single unnamed input and output
 UNNAMED_OUTPUT = "output"
 TEXT = "text"
-DESCRIBING = b"describe"  # the lane the model's description is asked on
 
 
 class ModelNotFound(LookupError):
@@ -77,51 +75,37 @@ class Answer:
     worker_pid: int | None
 
 
-class DataPlane:
-    """The pool behind one gateway, named ``model_name``."""
+Describe = Callable[[], tuple[Mapping[str, Any], int]]
 
-    def __init__(self, link: RouterLink, model_name: str, *, request_timeout: float) -> None:
+
+class DataPlane:
+    """The pool behind the front door, named ``model_name``; ``describe`` gives the served
+    model's signature (inputs, outputs, as ``info`` has them) and its generation, as the
+    supervisor knows them: describing the model costs no request."""
+
+    def __init__(self, link: RouterLink, model_name: str, describe: Describe, *, request_timeout: float) -> None:
         self.link = link
         self.model_name = model_name
         self.request_timeout = request_timeout
+        self._describe = describe
         self._view: ModelView | None = None
-        self._asking: asyncio.Task[ModelView] | None = None
 
-    def start(self) -> None:
-        """Ask for the model's description now, so that no request waits for it."""
-        self._ask()
+    def model(self) -> ModelView:
+        signature, generation = self._describe()
+        view = self._view
+        if view is None or view.version != generation:
+            view = self._view = _view(self.model_name, signature, generation)
+        return view
 
-    async def model(self, lane: bytes = DESCRIBING, *, fresh: bool = False) -> ModelView:
-        """The model's description, asked of a worker once per generation (one question at a
-        time, which every caller waits for)."""
-        if self._view is not None and not fresh:
-            return self._view
-        return await asyncio.shield(self._ask())
-
-    def _ask(self) -> asyncio.Task[ModelView]:
-        if self._asking is None or self._asking.done():
-            self._asking = asyncio.create_task(self._describe())
-            self._asking.add_done_callback(_retrieved)  # a failure is the next caller's to see
-        return self._asking
-
-    async def _describe(self) -> ModelView:
-        reply = await self.link.call(DESCRIBING, method=protocol.METHOD_INFO, deadline=self.request_timeout,
-                                     patience=2 * self.request_timeout)
-        self._view = _view(self.model_name, reply.header.get("info") or {}, reply.header.get("generation"))
-        return self._view
-
-    async def resolve(self, name: str, version: str | None = None) -> ModelView:
+    def resolve(self, name: str, version: str | None = None) -> ModelView:
         """The model if ``name`` (and ``version``, when given) is what is served; else
-        ``ModelNotFound``. A version newer than the one known is looked up once more."""
+        ``ModelNotFound``."""
         if name != self.model_name:
             raise ModelNotFound(f"no model named {name!r} is served here; this server serves "
                                 f"{self.model_name!r}")
-        view = await self.model()
+        view = self.model()
         if version is not None and version != str(view.version):
-            if version.isdigit() and int(version) > view.version:
-                view = await self.model(fresh=True)
-            if version != str(view.version):
-                raise ModelNotFound(f"model {name!r} serves version {view.version}, not {version!r}")
+            raise ModelNotFound(f"model {name!r} serves version {view.version}, not {version!r}")
         return view
 
     async def infer(self, lane: bytes, view: ModelView, inputs: Mapping[str, np.ndarray] | list[str], *,
@@ -137,15 +121,8 @@ class DataPlane:
                                          arrays=buffers, deadline=budget,
                                          patience=budget + self.request_timeout)
         generation = reply.header.get("generation")
-        if isinstance(generation, int) and generation > view.version and self._view is view:
-            self._ask()  # a newer generation answered: describe it afresh
         outputs = {name or UNNAMED_OUTPUT: array for name, array in zip(reply.names, reply.arrays, strict=True)}
         return Answer(outputs, generation if isinstance(generation, int) else None, reply.header.get("worker_pid"))
-
-
-def _retrieved(task: asyncio.Task[ModelView]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def _wire_inputs(view: ModelView, inputs: Mapping[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
@@ -160,7 +137,7 @@ def _wire_inputs(view: ModelView, inputs: Mapping[str, np.ndarray]) -> np.ndarra
     return {view.input(name).wire_name or name: array for name, array in inputs.items()}
 
 
-def _view(name: str, info: Mapping[str, Any], generation: Any) -> ModelView:
+def _view(name: str, info: Mapping[str, Any], generation: int) -> ModelView:
     def tensors(entries: Any, unnamed: str) -> list[Tensor]:
         found = []
         for entry in entries if isinstance(entries, list) else []:
@@ -169,5 +146,5 @@ def _view(name: str, info: Mapping[str, Any], generation: Any) -> ModelView:
                                 tuple(entry.get("also_accepted") or ()), wire))
         return found
 
-    return ModelView(name, str(info.get("model", "")), generation if isinstance(generation, int) else 0,
+    return ModelView(name, str(info.get("model", "")), generation,
                      tensors(info.get("inputs"), UNNAMED_INPUT), tensors(info.get("outputs"), UNNAMED_OUTPUT))

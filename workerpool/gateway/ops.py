@@ -1,36 +1,22 @@
 """``/metrics``, ``/healthz``, ``/readyz`` and the v2 health routes: answered by the
-supervisor's operations endpoint (``workerpool.ops.http``, on loopback), which this gateway
-asks on each probe, so they say what the supervisor's loop says."""
+supervisor's operations answers (``workerpool.ops.http``), which wait for the router's loop, so
+they run on the executor's threads and never on this event loop."""
 
 from __future__ import annotations
 
-import aiohttp
+import asyncio
+from collections.abc import Callable
+
 from aiohttp import web
 
-OPS_TIMEOUT = 5.0  # seconds: a little past the supervisor's own patience with its loop
+Answer = Callable[[str], tuple[int, str, bytes]]
 
 
-class OpsProxy:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._session: aiohttp.ClientSession | None = None
+class OpsRoutes:
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
 
     async def get(self, path: str) -> web.Response:
-        """The operations endpoint's answer to ``path``, passed through."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OPS_TIMEOUT))
-        try:
-            async with self._session.get(self.url + path) as answer:
-                body = await answer.read()
-                return web.Response(status=answer.status, body=body,
-                                    content_type=answer.content_type, charset=answer.charset)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return web.Response(status=503, text=f"the supervisor's operations endpoint did not "
-                                f"answer: {exc or type(exc).__name__}\n")
-
-    async def ok(self, path: str) -> bool:
-        return (await self.get(path)).status == 200
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        status, content_type, body = await asyncio.get_running_loop().run_in_executor(None, self._answer, path)
+        kind, _, charset = content_type.partition("; charset=")
+        return web.Response(status=status, body=body, content_type=kind, charset=charset or None)

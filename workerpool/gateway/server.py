@@ -28,7 +28,7 @@ from .. import __version__
 from ..errors import BadRequest, RemoteError
 from . import kserve, openai
 from .dataplane import DataPlane, ModelNotFound
-from .ops import OpsProxy
+from .ops import OpsRoutes
 from .upstream import NoReply
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class HttpError(Exception):
 class Gateway:
     """The routes over one data plane."""
 
-    def __init__(self, plane: DataPlane, ops: OpsProxy, *, max_body: int, max_buffered: int,
+    def __init__(self, plane: DataPlane, ops: OpsRoutes, *, max_body: int, max_buffered: int,
                  token: bytes | None, client_timeout: float) -> None:
         self.plane = plane
         self.client_timeout = client_timeout
@@ -124,11 +124,11 @@ class Gateway:
         return _json({"name": "workerpool", "version": __version__, "extensions": kserve.EXTENSIONS})
 
     async def _model(self, request: web.BaseRequest, match: dict[str, str]) -> web.Response:
-        view = await self.plane.resolve(match["name"], match.get("version"))
+        view = self.plane.resolve(match["name"], match.get("version"))
         return _json(kserve.model_metadata(view))
 
     async def _model_ready(self, request: web.BaseRequest, match: dict[str, str]) -> web.Response:
-        await self.plane.resolve(match["name"], match.get("version"))
+        self.plane.resolve(match["name"], match.get("version"))
         return await self.ops.get("/readyz")
 
     async def _models(self, request: web.BaseRequest, match: dict[str, str]) -> web.Response:
@@ -136,7 +136,7 @@ class Gateway:
                                                   "owned_by": "workerpool"}]})
 
     async def _infer(self, request: web.BaseRequest, match: dict[str, str]) -> web.Response:
-        view = await self.plane.resolve(match["name"], match.get("version"))
+        view = self.plane.resolve(match["name"], match.get("version"))
         async with self._body(request) as body:
             decoded = kserve.decode_infer(body, _header_length(request), view)
         deadline = _earliest(_timeout_header(request), decoded.timeout)
@@ -148,7 +148,7 @@ class Gateway:
                             headers={"Inference-Header-Content-Length": str(head)})
 
     async def _embeddings(self, request: web.BaseRequest, match: dict[str, str]) -> web.Response:
-        view = await self.plane.model()
+        view = self.plane.model()
         async with self._body(request) as body:
             texts, encoding = openai.decode_embeddings(body, view)
         answer = await self.plane.infer(_lane(request), view, texts, deadline=_timeout_header(request))

@@ -1,4 +1,4 @@
-"""The operations endpoint (``serve --http HOST:PORT``): Prometheus metrics and probes.
+"""What the operations routes of ``serve --http`` answer: Prometheus metrics and probes.
 
 - ``/metrics``: the Prometheus text format, made by ``prometheus_client`` from a snapshot of
   the pool (counts the router keeps) and the processes' memory.
@@ -6,10 +6,10 @@
 - ``/readyz``: 200 while a worker serves the current weights and the server is not draining;
   503 with a one-line reason otherwise (the same test as ``workerpool status --ready``).
 
-It runs on its own threads with the standard library's WSGI server, so a scrape never waits in
-the router's loop: the thread asks the loop for a snapshot through a pipe (the loop answers
-between two events, which costs it a status document), then reads memory itself, off the loop,
-as ``status`` does.
+:class:`OpsAnswers` is called off the router's loop (the HTTP front door runs it on a thread of
+its executor), so a scrape never waits in the loop: it asks the loop for a snapshot through a
+pipe (the loop answers between two events, which costs it a status document), then reads
+memory itself, as ``status`` does.
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from socketserver import ThreadingMixIn
 from typing import Any, TypeVar
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -39,8 +37,6 @@ from . import metrics
 log = logging.getLogger(__name__)
 
 LOOP_PATIENCE = 2.0  # seconds the loop may take to hand over a snapshot before it counts as stuck
-CLIENT_TIMEOUT = 5.0  # seconds an HTTP client may stay silent
-MAX_CONNECTIONS = 16  # HTTP connections served at once
 MEMORY_MAX_AGE = 10.0  # seconds a memory reading serves scrapes before it is read again
 Snapshot = dict[str, Any]
 
@@ -197,82 +193,30 @@ class LoopStuck(Exception):
     """The supervisor's loop did not hand over a snapshot in time."""
 
 
-class _Handler(WSGIRequestHandler):
-    timeout = CLIENT_TIMEOUT  # a client that sends nothing lets go of its thread
+class OpsAnswers:
+    """Each operations route's status, content type and body (blocking: call it off the loop)."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes every few seconds would flood the log."""
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most ``MAX_CONNECTIONS`` at once (more are closed at once),
-    so a slow client never holds up a probe and many cannot exhaust the supervisor."""
-
-    daemon_threads = True
-    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("operations endpoint: a client from %s failed or timed out", client_address)
-
-
-class OpsServer:
-    """The endpoint's HTTP server on its own thread."""
-
-    def __init__(self, host: str, port: int, snapshots: Snapshots, path: str) -> None:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(PoolCollector(snapshots, path))
+    def __init__(self, snapshots: Snapshots, path: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(PoolCollector(snapshots, path))
         self.snapshots = snapshots
-        self._metrics = make_wsgi_app(registry)
-        self.server: WSGIServer = make_server(host, port, self._app, server_class=_Server,
-                                              handler_class=_Handler)
-        self.url = f"http://{host}:{self.server.server_port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="ops-http", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-        log.debug("the supervisor's operations endpoint, for the HTTP gateways, on %s", self.url)
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join()
-        self.snapshots.close()
-
-    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
+    def answer(self, path: str) -> tuple[int, str, bytes]:
         if path == "/metrics":
             try:
-                return self._metrics(environ, start_response)
+                return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
             except LoopStuck:
-                return _text(start_response, "503 Service Unavailable",
-                             f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s")
-        if path in ("/healthz", "/readyz"):
-            snapshot = self.snapshots.ask()
-            if snapshot is None:
-                reason: str | None = f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s"
-            else:
-                reason = unready(snapshot["status"]) if path == "/readyz" else None
-            return _text(start_response, "503 Service Unavailable" if reason else "200 OK",
-                         reason or ("ready" if path == "/readyz" else "ok"))
-        return _text(start_response, "404 Not Found", "not found: try /metrics, /healthz or /readyz")
+                return _text(503, f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s")
+        snapshot = self.snapshots.ask()
+        if snapshot is None:
+            reason: str | None = f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s"
+        else:
+            reason = unready(snapshot["status"]) if path == "/readyz" else None
+        return _text(503, reason) if reason else _text(200, "ready" if path == "/readyz" else "ok")
 
 
-def _text(start_response: Callable[..., Any], status: str, body: str) -> list[bytes]:
-    data = (body + "\n").encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))])
-    return [data]
+def _text(status: int, body: str) -> tuple[int, str, bytes]:
+    return status, "text/plain; charset=utf-8", (body + "\n").encode()
 
 
 def parse_address(text: str) -> tuple[str, int]:

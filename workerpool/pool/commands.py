@@ -56,7 +56,7 @@ class ControlCommands:
         pool = self.role.pool
         try:
             memory = self._memory_reader.submit(metrics.pool_memory, list(pool.children),
-                                                self.role.config.path, self.role.helper_pids())
+                                                self.role.config.path, [os.getpid(), *pool.helper_pids()])
         except RuntimeError as exc:  # no thread to read them with (a process limit): answer without
             log.warning("status without memory figures: %s", exc)
             return dict(self.status())
@@ -142,7 +142,6 @@ class ControlCommands:
             "template": pool.starter.status(helpers),
             "endpoint": router.endpoint,
             "http": self.role.http_url,
-            "gateways": [{"pid": pid, "memory": helpers.get(pid)} for pid in self.role.gateway_pids()],
             "threads_per_worker": pool.threads_per_worker,
             "model": {
                 "name": current.model,

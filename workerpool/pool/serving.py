@@ -14,10 +14,12 @@ import math
 import os
 import re
 import resource
+import select
 import shutil
+import socket
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import zmq
@@ -29,6 +31,7 @@ from ..protocol.transport import readable
 from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
+from ..router.local import LocalClients
 from ..router.registry import WorkerRecord
 from ..router.sockets import bind_sockets
 from ..supervisor.core import Supervisor
@@ -39,16 +42,13 @@ from ..units import KiB, MiB, format_size
 from ..worker.spec import WorkerSpec
 from .commands import ControlCommands
 
-if TYPE_CHECKING:
-    from .gateways import Gateways
-
 log = logging.getLogger(__name__)
 
 BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
 UNDECLARED_MESSAGE_SIZE = 64 * MiB
 STRAGGLER_LINGER_MS = 1000
 RESERVED_FDS = 64  # the supervisor's own: sockets, libzmq's internals, logs, the control socket
-GATEWAYS_SOCKET = "gateways.sock"  # the router's endpoint for this pool's HTTP gateways
+HTTP_BACKLOG = 1024
 FDS_PER_WORKER = 4  # its pidfd, its backend connection and the pipes around starting it
 
 
@@ -92,20 +92,18 @@ class ServingRole:
         self.control_server = ControlServer(context, control_endpoint, self.commands.handlers())
         self.control_server.claim()
         self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
-        self.gateways: Gateways | None = None
         cleanup.callback(self._answer_stragglers)
         self.control_server.bind(pool.loop, cleanup)
         self.connections = ConnectionLimit(self.router.frontend, self._connection_cap())
         cleanup.callback(self.connections.close)
         self._read_sockets(pool.loop)
-        self.http_url = self._open_http(pool, cleanup, private_dir) if self.config.http else None
+        self.http_url = self._open_http(pool, cleanup) if self.config.http else None
 
-    def _open_http(self, pool: Supervisor, cleanup: ExitStack, private_dir: str) -> str:
-        """The HTTP front door: gateway processes on the --http socket, and the supervisor's
-        operations endpoint on loopback that answers their probes (imported only when asked for)."""
-        from ..gateway.spec import GatewaySpec
-        from ..ops.http import OpsServer, Snapshots, parse_address
-        from .gateways import Gateways, bind
+    def _open_http(self, pool: Supervisor, cleanup: ExitStack) -> str:
+        """The HTTP front door: aiohttp on a thread of this process, handing requests to the
+        router without a socket between them (imported only when asked for)."""
+        from ..gateway.front import FrontSettings, HttpFront
+        from ..ops.http import OpsAnswers, Snapshots, parse_address
 
         config = self.config
         assert config.http is not None
@@ -113,36 +111,40 @@ class ServingRole:
             host, port = parse_address(config.http)
         except ValueError as exc:
             raise StartupError(f"--http: {exc}") from exc
-        _check_http_files(config)
-        snapshots = Snapshots(pool.loop, self._snapshot)
+        settings = FrontSettings(
+            model_name=config.model_name or _model_name(config.path), max_body=self.max_message_size,
+            max_buffered=config.max_queue_bytes, max_connections=self._connection_cap(),
+            request_timeout=config.request_timeout, client_timeout=config.http_timeout,
+            token=_token(config), tls=_tls(config))
         try:
-            ops = OpsServer("127.0.0.1", 0, snapshots, config.path)
-        except OSError as exc:
-            snapshots.close()
-            raise StartupError(f"cannot start the operations endpoint: {exc}") from exc
-        ops.start()
-        cleanup.callback(ops.stop)
-        try:
-            sock = bind(host, port)
+            sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                        backlog=HTTP_BACKLOG)
         except OSError as exc:
             raise StartupError(f"cannot serve --http {config.http}: {exc}") from exc
-        spec = GatewaySpec(
-            listen_fd=-1, router=f"ipc://{os.path.join(private_dir, GATEWAYS_SOCKET)}", routing_id="",
-            ops_url=ops.url, model_name=config.model_name or _model_name(config.path),
-            max_body=self.max_message_size, max_buffered=config.max_queue_bytes,
-            max_connections=self._connection_cap(), request_timeout=config.request_timeout,
-            client_timeout=config.http_timeout,
-            supervisor_pid=os.getpid(), log_level=config.log_level, token_file=config.http_token_file,
-            cert_file=config.http_cert, key_file=config.http_key)
-        self.gateways = Gateways(pool.loop, self.router.intake, sock, spec, config.http_processes)
-        self.gateways.start()
-        cleanup.callback(self.gateways.stop, self.router.frontend, self._answer_late)
-        scheme = "https" if config.http_cert else "http"
-        url = f"{scheme}://{host}:{sock.getsockname()[1]}"
+        cleanup.callback(sock.close)
+        snapshots = Snapshots(pool.loop, self._snapshot)
+        cleanup.callback(snapshots.close)
+        local = LocalClients(self.router.intake)
+        cleanup.callback(local.close)
+        pool.loop.read(local.wakeup, local.take)
+        front = HttpFront(sock, settings, OpsAnswers(snapshots, config.path).answer, local, self._describe)
+        front.start()
+        cleanup.callback(front.stop, lambda seconds: self._refuse_local(local, seconds))
+        url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
         log.info("HTTP on %s: KServe v2 at /v2/models/%s, OpenAI at /v1/embeddings, /metrics, /healthz, "
-                 "/readyz (%d gateway process%s)", url, spec.model_name, config.http_processes,
-                 "es" if config.http_processes > 1 else "")
+                 "/readyz", url, settings.model_name)
         return url
+
+    def _describe(self) -> tuple[dict[str, Any], int]:
+        """The served model's signature and generation, for the HTTP front door's thread."""
+        current = self.pool.watcher.current
+        return {**current.signature, "model": current.model}, current.generation
+
+    def _refuse_local(self, local: LocalClients, seconds: float) -> None:
+        """At exit, while the HTTP front door finishes: answer what it still hands over."""
+        self.router.stop_accepting()
+        select.select([local.wakeup], [], [], seconds)
+        local.take()
 
     def _snapshot(self) -> dict[str, Any]:
         """What a scrape reads, taken between two events of the loop."""
@@ -151,14 +153,7 @@ class ServingRole:
                 "queue_waits": router.stats.queue_waits.copy(), "run_times": router.stats.run_times.copy(),
                 "batch_rows": router.stats.batch_rows.copy(),
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
-                "pids": list(pool.children), "helpers": self.helper_pids()}
-
-    def helper_pids(self) -> list[int]:
-        """The pool's processes that are not workers: the supervisor, its template, its gateways."""
-        return [os.getpid(), *self.pool.helper_pids(), *self.gateway_pids()]
-
-    def gateway_pids(self) -> list[int]:
-        return [] if self.gateways is None else self.gateways.pids()
+                "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
 
     def _connection_cap(self) -> int:
         """--max-connections, lowered when the descriptor limit could not hold that many beside
@@ -181,11 +176,10 @@ class ServingRole:
                                f"--max-message-size {format_size(max_message_size)}: a worker could not "
                                "even receive the largest request")
         backend = f"ipc://{os.path.join(private_dir, 'backend.sock')}"  # local workers only
-        gateways = f"ipc://{os.path.join(private_dir, GATEWAYS_SOCKET)}" if config.http else None
         self.max_message_size = max_message_size
         try:
             sockets = bind_sockets(
-                context, frontend=config.bind, backend=backend, remote_backend=config.backend, gateways=gateways,
+                context, frontend=config.bind, backend=backend, remote_backend=config.backend,
                 max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
                 secure=secure,
             )
@@ -319,25 +313,34 @@ def _model_name(path: str) -> str:
     return name[:-len(".bpk")] if name.endswith(".bpk") and len(name) > len(".bpk") else name
 
 
-def _check_http_files(config: ServeConfig) -> None:
-    """Fail the start, not every request, on a token, certificate or key that cannot be read."""
+def _token(config: ServeConfig) -> bytes | None:
+    """The bearer token of --http-token-file; a file that cannot be read fails the start."""
+    if config.http_token_file is None:
+        return None
+    try:
+        with open(config.http_token_file, "rb") as file:
+            token = file.read().strip()
+    except OSError as exc:
+        raise StartupError(f"--http-token-file {config.http_token_file}: {exc.strerror}") from exc
+    if not token:
+        raise StartupError(f"--http-token-file {config.http_token_file} is empty")
+    return token
+
+
+def _tls(config: ServeConfig) -> Any:
+    """The TLS context of --http-cert and --http-key, or None for plain HTTP."""
     if (config.http_cert is None) != (config.http_key is None):
         raise StartupError("--http-cert and --http-key go together")
-    for option, path in (("--http-token-file", config.http_token_file), ("--http-cert", config.http_cert),
-                         ("--http-key", config.http_key)):
-        if path is not None and not os.access(path, os.R_OK):
-            raise StartupError(f"{option} {path}: cannot be read")
-    if config.http_token_file is not None:
-        with open(config.http_token_file, "rb") as file:
-            if not file.read().strip():
-                raise StartupError(f"--http-token-file {config.http_token_file} is empty")
-    if config.http_cert is not None:
-        import ssl
+    if config.http_cert is None:
+        return None
+    import ssl
 
-        try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.http_cert, config.http_key)
-        except (ssl.SSLError, OSError) as exc:
-            raise StartupError(f"--http-cert/--http-key cannot be used: {exc}") from exc
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.http_cert, config.http_key)
+    except (ssl.SSLError, OSError) as exc:
+        raise StartupError(f"--http-cert/--http-key cannot be used: {exc}") from exc
+    return context
 
 
 def default_max_message_size(signature: dict[str, Any]) -> int:

@@ -18,11 +18,9 @@ pipelines thousands of requests cannot starve the others:
   request is. The newest go because the oldest have waited longest and are served next.
   Finding the biggest holder scans the clients, but only when a limit is reached.
 
-A gateway (the HTTP front door, a process this supervisor started) sends for many clients over
-one connection: its routing id is a secret the supervisor gave it, and it puts a lane (one HTTP
-connection) before the delimiter. Each lane is a client here, with its own line, its own
-share and its own quarantine, exactly as a ZeroMQ connection; a peer without a gateway's id
-that sends a lane gets ``bad_request``.
+The HTTP front door runs in this process (``local.py``): it hands requests in without a socket,
+each HTTP connection a client of its own (a key that begins with this process's secret
+:attr:`Intake.local_key`, which no ZeroMQ peer can know), and its replies go back the same way.
 
 Replies are sent without blocking: libzmq holds up to the socket's SNDHWM replies (1000 by
 default) for a client that does not read, then the router drops the rest, so a stalled client
@@ -32,6 +30,7 @@ never delays anyone else; what it costs is those buffered replies.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -55,8 +54,7 @@ EXPIRY_SCAN_INTERVAL = 0.01  # seconds between scans of the queue for passed dea
 SHARED_FRAME_MAX = 8 * KiB
 EVICTED = ("the queue is full and this client held the most of it: its newest request gave "
            "way to a client holding less than its share")
-GATEWAY_ID_BYTES = 16  # a gateway's routing id, which the supervisor made
-MAX_LANE_BYTES = 64
+LOCAL_KEY_BYTES = 16
 COUNT = "count"  # the limits a full queue can be at
 BYTES = "bytes"
 
@@ -267,40 +265,36 @@ class Intake:
     def __init__(self, sock: zmq.Socket, *, max_queue: int, max_message_size: int,
                  max_queue_bytes: int | None, dispatch: Callable[[Pending], bool]) -> None:
         self.socket = sock
+        self.local_key = os.urandom(LOCAL_KEY_BYTES)
+        self.deliver_local: Callable[[list[Any]], None] | None = None  # set by the HTTP front door
         self.max_message_size = max_message_size
         self.dispatch = dispatch
         self.queue = RequestQueue(max_queue, max_queue_bytes)
         self.accepting = True
         self.outcomes: Counter[str] = Counter()  # replies sent, by "ok" or error code
-        self.gateways: set[bytes] = set()  # the routing ids of this pool's gateways
 
     def on_readable(self) -> None:
         receive_batch(self.socket, self._accept)
 
     def _accept(self, frames: list[zmq.Frame]) -> None:
         client = frames[0].bytes
-        start = 1  # the delimiter's place
-        if len(frames) > 2 and client in self.gateways and frames[1].bytes != b"":
-            lane = frames[1].bytes
-            if len(lane) > MAX_LANE_BYTES:
-                self.reply_error(client, None, "bad_request", f"a lane is at most {MAX_LANE_BYTES} bytes")
-                return
-            client, start = client + lane, 2
-        if len(frames) < start + 2 or frames[start].bytes != b"":
-            request_id = protocol.request_id_of(frames[start]) if len(frames) > start else None
+        if len(frames) < 3 or frames[1].bytes != b"":
+            request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
             self.reply_error(client, request_id, "bad_request",
                              "a request is an empty delimiter frame, a JSON header frame, then array frames")
             return
-        header = frames[start + 1]
+        self.admit(client, frames[2:], sum(len(frame) for frame in frames))
+
+    def admit(self, client: bytes, frames: list[Any], size: int) -> None:
+        """Take a request (header frame, then array frames) of ``size`` bytes from ``client``."""
         if not self.accepting:
-            self.refuse(client, header, "shutting_down", "the server is shutting down")
+            self.refuse(client, frames[0], "shutting_down", "the server is shutting down")
             return
-        size = sum(len(frame) for frame in frames)
         if size > self.max_message_size:  # libzmq's own limit is per frame
-            self.refuse(client, header, "bad_request",
+            self.refuse(client, frames[0], "bad_request",
                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
             return
-        pending = Pending(client, frames[start + 1:], time.monotonic(), size=size)
+        pending = Pending(client, frames, time.monotonic(), size=size)
         if not self.dispatch(pending):
             self._wait(pending)
 
@@ -353,11 +347,11 @@ class Intake:
         self.send(client, protocol.encode_error(request_id, code, message))
 
     def send(self, client: bytes, frames: list[Any]) -> None:
-        gateway = client[:GATEWAY_ID_BYTES]
-        address = [gateway, client[GATEWAY_ID_BYTES:]] if len(client) > GATEWAY_ID_BYTES \
-            and gateway in self.gateways else [client]
+        if client[:LOCAL_KEY_BYTES] == self.local_key and self.deliver_local is not None:
+            self.deliver_local(frames)
+            return
         try:
-            send_parts(self.socket, [*address, b"", *frames], NOBLOCK)
+            send_parts(self.socket, [client, b"", *frames], NOBLOCK)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
             log.debug("reply to a vanished or stalled client dropped: %s", exc)
 

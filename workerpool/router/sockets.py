@@ -1,7 +1,5 @@
 """The router's bound sockets: clients on one ROUTER, local workers on a private ipc one, and
-worker hosts on an optional TCP one. The client socket may also listen on a private ipc
-endpoint for this pool's gateways, bound before CURVE is set: libzmq copies a socket's options
-into each endpoint as it is bound, so the gateways' endpoint needs no keys and clients' does. Bound by the serve role and handed to the router, so the
+worker hosts on an optional TCP one. Bound by the serve role and handed to the router, so the
 router itself can be built over any sockets."""
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ class RouterSockets:
 
 
 def bind_sockets(context: zmq.Context, *, frontend: str, backend: str, remote_backend: str | None = None,
-                 gateways: str | None = None, max_message_size: int, heartbeat: float = HEARTBEAT_SECONDS,
+                 max_message_size: int, heartbeat: float = HEARTBEAT_SECONDS,
                  liveness: int = LIVENESS_BEATS,
                  secure: Callable[[zmq.Socket, str], None] | None = None) -> RouterSockets:
     """Bind the router's sockets; ``secure`` applies CURVE to a socket for its domain.
@@ -48,7 +46,7 @@ def bind_sockets(context: zmq.Context, *, frontend: str, backend: str, remote_ba
     Raises ``zmq.ZMQError`` when an endpoint cannot be bound.
     """
     clients = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
-                    read_ahead=CLIENT_READ_AHEAD, private=gateways)
+                    read_ahead=CLIENT_READ_AHEAD)
     workers = _bind(context, backend, beats=(heartbeat, liveness))
     remote = None if remote_backend is None else _bind(  # worker hosts connect from outside
         context, remote_backend, max_message_size + MESSAGE_OVERHEAD,
@@ -63,8 +61,7 @@ def _in_domain(secure: Callable[[zmq.Socket, str], None] | None,
 
 def _bind(context: zmq.Context, endpoint: str, max_message_size: int | None = None,
           secure: Callable[[zmq.Socket], None] | None = None,
-          beats: tuple[float, int] | None = None, read_ahead: int | None = None,
-          private: str | None = None) -> zmq.Socket:
+          beats: tuple[float, int] | None = None, read_ahead: int | None = None) -> zmq.Socket:
     """A bound ROUTER that fails a send to a gone peer instead of dropping it silently.
 
     Options are set before bind: libzmq copies them into each connection it accepts.
@@ -79,8 +76,6 @@ def _bind(context: zmq.Context, endpoint: str, max_message_size: int | None = No
         sock.setsockopt(zmq.RCVHWM, read_ahead)
     if max_message_size is not None:
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
-    if private is not None:
-        sock.bind(private)
     if secure is not None:
         secure(sock)
     if beats is not None:
