@@ -26,8 +26,6 @@ from workerpool import models
 from workerpool.protocol import messages as protocol
 from workerpool.weights.publish import publish
 
-pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
-
 WAIT = ("--batch-wait", "300")  # every request sent at once joins the first one's batch
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}  # float32 BLAS: a batch of another height may sum in another order
 

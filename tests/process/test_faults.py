@@ -38,8 +38,6 @@ from support.status import busy_pids, pool_ready, registered
 
 import workerpool
 
-pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
-
 MiB = 1024 * 1024
 
 
@@ -351,6 +349,7 @@ FAILED_START = re.compile(
 )
 
 
+@pytest.mark.usefixtures("start_method")  # with fork and spawn: it is about starting
 def test_worker_that_cannot_start_is_restarted_with_backoff(small_model, tmp_path, monkeypatch):
     """Replacements that die before they are ready are restarted after 0.5 s, 1 s, 2 s...,
     each failure logged, not spun; once they can start again the pool is whole.

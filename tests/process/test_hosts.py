@@ -17,8 +17,6 @@ import workerpool
 from workerpool import models, security
 from workerpool.weights.publish import publish
 
-pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
-
 WIDTH = 64
 
 

@@ -21,8 +21,6 @@ import workerpool
 from workerpool import burnpack, models
 from workerpool.weights.publish import publish
 
-pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
-
 WIDTH = 64
 SIZE = 256 * 1024
 

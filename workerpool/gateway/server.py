@@ -265,7 +265,10 @@ def _error(exc: HttpError, openai_route: bool) -> web.Response:
         body = openai.error_body(exc.message, kind, code)
     else:
         body = json.dumps({"error": exc.message}).encode()
-    return web.Response(status=exc.status, body=body, content_type="application/json", headers=exc.headers)
+    response = web.Response(status=exc.status, body=body, content_type="application/json", headers=exc.headers)
+    if exc.headers.get("Connection") == "close":  # the body was not read: the connection cannot go on
+        response.force_close()
+    return response
 
 
 class CappedServer(web.Server):
