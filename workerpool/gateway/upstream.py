@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,11 +37,17 @@ class RouterLink:
         self._loop = loop
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
+        self._replies: deque[list[Any]] = deque()
+        self._woken = False
         clients.listen(self.reply)
 
     def reply(self, frames: list[Any]) -> None:
-        """The router's thread: a reply for one of our lanes."""
-        self._loop.call_soon_threadsafe(self._answer, frames)
+        """The router's thread: a reply for one of our lanes; the event loop is woken only when
+        no wake-up is on its way to take them all already."""
+        self._replies.append(frames)
+        if not self._woken:
+            self._woken = True
+            self._loop.call_soon_threadsafe(self._answer_all)
 
     async def call(self, lane: bytes, *, method: str, text: list[str] | None = None,
                    arrays: Sequence[Any] = (), descriptors: list[dict[str, Any]] | None = None,
@@ -70,15 +77,18 @@ class RouterLink:
             raise _remote_error(reply.header)
         return reply
 
-    def _answer(self, frames: list[Any]) -> None:
-        try:
-            reply = protocol.decode_reply(frames)
-        except protocol.ProtocolError as exc:
-            log.warning("a malformed reply from the router was dropped: %s", exc)
-            return
-        answer = self._waiting.get(reply.id) if isinstance(reply.id, int) else None
-        if answer is not None and not answer.done():
-            answer.set_result(reply)
+    def _answer_all(self) -> None:
+        self._woken = False  # first: replies from now on wake this loop again
+        while self._replies:
+            frames = self._replies.popleft()
+            try:
+                reply = protocol.decode_reply(frames)
+            except protocol.ProtocolError as exc:
+                log.warning("a malformed reply from the router was dropped: %s", exc)
+                continue
+            answer = self._waiting.get(reply.id) if isinstance(reply.id, int) else None
+            if answer is not None and not answer.done():
+                answer.set_result(reply)
 
 
 def _remote_error(header: dict[str, Any]) -> RemoteError:

@@ -21,6 +21,7 @@ class LocalClients:
     def __init__(self, intake: Intake) -> None:
         self.intake = intake
         self._inbox: deque[tuple[bytes, list[Any], int]] = deque()
+        self._woken = False
         self.wakeup, self._wake = os.pipe()
         os.set_blocking(self.wakeup, False)
         os.set_blocking(self._wake, False)
@@ -29,15 +30,19 @@ class LocalClients:
         self.intake.deliver_local = on_reply
 
     def submit(self, lane: bytes, frames: list[Any], size: int) -> None:
-        """Any thread: hand a request over; the loop admits it at its next turn."""
+        """Any thread: hand a request over; the loop admits it at its next turn (woken only
+        when no wake-up is on its way already)."""
         self._inbox.append((self.intake.local_key + lane, frames, size))
-        try:
-            os.write(self._wake, b"!")
-        except BlockingIOError:  # the loop has wake-ups enough to read already
-            pass
+        if not self._woken:
+            self._woken = True
+            try:
+                os.write(self._wake, b"!")
+            except BlockingIOError:  # the loop has wake-ups enough to read already
+                pass
 
     def take(self) -> None:
         """The loop's thread: admit what was handed over."""
+        self._woken = False  # first: what is handed over from now on wakes the loop again
         while True:
             try:
                 if not os.read(self.wakeup, 4096):
