@@ -5,13 +5,19 @@ library would refuse to send the request, and the pool serving correctly afterwa
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import gzip
 import http.client
 import json
+import shutil
 import signal
 import socket
+import ssl
+import subprocess
 import threading
 
+import aiohttp
 import numpy as np
 import pytest
 from support.bert import tiny_bert, tiny_tokenizer
@@ -55,9 +61,11 @@ def texts(tmp_path_factory):
 
 
 def call(address: str, method: str, path: str, body: bytes | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+         headers: dict[str, str] | None = None, *, tls: ssl.SSLContext | None = None,
+         ) -> tuple[int, dict[str, str], bytes]:
     host, port = address.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = (http.client.HTTPConnection(host, int(port), timeout=30) if tls is None else
+            http.client.HTTPSConnection(host, int(port), timeout=30, context=tls))
     try:
         conn.request(method, path, body=body, headers=headers or {})
         reply = conn.getresponse()
@@ -148,6 +156,17 @@ def test_texts_by_kserve_bytes_and_openai_embeddings_give_the_zeromq_clients_ans
         sdk.embeddings.create(model="gpt-5", input="hello")
     with pytest.raises(openai.BadRequestError, match="'input'"):
         sdk.embeddings.create(model="minibert", input=[[1, 2, 3]])
+    with pytest.raises(openai.BadRequestError, match="1 to 1024 texts"):
+        sdk.embeddings.create(model="minibert", input=["hello"] * 1025)
+    with pytest.raises(openai.BadRequestError, match="send fewer or shorter texts"):
+        sdk.embeddings.create(model="minibert", input=["hello " * 20_000])
+    with pytest.raises(openai.BadRequestError, match="gives 8 dimensions"):
+        sdk.embeddings.create(model="minibert", input="hello", dimensions=3)
+    alone = sdk.embeddings.create(model="minibert", input="").data[0].embedding
+    assert alone == [0.0] * len(alone) == floats.data[3].embedding  # "": the same alone or in company
+    flat = json.dumps({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "BYTES",
+                                   "data": ["a", "b"]}]}).encode()
+    assert call(address, "POST", "/v2/models/minibert/infer", flat)[0] == 400
 
 
 def test_every_malformed_request_gets_its_status_and_the_pool_serves_on(mlp):
@@ -177,6 +196,11 @@ def test_every_malformed_request_gets_its_status_and_the_pool_serves_on(mlp):
          400, "5 bytes of binary data follow"),
         (("POST", "/v2/models/mlp/infer", good, {"Inference-Header-Content-Length": length, "Timeout": "soon"}),
          400, "Timeout header"),
+        (("POST", "/v2/models/mlp/infer", gzip.compress(good), {"Content-Encoding": "gzip"}), 415, "gzip"),
+        (("POST", "/v2/models/mlp/infer", b'{"inputs": [{"name": "input", "shape": [1, 1], "datatype": "FP32", '
+          b'"data": [NaN]}]}', json_headers), 400, "NaN is not JSON"),
+        (("POST", "/v2/models/mlp/infer", json.dumps({"inputs": [{"name": "input", "shape": [1, WIDTH],
+          "datatype": "FP32", "data": [None] * WIDTH}]}).encode(), json_headers), 400, "hold null"),
     ]
     for request, status, message in cases:
         answer = call(address, *request)
@@ -194,9 +218,32 @@ def test_every_malformed_request_gets_its_status_and_the_pool_serves_on(mlp):
     headers = b"".join(b"X-H%d: v\r\n" % i for i in range(10_000))
     assert status_of(raw(address, b"GET /v2 HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")) == 400
     assert status_of(raw(address, b"GARBAGE\x00\x01\r\n\r\n")) == 400
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port))) as gone:  # leaves mid-body
+        gone.sendall(post + b"Content-Length: 100\r\n\r\nabc")
     answer = call(address, "POST", "/v2/models/mlp/infer", good, {"Inference-Header-Content-Length": length})
     assert answer[0] == 200
     assert all(w["state"] != "lost" for w in server.status(memory=False)["workers"])
+    assert "Traceback" not in server.log()  # a client's garbage is no error of the server's
+
+
+def test_many_connections_at_once_are_all_answered(mlp):
+    """Requests handed to the router from the front door's thread while the router answers
+    others: none is left waiting (a lost wake-up once stranded them all)."""
+    _, address = mlp
+    body, length = binary_body(np.ones((1, WIDTH), np.float32))
+
+    async def drive() -> list[int]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64),
+                                         timeout=aiohttp.ClientTimeout(total=30)) as session:
+            async def one() -> int:
+                async with session.post(f"http://{address}/v2/models/mlp/infer", data=body,
+                                        headers={"Inference-Header-Content-Length": length}) as reply:
+                    await reply.read()
+                    return reply.status
+            return await asyncio.gather(*(one() for _ in range(2000)))
+
+    assert asyncio.run(drive()) == [200] * 2000
 
 
 def test_a_slowloris_holds_no_worker_and_is_closed(mlp):
@@ -240,22 +287,37 @@ def test_queue_limits_deadlines_and_draining_answer_429_504_and_503(small_model)
         assert server.proc.wait(20) == 0
 
 
-def test_a_token_guards_every_route_but_the_probes_with_curve_on_the_zeromq_side(small_model, tmp_path):
-    token = tmp_path / "token"
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_https_with_a_token_guards_every_route_but_the_probes_with_curve_on_the_zeromq_side(small_model,
+                                                                                            tmp_path):
+    token, cert, key = tmp_path / "token", tmp_path / "cert.pem", tmp_path / "key.pem"
     token.write_text("s3cret-token\n")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
     keys = CurveKeys(tmp_path / "keys")
-    keys.client("someone")  # ZeroMQ clients need a key; the gateway does not
-    server, address = http_server(small_model, "--model-name", "mlp", "--http-token-file", str(token), *keys.serve_args(), workers=1)
+    keys.client("someone")  # ZeroMQ clients need a key; the HTTP front door does not
+    server, address = http_server(small_model, "--model-name", "mlp", "--http-token-file", str(token),
+                                  "--http-cert", str(cert), "--http-key", str(key), *keys.serve_args(),
+                                  workers=1)
+    trusted = ssl.create_default_context(cafile=str(cert))
     with server:
         body = json.dumps({"inputs": [{"name": "input", "shape": [1, WIDTH], "datatype": "FP32",
                                        "data": [0.5] * WIDTH}]}).encode()
-        assert call(address, "POST", "/v2/models/mlp/infer", body)[0] == 401
-        wrong = call(address, "POST", "/v2/models/mlp/infer", body, {"Authorization": "Bearer s3cret-tokeN"})
+        assert call(address, "POST", "/v2/models/mlp/infer", body, tls=trusted)[0] == 401
+        wrong = call(address, "POST", "/v2/models/mlp/infer", body, {"Authorization": "Bearer s3cret-tokeN"},
+                     tls=trusted)
         assert wrong[0] == 401 and wrong[1]["WWW-Authenticate"] == "Bearer"
-        assert call(address, "GET", "/v2/models/mlp")[0] == 401
-        assert call(address, "GET", "/v2/health/ready")[0] == 200 and call(address, "GET", "/healthz")[0] == 200
-        allowed = call(address, "POST", "/v2/models/mlp/infer", body, {"Authorization": "Bearer s3cret-token"})
+        assert call(address, "GET", "/v2/models/mlp", tls=trusted)[0] == 401
+        assert call(address, "GET", "/v2/health/ready", tls=trusted)[0] == 200
+        assert call(address, "GET", "/healthz", tls=trusted)[0] == 200
+        allowed = call(address, "POST", "/v2/models/mlp/infer", body, {"Authorization": "Bearer s3cret-token"},
+                       tls=trusted)
         assert allowed[0] == 200 and len(json.loads(allowed[2])["outputs"][0]["data"]) == 10
+        with pytest.raises(ssl.SSLError):  # a certificate nobody vouched for is refused
+            call(address, "GET", "/v2/health/ready", tls=ssl.create_default_context())
+        assert raw(address, b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n") == b""  # plain HTTP: no answer, closed
+        assert call(address, "GET", "/v2/health/live", tls=trusted)[0] == 200
 
 
 def test_no_request_is_lost_or_wrong_across_a_reload_and_ttin_ttou(small_model, tmp_path):

@@ -1,4 +1,5 @@
-"""The supervisor and the workers never load asyncio or ssl.
+"""The supervisor and the workers never load asyncio or ssl (the supervisor does for
+``--http``, whose front door is asyncio's: it imports ``workerpool.gateway`` only then).
 
 Either would cost every process of the pool some MiB (asyncio imports ssl, which maps OpenSSL)
 for nothing: neither speaks TLS or runs an event loop of asyncio's. Checked in a fresh
@@ -12,7 +13,7 @@ import subprocess
 import sys
 
 SERVER_SIDE = [
-    "workerpool.pool.run",  # serve and workers: supervisor, router, control socket, --http
+    "workerpool.pool.run",  # serve and workers: supervisor, router, control socket
     "workerpool.worker.child",  # a spawned worker or template
     "workerpool.worker.main",
     "workerpool.worker.template",

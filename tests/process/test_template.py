@@ -12,6 +12,7 @@ import numpy as np
 import psutil
 from support.processes import Background
 from support.server import Server
+from support.sockets import free_port
 from support.status import pool_ready
 
 import workerpool
@@ -163,13 +164,15 @@ def test_spawned_workers_have_no_template(small_model):
         assert all(psutil.Process(w["pid"]).ppid() == server.proc.pid for w in status["workers"])
 
 
-def test_a_template_that_hangs_is_killed_and_replaced(small_model):
-    with Server(small_model, workers=1) as server:
+def test_a_template_that_hangs_is_killed_and_replaced_holding_nothing_of_the_supervisors(small_model):
+    with Server(small_model, "--http", f"127.0.0.1:{free_port()}", workers=1) as server:
         template = server.status()["template"]["pid"]
         os.kill(template, signal.SIGSTOP)
         server.signal(signal.SIGTTIN)  # an order the frozen template never answers
         status = server.wait_for(pool_ready(2), timeout=60)
         assert status["template"]["pid"] != template and status["template"]["restarts"] == 1
+        held = fd_targets(status["template"]["pid"])  # started again beside the HTTP thread and sockets
+        assert len(held) == 1 and next(iter(held)).startswith("socket:")
     assert f"worker template {template} did not fork a worker in" in server.log()
 
 

@@ -230,8 +230,8 @@ _SERVE_SETTINGS = (
             doc="how long an HTTP client may take to send a request's head, stay idle between requests "
             "or pause within a body before its connection is closed"),
     Setting("--http-token-file", commands=SERVE_ONLY, metavar="FILE",
-            help="require 'Authorization: Bearer TOKEN' on every HTTP route but the probes; the token "
-            "is this file's content (default: none)",
+            help="require 'Authorization: Bearer TOKEN' on every HTTP route but the probes and /metrics; "
+            "the token is this file's content (default: none)",
             doc="a file holding the bearer token every HTTP route but the probes and `/metrics` needs"),
     Setting("--http-cert", commands=SERVE_ONLY, metavar="FILE",
             help="serve HTTPS with this certificate chain (PEM), with --http-key (default: plain HTTP)",

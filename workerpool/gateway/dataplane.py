@@ -54,10 +54,6 @@ class ModelView:
     def takes_texts(self) -> bool:
         return any(tensor.dtype == TEXT for tensor in self.inputs)
 
-    @property
-    def array_inputs(self) -> list[Tensor]:
-        return [tensor for tensor in self.inputs if tensor.dtype != TEXT]
-
     def input(self, name: str) -> Tensor:
         for tensor in self.inputs:
             if tensor.name == name:
@@ -113,6 +109,8 @@ class DataPlane:
         """Run the model on named arrays (names as ``view`` gives them) or on texts."""
         budget = self.request_timeout if deadline is None else deadline
         if isinstance(inputs, list):
+            if not 0 < len(inputs) <= protocol.MAX_TEXTS:
+                raise BadRequest(f"a request takes 1 to {protocol.MAX_TEXTS} texts, not {len(inputs)}")
             reply = await self.link.call(lane, method=protocol.METHOD_INFER, text=inputs, deadline=budget,
                                          patience=budget + self.request_timeout)
         else:

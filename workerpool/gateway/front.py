@@ -8,7 +8,6 @@ what it took, or ``shutting_down`` to what it no longer takes) and ends the thre
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
 import threading
@@ -22,8 +21,6 @@ from .dataplane import DataPlane, Describe
 from .ops import Answer, OpsRoutes
 from .server import Gateway, make_server
 from .upstream import REPLY_SLACK, RouterLink
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

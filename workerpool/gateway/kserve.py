@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
-from ..protocol.messages import MAX_ARRAYS, MAX_RANK
+from ..protocol.messages import MAX_ARRAYS, MAX_RANK, strict_json
 from .dataplane import TEXT, Answer, ModelView, Tensor
 
 DATATYPES = {"BOOL": "|b1", "UINT8": "|u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
@@ -63,7 +63,7 @@ def decode_infer(body: bytes, header_length: int | None, view: ModelView) -> Inf
     elif header_length > len(body):
         raise BadRequest(f"Inference-Header-Content-Length {header_length} is past the body's "
                          f"{len(body)} bytes")
-    document = _json_object(body[:header_length])
+    document = json_object(body[:header_length])
     binary = memoryview(body)[header_length:]
     entries = document.get("inputs")
     if not isinstance(entries, list) or not entries or len(entries) > MAX_ARRAYS:
@@ -108,6 +108,8 @@ def _tensor(entry: dict[str, Any], binary: memoryview, view: ModelView) -> tuple
     if datatype == BYTES:
         if declared.dtype != TEXT:
             raise BadRequest(f"input {name!r} takes {datatype_of(declared)}, not BYTES")
+        if len(shape) != 1:
+            raise BadRequest(f"input {name!r}: texts are a BYTES tensor of shape [N], not {shape}")
         return name, _texts(name, entry, binary[:size] if size is not None else None, count), size or 0
     dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
@@ -135,6 +137,8 @@ def _json_array(name: str, data: Any, dtype: str, shape: list[int], count: int) 
         raise BadRequest(f"input {name!r}: its data are not {NUMPY_TO_DATATYPE[dtype]}: {exc}") from None
     if array.size != count:
         raise BadRequest(f"input {name!r}: shape {shape} holds {count} elements, 'data' has {array.size}")
+    if array.dtype.kind == "f" and np.isnan(array).any():  # no NaN in standard JSON: it was a null
+        raise BadRequest(f"input {name!r}: its data hold null, which is no {NUMPY_TO_DATATYPE[dtype]}")
     return array.reshape(shape)
 
 
@@ -200,6 +204,8 @@ def encode_infer(request: InferRequest, view: ModelView, answer: Answer) -> tupl
                                 "outputs": outputs}
     if request.id is not None:
         document["id"] = request.id
+    if answer.worker_pid is not None:
+        document["parameters"] = {"worker_pid": answer.worker_pid}
     try:
         head = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:
@@ -208,12 +214,13 @@ def encode_infer(request: InferRequest, view: ModelView, answer: Answer) -> tupl
     return (head + b"".join(chunks), len(head)) if chunks else (head, None)
 
 
-def _json_object(data: bytes | memoryview) -> dict[str, Any]:
+def json_object(data: bytes | memoryview, what: str = "the request") -> dict[str, Any]:
+    """A request body's JSON object (standard JSON: no NaN, Infinity or out-of-range numbers)."""
     try:
-        document = json.loads(bytes(data))
+        document = strict_json(bytes(data))
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"the request is not valid JSON: {exc}") from None
-    return _object(document, "the request")
+    return _object(document, what)
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

@@ -11,18 +11,14 @@ import numpy as np
 
 from ..errors import BadRequest
 from .dataplane import Answer, ModelNotFound, ModelView
+from .kserve import json_object
 
 ENCODINGS = ("float", "base64")
 
 
 def decode_embeddings(body: bytes, view: ModelView) -> tuple[list[str], str]:
     """The texts and the encoding format asked for."""
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"the request is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise BadRequest("the request must be a JSON object")
+    document = json_object(body)
     model = document.get("model")
     if model is not None and model != view.name:
         raise ModelNotFound(f"the model {model!r} does not exist here; this server serves {view.name!r}")
@@ -35,10 +31,19 @@ def decode_embeddings(body: bytes, view: ModelView) -> tuple[list[str], str]:
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise BadRequest("'input' must be a string or a non-empty list of strings (token arrays "
                          "are not taken: this server tokenizes)")
+    dimensions, width = document.get("dimensions"), _width(view)
+    if dimensions is not None and dimensions != width:
+        raise BadRequest(f"'dimensions' {dimensions!r} cannot be given: the model {view.name!r} gives "
+                         f"{width} dimensions")
     encoding = document.get("encoding_format", "float")
     if encoding not in ENCODINGS:
         raise BadRequest(f"'encoding_format' must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
     return texts, encoding
+
+
+def _width(view: ModelView) -> int | None:
+    shape = next((t.shape for t in view.outputs if t.name == "embedding"), None)
+    return shape[-1] if shape else None
 
 
 def encode_embeddings(view: ModelView, answer: Answer, encoding: str) -> bytes:

@@ -19,10 +19,13 @@ import hmac
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..errors import BadRequest, RemoteError
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 MAX_HEADERS = 100
 MAX_FIELD_BYTES = 8190
 RETRY_AFTER = "1"
+WARN_INTERVAL = 10.0  # seconds between warnings about refused connections
 STATUS_OF_CODE = {"bad_request": 400, "overloaded": 429, "deadline_exceeded": 504,
                   "request_timeout": 504, "shutting_down": 503, "worker_failed": 500, "internal": 500}
 MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
@@ -171,6 +175,10 @@ class _Body:
         chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
         if length is None and not chunked:
             raise HttpError(411, "a request body needs Content-Length (or chunked transfer encoding)")
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise HttpError(415, f"Content-Encoding {encoding} is not taken: send the body as it is",
+                            headers={"Connection": "close"})
         if length is not None and length > gateway.max_body:
             raise _too_large(length, gateway.max_body)
         self.held = length if length is not None else gateway.max_body
@@ -179,9 +187,13 @@ class _Body:
             raise HttpError(503, "the server holds as many request bodies as it may; retry later",
                             headers={"Retry-After": RETRY_AFTER})
         gateway.buffered += self.held
-        if length is not None:
-            return await self._read_exactly(length)
-        return await self._read_chunked()
+        try:
+            if request.headers.get("Expect", "").lower() == "100-continue":  # the client waits for this
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            return await (self._read_exactly(length) if length is not None else self._read_chunked())
+        except BaseException:  # no __aexit__ follows a failed __aenter__
+            await self.__aexit__()
+            raise
 
     async def _read_exactly(self, length: int) -> bytes:
         parts, left = [], length
@@ -210,10 +222,13 @@ class _Body:
         except TimeoutError:
             raise HttpError(408, f"the request body stopped arriving for {pause:g}s (--http-timeout)",
                             headers={"Connection": "close"}) from None
+        except (ConnectionError, aiohttp.ClientError, HttpProcessingError):  # gone, or a broken chunk
+            raise HttpError(400, "the request body did not arrive whole", headers={"Connection": "close"}) from None
         return part
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.gateway.buffered -= self.held
+        self.held = 0
 
 
 def _too_large(size: int, limit: int) -> HttpError:
@@ -271,6 +286,13 @@ def _error(exc: HttpError, openai_route: bool) -> web.Response:
     return response
 
 
+class _Refused(asyncio.Protocol):
+    """A connection past the cap: closed as it arrives, before aiohttp sees it."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
 class CappedServer(web.Server):
     """aiohttp's low-level server, closing connections past ``max_connections`` as they arrive."""
 
@@ -278,18 +300,35 @@ class CappedServer(web.Server):
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
         self.refused = 0
+        self._last_warning = -WARN_INTERVAL
 
-    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
-        super().connection_made(handler, transport)
-        if len(self.connections) > self.max_connections:
-            self.refused += 1
-            if self.refused == 1 or self.refused % 1000 == 0:
-                log.warning("HTTP connections past --max-connections %d are closed (%d so far)",
-                            self.max_connections, self.refused)
-            transport.abort()
+    def __call__(self) -> Any:
+        if len(self.connections) < self.max_connections:
+            return super().__call__()
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._last_warning >= WARN_INTERVAL:
+            self._last_warning = now
+            log.warning("%d HTTP connections open, at --max-connections: closing new ones (%d so far)",
+                        len(self.connections), self.refused)
+        return _Refused()
+
+
+class _QuietClientErrors(logging.Filter):
+    """aiohttp logs each request its parser refuses (answered 400) with a traceback; a client's
+    garbage is worth one line at debug level, not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Error handling request"):
+            log.debug("a malformed HTTP request was refused: %s", record.exc_info[1] if record.exc_info else "")
+            return False
+        return True
 
 
 def make_server(gateway: Gateway, max_connections: int) -> CappedServer:
+    server_log = logging.getLogger("workerpool.gateway.aiohttp")
+    server_log.addFilter(_QuietClientErrors())
     return CappedServer(gateway.handle, max_connections=max_connections, keepalive_timeout=gateway.client_timeout,
                         max_headers=MAX_HEADERS, max_field_size=MAX_FIELD_BYTES,
-                        max_line_size=MAX_FIELD_BYTES, access_log=None)
+                        max_line_size=MAX_FIELD_BYTES, access_log=None, logger=server_log,
+                        auto_decompress=False)

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ERRORS_BY_CODE, InternalError, RemoteError
+from ..errors import ERRORS_BY_CODE, BadRequest, InternalError, RemoteError
 from ..protocol import messages as protocol
 from ..protocol.messages import Message
 from ..router.local import LocalClients
@@ -62,6 +62,9 @@ class RouterLink:
         if deadline is not None:
             header["deadline_ms"] = deadline * 1000.0
         encoded = protocol.encode_header(header)
+        if len(encoded) > protocol.MAX_HEADER_BYTES:  # texts travel in it: the router could not read it
+            raise BadRequest(f"the request's texts take {len(encoded)} bytes as JSON, over the "
+                             f"{protocol.MAX_HEADER_BYTES} one request may carry: send fewer or shorter texts")
         frames = [encoded, *arrays]
         answer: asyncio.Future[Message] = self._loop.create_future()
         self._waiting[request_id] = answer

@@ -50,10 +50,10 @@ class Pooling:
             pooled = states[:, 0].astype(np.float32)
         elif self.mode == "max":
             pooled = np.where(kept[:, :, None], states, np.finfo(np.float32).min).max(axis=1)
-            pooled[~kept.any(axis=1)] = 0
         else:
             weights = kept[:, :, None].astype(np.float32)
             pooled = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        pooled[~kept.any(axis=1)] = 0  # a text the tokenizer made nothing of, alone or in company
         if self.normalize:
             pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), NORM_EPS)
         return pooled.astype(np.float32)
@@ -156,7 +156,7 @@ def text_outputs(width: int | None) -> tuple[dict[str, tuple[int | None, ...]], 
 def _padded(chunk: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token ids, attention mask and token types of a chunk's encodings, int64 ``[B, L]``,
     padded with 0 to its longest."""
-    longest = max(len(e.ids) for e in chunk)
+    longest = max(1, *(len(e.ids) for e in chunk))  # one padding token at least: no encoder takes none
     ids, mask, types = (np.array([getattr(e, field) + [0] * (longest - len(e.ids)) for e in chunk],
                                  dtype=np.int64)
                         for field in ("ids", "attention_mask", "type_ids"))

@@ -131,8 +131,9 @@ class ServingRole:
         front.start()
         cleanup.callback(front.stop, lambda seconds: self._refuse_local(local, seconds))
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
-        log.info("HTTP on %s: KServe v2 at /v2/models/%s, OpenAI at /v1/embeddings, /metrics, /healthz, "
-                 "/readyz", url, settings.model_name)
+        texts = any(entry.get("dtype") == "text" for entry in self.pool.watcher.current.signature.get("inputs", []))
+        log.info("HTTP on %s: KServe v2 at /v2/models/%s%s, /metrics, /healthz, /readyz", url,
+                 settings.model_name, ", OpenAI at /v1/embeddings" if texts else "")
         return url
 
     def _describe(self) -> tuple[dict[str, Any], int]:
@@ -234,14 +235,10 @@ class ServingRole:
     def _answer_stragglers(self) -> None:
         """At exit, answer requests that reached the socket after the last poll, and give the
         replies a moment to leave: every request that reached the router gets an answer."""
-        self._answer_late()
-        self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
-
-    def _answer_late(self) -> None:
-        """Answer ``shutting_down`` to what is on the client socket now."""
         self.router.stop_accepting()
         while readable(self.router.frontend):
             self.router.intake.on_readable()
+        self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
 
     def _duties(self) -> None:
         self.router.tick()

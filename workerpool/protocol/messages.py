@@ -99,7 +99,7 @@ def decode_header(frame: Any) -> dict[str, Any]:
     if len(data) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header is {len(data)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
     try:
-        header = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
+        header = strict_json(data)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -108,6 +108,12 @@ def decode_header(frame: Any) -> dict[str, Any]:
     if _nesting(header.get("id")) >= MAX_NESTING:  # the header object is the first level
         raise ProtocolError(f"the request id nests deeper than {MAX_NESTING} levels")
     return header
+
+
+def strict_json(data: bytes | str) -> Any:
+    """JSON as the standard has it: no ``NaN`` or ``Infinity``, no number beyond a float's
+    range (Python's own parser takes all three). ValueError or RecursionError otherwise."""
+    return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -42,13 +42,15 @@ class LocalClients:
 
     def take(self) -> None:
         """The loop's thread: admit what was handed over."""
-        self._woken = False  # first: what is handed over from now on wakes the loop again
         while True:
             try:
                 if not os.read(self.wakeup, 4096):
                     break
             except BlockingIOError:
                 break
+        # After the pipe is read, before the inbox is: a request handed over from now on either
+        # is in the inbox below or writes a wake-up that stays in the pipe.
+        self._woken = False
         while self._inbox:
             client, frames, size = self._inbox.popleft()
             self.intake.admit(client, frames, size)

@@ -134,9 +134,7 @@ class TemplateStarter:
         gc.freeze()  # neither process traverses these objects again, so their pages stay shared
         pid = os.fork()
         if pid == 0:
-            keep = theirs.fileno()  # a template forked again later must hold none of the sockets,
-            os.closerange(3, keep)  # connections or pipes the supervisor opened since (the HTTP
-            os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))  # front door's among them)
+            ours.close()
             template.run(theirs, supervisor)
         return Process.adopt(pid)
 
