@@ -1,5 +1,5 @@
 """The few Linux process controls the pool relies on, through ``prctl(2)`` (and glibc's
-``malloc_trim``).
+``malloc_trim``), and reading a wake-up pipe empty.
 
 Elsewhere they do nothing: the worker's loop still notices between requests that its
 supervisor is gone.
@@ -77,3 +77,13 @@ def private_resident() -> int:
     except OSError:
         return 0
     return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+
+
+def drain_pipe(fd: int) -> None:
+    """Read the non-blocking pipe ``fd`` empty: its bytes are wake-ups, not data."""
+    while True:
+        try:
+            if not os.read(fd, 4096):
+                return
+        except BlockingIOError:
+            return

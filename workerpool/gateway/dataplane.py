@@ -2,7 +2,7 @@
 whether a name and version are served, and inference on arrays or texts.
 
 Like KServe's data plane it knows no transport: the REST adapters (``kserve``, ``openai``)
-turn requests into these calls and their results or errors into responses. Every call goes
+turn requests into these calls and their results or errors into responses. Every inference goes
 through the router as a ZeroMQ client's would (``upstream``), so it batches, queues, retries
 and drains exactly as theirs do.
 """

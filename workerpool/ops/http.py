@@ -31,6 +31,7 @@ from prometheus_client.core import (
 )
 
 from ..control.status import WorkerState, unready
+from ..linux import drain_pipe
 from ..supervisor.loop import Loop
 from . import metrics
 
@@ -71,12 +72,7 @@ class Snapshots:
             return None
 
     def _answer(self) -> None:
-        while True:
-            try:
-                if not os.read(self._read, 4096):
-                    break
-            except BlockingIOError:
-                break
+        drain_pipe(self._read)
         with self._lock:
             waiting, self._waiting = self._waiting, []
         if not waiting:

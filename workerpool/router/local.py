@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..linux import drain_pipe
 from .intake import Intake
 
 
@@ -42,12 +43,7 @@ class LocalClients:
 
     def take(self) -> None:
         """The loop's thread: admit what was handed over."""
-        while True:
-            try:
-                if not os.read(self.wakeup, 4096):
-                    break
-            except BlockingIOError:
-                break
+        drain_pipe(self.wakeup)
         # After the pipe is read, before the inbox is: a request handed over from now on either
         # is in the inbox below or writes a wake-up that stays in the pipe.
         self._woken = False
