@@ -54,6 +54,7 @@ def test_mnist_answers_equal_the_model_run_in_process(burn_mnist_path):
         assert len(pids) >= 2  # concurrent load was spread over workers
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the router's, not the start's
 def test_slow_request_does_not_delay_free_workers(small_model):
     """Load-awareness: while one worker sleeps on a request, the others answer meanwhile."""
     with Server(small_model, *SLOW, workers=3) as server:
@@ -211,6 +212,7 @@ def test_a_second_server_is_told_what_it_shares_with_the_first(small_model, tmp_
         refused_at_start(Server(small_model, "--control", f"ipc://{control}", workers=1), message)
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the router's, not the start's
 def test_a_live_server_keeps_its_control_socket_even_when_stopped(small_model):
     with Server(small_model, workers=1) as first:
         refused_at_start(Server(small_model, "--control", first.control, workers=1),
