@@ -60,6 +60,21 @@ class InternalError(RemoteError, code="internal"):
     """The model or the server failed unexpectedly while handling a valid request."""
 
 
+def error_of_reply(header: dict[str, Any]) -> RemoteError:
+    """The error an error reply's header carries: its code's class (an unknown code keeps its
+    name on a plain ``RemoteError``); ``InternalError`` when it holds no error object."""
+    error = header.get("error")
+    worker_pid = header.get("worker_pid")
+    if not isinstance(error, dict):
+        return InternalError("malformed reply: error without an 'error' object", worker_pid=worker_pid)
+    code = error.get("code")
+    cls = ERRORS_BY_CODE.get(code, RemoteError) if isinstance(code, str) else RemoteError
+    exc = cls(str(error.get("message", "")), worker_pid=worker_pid)
+    if cls is RemoteError:
+        exc.code = str(code)
+    return exc
+
+
 class Timeout(WorkerpoolError):
     """A connected server sent no reply within the client's timeout, after every retry."""
 

@@ -271,19 +271,4 @@ def _decode(frames: list) -> tuple[Any, Message | errors.RemoteError]:
         return request_id, errors.InternalError(f"malformed reply: {exc}")
     if message.header["status"] == "ok":
         return message.id, message
-    return message.id, _remote_error(message.header)
-
-
-def _remote_error(header: dict[str, Any]) -> errors.RemoteError:
-    error = header.get("error")
-    worker_pid = header.get("worker_pid")
-    if not isinstance(error, dict):
-        return errors.InternalError(
-            "malformed reply: error without an 'error' object", worker_pid=worker_pid
-        )
-    code = error.get("code")
-    cls = errors.ERRORS_BY_CODE.get(code, errors.RemoteError) if isinstance(code, str) else errors.RemoteError
-    exc = cls(str(error.get("message", "")), worker_pid=worker_pid)
-    if cls is errors.RemoteError:
-        exc.code = str(code)
-    return exc
+    return message.id, errors.error_of_reply(message.header)

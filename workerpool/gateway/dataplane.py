@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
+from ..models.contract import TEXT
 from ..protocol import messages as protocol
 from .upstream import RouterLink
 
 UNNAMED_INPUT = "input"  # what the protocols call the model's single unnamed input and output
 UNNAMED_OUTPUT = "output"
-TEXT = "text"
 
 
 class ModelNotFound(LookupError):
@@ -108,16 +108,11 @@ class DataPlane:
                     deadline: float | None) -> Answer:
         """Run the model on named arrays (names as ``view`` gives them) or on texts."""
         budget = self.request_timeout if deadline is None else deadline
-        if isinstance(inputs, list):
-            if not 0 < len(inputs) <= protocol.MAX_TEXTS:
-                raise BadRequest(f"a request takes 1 to {protocol.MAX_TEXTS} texts, not {len(inputs)}")
-            reply = await self.link.call(lane, method=protocol.METHOD_INFER, text=inputs, deadline=budget,
-                                         patience=budget + self.request_timeout)
-        else:
-            descriptors, buffers = protocol.pack_arrays(_wire_inputs(view, inputs))
-            reply = await self.link.call(lane, method=protocol.METHOD_INFER, descriptors=descriptors,
-                                         arrays=buffers, deadline=budget,
-                                         patience=budget + self.request_timeout)
+        if isinstance(inputs, list) and not 0 < len(inputs) <= protocol.MAX_TEXTS:
+            raise BadRequest(f"a request takes 1 to {protocol.MAX_TEXTS} texts, not {len(inputs)}")
+        payload = inputs if isinstance(inputs, list) else _wire_inputs(view, inputs)
+        reply = await self.link.call(lane, payload, method=protocol.METHOD_INFER, deadline=budget,
+                                     patience=budget + self.request_timeout)
         generation = reply.header.get("generation")
         outputs = {name or UNNAMED_OUTPUT: array for name, array in zip(reply.names, reply.arrays, strict=True)}
         return Answer(outputs, generation if isinstance(generation, int) else None, reply.header.get("worker_pid"))

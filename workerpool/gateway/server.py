@@ -1,4 +1,4 @@
-"""The HTTP server of one gateway process: aiohttp's server, its routes, and the limits that
+"""The HTTP front door's server: aiohttp's low-level server, its routes, and the limits that
 keep a client from costing more than its share.
 
 - Routes: the Open Inference Protocol's (``/v2/...``), OpenAI's ``/v1/embeddings`` and
@@ -8,8 +8,8 @@ keep a client from costing more than its share.
   arrive within the client timeout (``--http-timeout``), and an idle connection is closed after
   it; a body over ``max_body`` is answered 413 before it is read; a body may not pause longer
   than the client timeout (408); the bodies held at once are bounded in bytes (503 past that).
-- With a token file, every route but the probes needs ``Authorization: Bearer TOKEN``,
-  compared in constant time.
+- With a token file, every route but the probes and ``/metrics`` needs ``Authorization:
+  Bearer TOKEN``, compared in constant time.
 """
 
 from __future__ import annotations
@@ -269,8 +269,8 @@ def _earliest(*timeouts: float | None) -> float | None:
     return min(given) if given else None
 
 
-def _json(document: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=json.dumps(document).encode(), content_type="application/json")
+def _json(document: Any) -> web.Response:
+    return web.Response(body=json.dumps(document).encode(), content_type="application/json")
 
 
 def _error(exc: HttpError, openai_route: bool) -> web.Response:

@@ -12,12 +12,11 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ERRORS_BY_CODE, BadRequest, InternalError, RemoteError
+from ..errors import BadRequest, error_of_reply
 from ..protocol import messages as protocol
-from ..protocol.messages import Message
+from ..protocol.messages import Inputs, Message
 from ..router.local import LocalClients
 
 log = logging.getLogger(__name__)
@@ -49,27 +48,21 @@ class RouterLink:
             self._woken = True
             self._loop.call_soon_threadsafe(self._answer_all)
 
-    async def call(self, lane: bytes, *, method: str, text: list[str] | None = None,
-                   arrays: Sequence[Any] = (), descriptors: list[dict[str, Any]] | None = None,
-                   deadline: float | None = None, patience: float) -> Message:
-        """Send one request on ``lane`` and await its reply; raises the reply's ``RemoteError``,
-        or ``NoReply`` after ``patience`` seconds (plus slack) without one."""
+    async def call(self, lane: bytes, payload: Inputs | None, *, method: str, deadline: float | None,
+                   patience: float) -> Message:
+        """Send one request (arrays, texts or nothing) on ``lane`` and await its reply; raises
+        the reply's ``RemoteError``, ``BadRequest`` for what the protocol cannot carry, or
+        ``NoReply`` after ``patience`` seconds (plus slack) without one."""
         request_id = next(self._ids)
-        header: dict[str, Any] = {"v": protocol.VERSION, "id": request_id, "method": method,
-                                  "arrays": descriptors or []}
-        if text is not None:
-            header["text"] = text
-        if deadline is not None:
-            header["deadline_ms"] = deadline * 1000.0
-        encoded = protocol.encode_header(header)
-        if len(encoded) > protocol.MAX_HEADER_BYTES:  # texts travel in it: the router could not read it
-            raise BadRequest(f"the request's texts take {len(encoded)} bytes as JSON, over the "
-                             f"{protocol.MAX_HEADER_BYTES} one request may carry: send fewer or shorter texts")
-        frames = [encoded, *arrays]
+        try:
+            _, *frames = protocol.encode_request(request_id, payload, method=method,
+                                                 deadline_ms=None if deadline is None else deadline * 1000.0)
+        except protocol.ProtocolError as exc:  # the texts were too many for the router's header
+            raise BadRequest(f"this request cannot be passed to the workers: {exc}") from None
         answer: asyncio.Future[Message] = self._loop.create_future()
         self._waiting[request_id] = answer
         try:
-            self._clients.submit(lane, frames, len(encoded) + sum(memoryview(a).nbytes for a in arrays))
+            self._clients.submit(lane, frames, sum(memoryview(frame).nbytes for frame in frames))
             async with asyncio.timeout(patience + REPLY_SLACK):
                 reply = await answer
         except TimeoutError:
@@ -77,7 +70,7 @@ class RouterLink:
         finally:
             self._waiting.pop(request_id, None)
         if reply.header.get("status") != "ok":
-            raise _remote_error(reply.header)
+            raise error_of_reply(reply.header)
         return reply
 
     def _answer_all(self) -> None:
@@ -92,11 +85,3 @@ class RouterLink:
             answer = self._waiting.get(reply.id) if isinstance(reply.id, int) else None
             if answer is not None and not answer.done():
                 answer.set_result(reply)
-
-
-def _remote_error(header: dict[str, Any]) -> RemoteError:
-    error = header.get("error")
-    if not isinstance(error, dict):
-        return InternalError("the router's error reply has no error object")
-    kind = ERRORS_BY_CODE.get(str(error.get("code")), InternalError)
-    return kind(str(error.get("message", "")), worker_pid=header.get("worker_pid"))

@@ -113,7 +113,7 @@ class ServingRole:
             raise StartupError(f"--http: {exc}") from exc
         settings = FrontSettings(
             model_name=config.model_name or _model_name(config.path), max_body=self.max_message_size,
-            max_buffered=config.max_queue_bytes, max_connections=self._connection_cap(),
+            max_buffered=config.max_queue_bytes, max_connections=self.connections.limit,
             request_timeout=config.request_timeout, client_timeout=config.http_timeout,
             token=_token(config), tls=_tls(config))
         try:
@@ -131,7 +131,7 @@ class ServingRole:
         front.start()
         cleanup.callback(front.stop, lambda seconds: self._refuse_local(local, seconds))
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
-        texts = any(entry.get("dtype") == "text" for entry in self.pool.watcher.current.signature.get("inputs", []))
+        texts = models.takes_text(self.pool.watcher.current.signature)
         log.info("HTTP on %s: KServe v2 at /v2/models/%s%s, /metrics, /healthz, /readyz", url,
                  settings.model_name, ", OpenAI at /v1/embeddings" if texts else "")
         return url
