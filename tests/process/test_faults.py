@@ -14,12 +14,15 @@ import shutil
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
 import zmq
+from support.commands import cli
 from support.models import SLOW
 from support.processes import Background, frozen, log_time, slow_request, vm_hwm
 from support.server import Server
@@ -29,6 +32,7 @@ from support.sockets import (
     exchange,
     f32,
     flood,
+    free_port,
     header,
     monitored_dealer,
     next_event,
@@ -37,6 +41,7 @@ from support.sockets import (
 from support.status import busy_pids, pool_ready, registered
 
 import workerpool
+from workerpool import models
 
 MiB = 1024 * 1024
 
@@ -44,17 +49,20 @@ MiB = 1024 * 1024
 # 1. kill -9.
 
 
-def test_kill_9_workers_under_load(small_model, local_model):
-    """600 requests from 4 threads while two workers are SIGKILLed: every request gets the
-    right answer or a typed error, nothing hangs, and the pool is back to 3 ready workers."""
-    threads, per_thread = 4, 150
+def test_kill_9_workers_under_load_blames_no_client(small_model, local_model):
+    """Six client threads while workers are SIGKILLed from outside, one after every 40 answers,
+    twelve times: every request gets the right answer or a typed error, nothing hangs, no client
+    is refused for deaths it did not cause (at least 95% answered), and the pool is back to 3
+    ready workers."""
+    threads, kills = 6, 12
     outcomes: list[tuple[str, Any]] = []
     lock = threading.Lock()
+    done = threading.Event()
 
     def client(endpoint: str, width: int, seed: int) -> None:
         rng = np.random.default_rng(seed)
         with workerpool.Client(endpoint, timeout=10, retries=0) as c:
-            for _ in range(per_thread):
+            while not done.is_set():
                 x = rng.standard_normal((8, width)).astype(np.float32)
                 try:
                     result = c.request(x)
@@ -74,36 +82,36 @@ def test_kill_9_workers_under_load(small_model, local_model):
             Background(lambda s=seed: client(server.endpoint, width, s)) for seed in range(threads)
         ]
         victims: list[int] = []
-        for threshold in (30, 90):
-            deadline = time.monotonic() + 30
-            while len(outcomes) < threshold and time.monotonic() < deadline:
-                time.sleep(0.002)
-            assert len(outcomes) >= threshold, f"load stalled at {len(outcomes)} requests"
-            status = server.status(memory=False)
-            candidates = [
-                p
-                for p in busy_pids(status) + [w["pid"] for w in registered(status)]
-                if p not in victims
-            ]
-            victims.append(candidates[0])
-            os.kill(candidates[0], signal.SIGKILL)
-        assert len(outcomes) < threads * per_thread, "the load ended before the second kill"
-        for background in load:
-            background.join(60)  # a hung request fails the test here
+        try:
+            while len(victims) < kills:
+                threshold = len(outcomes) + 40
+                deadline = time.monotonic() + 30
+                while len(outcomes) < threshold and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                assert len(outcomes) >= threshold, f"load stalled at {len(outcomes)} requests"
+                status = server.status(memory=False)
+                candidates = [p for p in busy_pids(status) + [w["pid"] for w in registered(status)]
+                              if p not in victims]
+                if candidates:
+                    victims.append(candidates[0])
+                    os.kill(candidates[0], signal.SIGKILL)
+        finally:
+            done.set()
+            for background in load:
+                background.join(60)  # a hung request fails the test here
 
-        assert len(outcomes) == threads * per_thread
         failures = [detail for kind, detail in outcomes if kind == "failure"]
         assert failures == []
         errors = [detail for kind, detail in outcomes if kind == "typed error"]
-        assert all(isinstance(e, workerpool.WorkerFailed) for e in errors), errors
-        assert len(errors) <= 1  # a request fails only if its retry dies too
+        assert all(isinstance(e, workerpool.WorkerFailed) for e in errors), errors[:3]
+        assert len(errors) <= 0.05 * len(outcomes), f"{len(errors)} of {len(outcomes)} refused: {errors[:3]}"
+        assert not [e for e in errors if "killed workers" in str(e)]  # no client blamed
         answered_by = {pid for kind, pid in outcomes if kind == "answer"}
         status = server.wait_for(pool_ready(3, without=tuple(victims)))
         assert answered_by <= set(victims) | {w["pid"] for w in status["workers"]}
         log = server.log()
         for victim in victims:
             assert f"worker {victim} was killed by SIGKILL; starting a replacement" in log
-        assert server.proc.poll() is None
 
 
 def test_request_on_a_killed_worker_is_retried_on_another(small_model):
@@ -386,35 +394,47 @@ def test_worker_that_cannot_start_is_restarted_with_backoff(small_model, tmp_pat
             assert np.array_equal(c.infer(np.ones((1, 2), np.float32)), np.full((1, 2), 2.0))
 
 
-def test_killed_worker_waits_for_a_valid_file_instead_of_crash_looping(
+def test_a_refused_publish_costs_no_capacity_and_the_pool_says_it_is_degraded(
     small_model, local_model, tmp_path
 ):
-    """With garbage renamed over the served path, a worker that dies is not replaced by
-    workers doomed to fail: the supervisor checks the file first and waits (no start at all),
-    the survivor keeps serving, and a valid file brings the pool back to full strength."""
+    """A misfit file (another input width) published over the served path without the server's
+    check: the pool refuses it and serves on; a killed worker is replaced at once on the weights
+    the pool serves, never on the refused file; status, status --ready, /readyz and the metrics
+    say degraded, with the reason; publish with the server's check refuses the same file; a
+    valid file makes the pool whole again."""
     path = tmp_path / "model.bpk"
     shutil.copyfile(small_model, path)
     width = local_model.input_shape[1]
-    with Server(path, workers=2) as server:
-        victim, survivor = server.worker_pids()
-        garbage = tmp_path / "garbage.bpk"
-        garbage.write_bytes(b"NRUB\x01\x00" + b"\xff" * 64)
-        os.rename(garbage, path)
+    misfit = tmp_path / "misfit.bpk"
+    models.generate_mlp(misfit, 1024 * 1024, width=2 * width, seed=5)
+    port = free_port()
+    with Server(path, "--http", f"127.0.0.1:{port}", workers=2) as server:
+        refused = cli("publish", misfit, path, env=dict(os.environ, WORKERPOOL_CONTROL=server.control))
+        assert refused.returncode == 1 and "the running server refuses it" in refused.stderr
+        assert cli("status", "--ready", "--control", server.control).returncode == 0
+        done = cli("publish", misfit, path, "--no-check")
+        assert done.returncode == 0, done.stderr
+        server.wait_for(lambda s: s["degraded"] is not None)
+        victim = server.worker_pids()[0]
         os.kill(victim, signal.SIGKILL)
-        server.wait_for(lambda s: f"worker {victim} was killed by SIGKILL; waiting" in server.log())
+        status = server.wait_for(pool_ready(2, without=(victim,)))
+        assert "new weights refused" in status["degraded"] and "does not fit" in status["degraded"]
         with workerpool.Client(server.endpoint, timeout=5, retries=0) as c:
-            for i in range(50):
+            for i in range(20):
                 x = np.full((1, width), float(i), np.float32)
-                result = c.request(x)
-                assert result.worker_pid == survivor
-                np.testing.assert_allclose(result.outputs, local_model(x), rtol=1e-5, atol=1e-5)
-        status = server.status()
-        assert [w["pid"] for w in status["workers"]] == [survivor]
-        assert "cannot load the model" not in server.log()  # not one doomed start
-        valid = tmp_path / "valid.bpk"
-        shutil.copyfile(small_model, valid)
-        os.rename(valid, path)
-        server.wait_for(pool_ready(2, without=(victim,)))
+                np.testing.assert_allclose(c.request(x).outputs, local_model(x), rtol=1e-5, atol=1e-5)
+        probe = cli("status", "--ready", "--control", server.control)
+        assert probe.returncode == 1 and "not ready: new weights refused" in probe.stderr
+        assert "DEGRADED: new weights refused" in cli("status", "--control", server.control).stdout
+        readyz = urllib.request.Request(f"http://127.0.0.1:{port}/readyz")
+        with pytest.raises(urllib.error.HTTPError) as unready:
+            urllib.request.urlopen(readyz, timeout=10)
+        assert unready.value.code == 503 and b"new weights refused" in unready.value.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as metrics:
+            assert "workerpool_degraded 1.0" in metrics.read().decode()
+        assert cli("publish", small_model, path, "--control", server.control).returncode == 0
+        server.wait_for(lambda s: s["degraded"] is None and s["model"]["generation"] == 2)
+        assert cli("status", "--ready", "--control", server.control).returncode == 0
         assert FAILED_START.findall(server.log()) == []
 
 

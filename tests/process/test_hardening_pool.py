@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -17,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import zmq
 from support.commands import cli
 from support.keys import CurveKeys
 from support.paths import MODELS
 from support.processes import Background
 from support.server import Host, Server, refused_at_start
-from support.sockets import dealer, free_backend
+from support.sockets import dealer, free_backend, free_port, monitored_dealer, next_event
 from support.status import pool_ready
 
 import workerpool
@@ -33,9 +35,9 @@ from workerpool.protocol import messages as protocol
 SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
 
 
-# A client past the connection cap is closed at once, and resends on each new connection
-# until the idle connections ahead of it are dropped (after the router's handshake time).
-PAST_THE_CAP = {"retries": 200, "connect_timeout": 10}
+# A client past what the descriptor limit leaves room for is closed at once, and resends on
+# each new connection until the idle ones ahead of it are dropped (after the handshake time).
+PAST_THE_CEILING = {"retries": 200, "connect_timeout": 10}
 
 
 def answer(endpoint: str, x: np.ndarray, **options) -> workerpool.Result:
@@ -165,68 +167,114 @@ def test_a_request_past_the_time_limit_is_answered_and_its_worker_replaced(small
 
 
 def test_every_request_sent_during_a_drain_is_answered(small_model):
-    """Four clients keep sending while a SIGTERM drain runs and until the server is gone:
-    every request sent while the server still had time to answer it is answered (a result
-    or shutting_down); none is dropped after it reached the router."""
+    """Four clients keep sending while a SIGTERM drain runs and until the server is gone: each
+    request is answered (a result or shutting_down), none is lost to the race with the
+    server's exit (ConnectionLost or a time-out), and the server's own count of the requests it
+    read is the count the clients were answered."""
     with Server(small_model, *SLOW, "--graceful-timeout", "20", workers=2) as server:
         busy = [Background(lambda: answer(server.endpoint, np.full((1, 2), -1.5, np.float32)))
                 for _ in range(2)]
         server.wait_for(lambda s: s["queue"]["in_flight"] == 2)
-        unanswered: list[float] = []  # when each request that got no reply was sent
+        lost: list[Exception] = []
 
-        def keep_sending() -> int:
-            shutting_down = 0
+        def keep_sending() -> tuple[int, int]:
+            answered = not_sent = 0
             with workerpool.Client(server.endpoint, timeout=3, retries=0) as client:
-                for _ in range(2000):
-                    if server.proc.poll() is not None:
-                        break
-                    sent = time.monotonic()
+                while server.proc.poll() is None:
                     try:
                         client.request(np.ones((1, 2), np.float32))
-                    except workerpool.ShuttingDown:
-                        shutting_down += 1
-                    except (workerpool.Timeout, workerpool.ConnectionLost, workerpool.Unreachable):
-                        unanswered.append(sent)
-            return shutting_down
+                        answered += 1
+                    except workerpool.ShuttingDown as exc:
+                        not_sent += "was not sent" in str(exc)
+                        answered += "was not sent" not in str(exc)
+                        if not_sent:  # it knows: nothing more goes out until the server is gone
+                            break
+                    except (workerpool.Timeout, workerpool.ConnectionLost, workerpool.Unreachable) as exc:
+                        lost.append(exc)
+            return answered, not_sent
 
         senders = [Background(keep_sending) for _ in range(4)]
         server.signal(signal.SIGTERM)
-        server.proc.wait(60)
-        exited = time.monotonic()
-        assert sum(sender.join(60) for sender in senders) > 0
-        # A request sent in the server's last moments may find its socket already closed.
-        assert [t for t in unanswered if t < exited - 0.5] == []
+        assert server.proc.wait(60) == 0
+        counts = [sender.join(60) for sender in senders]
         for call in busy:
             assert call.join(20).outputs[0, 0] == -3.0
+        assert lost == []
+        assert all(not_sent for _, not_sent in counts)
+        read = re.search(r"(\d+) requests read, (\d+) answered", server.log())
+        assert read is not None and read[1] == read[2]
+        assert int(read[1]) == sum(answered for answered, _ in counts) + len(busy)
 
 
 # Connections and descriptors.
 
 
-def test_idle_connections_past_the_cap_lock_nobody_out(small_model):
-    with Server(small_model, "--max-connections", "20", workers=1) as server:
-        host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+def test_requests_past_the_connection_cap_are_answered_overloaded_without_a_reconnect(small_model, context):
+    """With --max-connections 4: idle connections take no place; a fifth connection that sends
+    is answered overloaded at once, request after request, on the one connection it opened; it
+    is served once a served connection closes. Over HTTP, a connection past the cap is
+    answered 503."""
+    port = free_port()
+    with Server(small_model, "--max-connections", "4", "--http", f"127.0.0.1:{port}", workers=1) as server:
+        host, zmq_port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
         x = one_row(server.endpoint)
-        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        idle = [socket.create_connection((host, int(zmq_port))) for _ in range(50)]
+        served = [workerpool.Client(server.endpoint, timeout=10, retries=0) for _ in range(4)]
         try:
-            assert answer(server.endpoint, x, **PAST_THE_CAP).outputs.shape[0] == 1
-            server.wait_for(lambda s: "over --max-connections 20" in server.log(), timeout=10)
+            for client in served:
+                assert client.request(x).outputs.shape[0] == 1
+            with monitored_dealer(context, server.endpoint) as (sock, monitor):
+                for request_id in range(20):
+                    sock.send_multipart(protocol.encode_request(request_id, x))
+                    assert sock.poll(10_000), "no answer past the connection cap"
+                    reply = protocol.decode_header(sock.recv_multipart()[1])
+                    assert reply["id"] == request_id and reply["error"]["code"] == "overloaded"
+                    assert "at the server's --max-connections 4" in reply["error"]["message"]
+                assert next_event(monitor) == zmq.EVENT_CONNECTED
+                assert next_event(monitor, timeout=0.1) is None  # no drop, no reconnect
+                served.pop().close()
+                server.wait_for(lambda s: s["connections"]["served"] == 3)
+                sock.send_multipart(protocol.encode_request(20, x))
+                assert sock.poll(10_000)
+                assert protocol.decode_header(sock.recv_multipart()[1])["status"] == "ok"
+            assert server.status(memory=False)["connections"]["open"] >= 50 + 3
+            keep_alive = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+            try:
+                response = http_get(port, "/v2/health/live")
+                assert response.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in response
+                assert b"--max-connections 4" in response
+            finally:
+                for sock in keep_alive:
+                    sock.close()
         finally:
+            for client in served:
+                client.close()
             for sock in idle:
                 sock.close()
+        assert "answering requests on others overloaded" in server.log()
+
+
+def http_get(port: int, path: str) -> bytes:
+    """One GET on a raw socket, everything the server sends until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        received = b""
+        while part := sock.recv(65536):
+            received += part
+        return received
 
 
 def test_idle_connections_cannot_exhaust_a_low_descriptor_limit(small_model):
     """With a hard limit of 256 descriptors the connection cap is lowered to fit beside the
     workers, so 400 idle connections still leave room for a real client."""
-    server = Server(small_model, workers=1)
+    server = Server(small_model, "--max-connections", "1024", workers=1)
     server.command = ["prlimit", "--nofile=256:256", *server.command]
     with server:
         host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
         x = one_row(server.endpoint)
         idle = [socket.create_connection((host, int(port))) for _ in range(400)]
         try:
-            assert answer(server.endpoint, x, **PAST_THE_CAP).outputs.shape[0] == 1
+            assert answer(server.endpoint, x, **PAST_THE_CEILING).outputs.shape[0] == 1
             assert "more than the open file limit leaves room for" in server.log()
         finally:
             for sock in idle:
@@ -272,14 +320,17 @@ def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(smal
 # Found by a second round of attacks.
 
 
-def test_a_message_of_a_million_frames_is_dropped_cheaply(small_model, context):
+def test_a_message_of_a_million_frames_is_dropped_cheaply_and_answered(small_model, context):
     with Server(small_model, workers=2) as server:
         pids = set(server.worker_pids())
         supervisor = psutil.Process(server.proc.pid)
         before = supervisor.memory_info().rss
         with dealer(context, server.endpoint) as sock:
             sock.send_multipart([b""] * 1_000_000)
-            server.wait_for(lambda s: "dropped a message of 1000001 frames" in server.log(), timeout=30)
+            assert sock.poll(60_000), "a message of too many frames got no answer"
+            header = protocol.decode_header(sock.recv_multipart()[1])
+        assert header["error"]["code"] == "bad_request" and "1000000 frames" in header["error"]["message"]
+        assert "refused a message of 1000001 frames" in server.log()
         assert supervisor.memory_info().rss - before < 64 * 1024 * 1024
         # Reading it stalls the loop for seconds on a busy machine, which can outlast a worker's
         # heartbeat: the pool must be whole again, if not with the same workers.

@@ -21,6 +21,7 @@ from support.status import busy_pids, pool_ready
 from test_hosts import free_backend
 
 import workerpool
+from workerpool.protocol import messages as protocol
 from workerpool.units import MS_PER_SECOND, KiB, MiB
 from workerpool.worker.spec import STOP_SIGNAL
 
@@ -251,3 +252,18 @@ def test_busy_workers_of_a_worker_host_die_with_the_host(small_model, context):
         busy = busy_pids(router.wait_for(lambda s: len(busy_pids(s)) == 2))
         host.proc.kill()
         assert_all_gone(busy, within=3)
+
+
+# Silence is never an answer.
+
+
+@pytest.mark.parametrize("extra", [[b""] * 10_000, [b"abcd"] * 5_000], ids=["empty", "four-byte"])
+def test_a_request_followed_by_too_many_frames_is_answered_bad_request(mlp_server, context, extra):
+    """One declared array, then thousands of frames: the request's own id gets the answer."""
+    _, header_frame, array = protocol.encode_request(41, np.zeros((2, 256), np.float32))
+    with dealer(context, mlp_server.endpoint) as sock:
+        sock.send_multipart([b"", header_frame, array, *extra])
+        assert sock.poll(10_000), "a message of too many frames got no answer"
+        reply = protocol.decode_header(sock.recv_multipart()[1])
+    assert reply["id"] == 41 and reply["error"]["code"] == "bad_request"
+    assert f"a message of {len(extra) + 3} frames" in reply["error"]["message"]

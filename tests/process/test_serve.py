@@ -78,6 +78,7 @@ def test_slow_request_does_not_delay_free_workers(small_model):
         assert np.array_equal(slow_result.outputs, np.full((1, 4), -6.0, np.float32))
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the client's, not the start's
 def test_infer_many_and_info(small_model, local_model):
     with Server(small_model, workers=2) as server, workerpool.Client(server.endpoint) as c:
         info = c.info()
@@ -88,6 +89,7 @@ def test_infer_many_and_info(small_model, local_model):
             np.testing.assert_allclose(y, local_model(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the client's, not the start's
 def test_info_describes_arrays_as_the_wire_does(small_model, local_model):
     """One format: ``inputs`` and ``outputs`` with dtypes as array descriptors write them; the
     README's first request reads the input width as ``info["inputs"][0]["shape"][1]``."""
@@ -102,6 +104,7 @@ def test_info_describes_arrays_as_the_wire_does(small_model, local_model):
     assert not {"input_shape", "output_shape", "input_dtype", "output_dtype", "accepts_text"} & set(info)
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the client's, not the start's
 def test_async_client(small_model):
     import asyncio
 
@@ -133,6 +136,7 @@ def test_status_reports_every_worker(small_model):
         assert human.returncode == 0 and str(status["workers"][0]["pid"]) in human.stdout
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # no server starts
 def test_status_without_server_exits_1_at_once(tmp_path):
     """``--timeout 60`` against a 30 s limit: the answer must not wait for the timeout."""
     done = cli("status", "--control", f"ipc://{tmp_path}/none", "--timeout", "60", timeout=30)
@@ -147,6 +151,7 @@ def test_status_without_server_exits_1_at_once(tmp_path):
     assert "connection refused (a server that stopped left that socket file behind)" in done.stderr
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # it stops before any start
 @pytest.mark.parametrize("defect", ["missing", "garbage", "misfit"])
 def test_bad_model_file_exits_2_without_starting_workers(tmp_path, small_model, defect):
     path = tmp_path / "model.bpk"
@@ -200,6 +205,7 @@ def test_supervisor_sigkill_leaves_no_orphans(small_model):
         server.stop()
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the endpoints', not the start's
 def test_a_second_server_is_told_what_it_shares_with_the_first(small_model, tmp_path):
     with Server(small_model, workers=1) as first:
         refused_at_start(Server(small_model, "--bind", first.endpoint, workers=1),
@@ -245,6 +251,7 @@ def test_ttin_ttou_change_the_worker_count(small_model):
             assert c.infer(np.ones((1, c.info()["inputs"][0]["shape"][1]), np.float32)).shape == (1, 10)
 
 
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the command line's, not the start's
 def test_infer_command_round_trip(small_model, tmp_path):
     with Server(small_model, workers=1) as server:
         width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]

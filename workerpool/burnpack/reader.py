@@ -124,17 +124,19 @@ class Burnpack:
         return f"<Burnpack {self.path!r} {len(self.infos)} tensors {self.layout}>"
 
 
-def read(path: str | os.PathLike, *, mmap: bool = True) -> Burnpack:
+def read(path: str | os.PathLike, *, mmap: bool = True, source: str | None = None) -> Burnpack:
     """Validate a Burnpack file and return views of its tensors.
 
     With ``mmap=True`` the file is mapped read-only and shared with every other process that
     maps it; if mapping fails the file is read into memory and a warning is logged.
-    ``mmap=False`` always reads a private copy.
+    ``mmap=False`` always reads a private copy. ``source``, when given, is opened instead of
+    ``path``, which still names the file in messages: a descriptor's ``/proc`` path reaches the
+    version of the file a supervisor validated after ``path`` was replaced.
     """
     path = _resolve(os.fsdecode(path))
     try:
         # Non-blocking, so that a FIFO under this name is refused below instead of hanging here.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(source or path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except (OSError, ValueError) as exc:
         raise BurnpackError(f"{path}: cannot open: {getattr(exc, 'strerror', None) or exc}") from exc
     try:

@@ -16,11 +16,12 @@ from ..control.status import Status, unready
 from ..units import format_size
 from . import render
 from .arguments import add_control, add_model, add_source_and_destination, add_timeout
-from .failures import reported
+from .failures import CommandError, reported
 from .parser import Subcommands, add_command
 
 RELOAD_WAIT_SECONDS = RELOAD_TIMEOUT_SECONDS + 30.0
 """``reload`` outwaits the server's own reload deadline, so a failure arrives with its reason."""
+STATUS_SECONDS = 5.0  # for publish's look at which file the running server serves
 
 
 def control_endpoint(args: argparse.Namespace) -> str:
@@ -94,21 +95,49 @@ def add_publish(sub: Subcommands) -> None:
     parser = add_command(sub, cmd_publish)
     add_source_and_destination(parser, ("SRC.bpk", "the new weights, checked before anything is replaced"),
                                "the path the server serves")
-    add_control(parser, "also ask the server at this control endpoint to check SRC")
-    add_model(parser, "without --control, the model to check SRC against (default: as serve)")
+    add_control(parser, "the running server to ask to check SRC (default: as status)")
+    parser.add_argument("--no-check", action="store_true",
+                        help="do not ask the running server to check SRC (it is still checked here)")
+    add_model(parser, "the model to check SRC against when no server checks it (default: as serve)")
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
     """deploy new weights: validate, copy beside DEST, rename over it
 
-    Validate SRC (and, with --control, that the running server's model accepts it), copy it to a
-    temporary file in DEST's directory, fsync it, rename it over DEST and fsync the directory. A
-    server watching DEST then reloads. An invalid SRC leaves DEST untouched (exit 1).
+    Validate SRC, copy it to a temporary file in DEST's directory, fsync it, rename it over DEST
+    and fsync the directory. A server watching DEST then reloads. The running server that serves
+    DEST (--control, else where serve listens by default) is asked first whether it would take
+    the copy; with no server there, SRC is checked here. A refused SRC leaves DEST untouched
+    (exit 1).
     """
     from ..weights.publish import PublishError, publish
 
+    checker = None if args.no_check else _checking_server(args)
     with reported(PublishError):
-        identity = publish(args.source, args.destination, control_endpoint=args.control, model=args.model)
+        identity = publish(args.source, args.destination, control_endpoint=checker, model=args.model)
     print(f"workerpool: published {args.source} as {args.destination} (inode {identity.inode}, "
-          f"{format_size(identity.size)})")
+          f"{format_size(identity.size)}){'; the server checked it first' if checker else ''}")
     return 0
+
+
+def _checking_server(args: argparse.Namespace) -> str | None:
+    """The control endpoint of the running server that serves DEST, or None (then SRC is
+    checked here) when none does: no server answers by default, or it serves another file."""
+    endpoint = control_endpoint(args)
+    try:
+        status = control.call(endpoint, "status", timeout=STATUS_SECONDS, memory=False)
+    except control.NoServer as exc:
+        if args.control:
+            raise CommandError(f"{args.source}: cannot ask the running server to check it: {exc} "
+                               "(--no-check publishes without asking)") from exc
+        print(f"workerpool: no server is running at {endpoint}: checking {args.source} here")
+        return None
+    except control.ControlError as exc:
+        raise CommandError(f"{args.source}: cannot ask the running server to check it: {exc} "
+                           "(--no-check publishes without asking)") from exc
+    served = status["model"]["path"]
+    if os.path.realpath(served) != os.path.realpath(args.destination):
+        print(f"workerpool: the server at {endpoint} serves {served}, not {args.destination}: "
+              f"checking {args.source} here")
+        return None
+    return endpoint

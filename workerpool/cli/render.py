@@ -88,11 +88,16 @@ def print_status(status: dict[str, Any], width: int, *, explain: bool = False) -
     model, queue = status["model"], status["queue"]
     say = functools.partial(_print_wrapped, width=width)
     say(f"supervisor {status['supervisor_pid']} serving on {status['endpoint']}")
+    if status["degraded"]:
+        say(f"DEGRADED: {status['degraded']}")
     say(f"model {model['name']}: {model['path']} ({format_size(model['size'])}, inode {model['inode']}, "
         f"generation {model['generation']}, {model['load']})")
     threads = status["threads_per_worker"]
     say(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
         f"{threads} BLAS thread{'' if threads == 1 else 's'} per worker")
+    connections = status["connections"]
+    say(f"client connections: {connections['served']} served (max {connections['max']}), "
+        f"{connections['open']} open")
     _print_batches(status["workers"], say)
     host = os.uname().nodename
     helpers = [("supervisor", status["supervisor_pid"], status.get("supervisor_memory"))]

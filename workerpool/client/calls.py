@@ -107,6 +107,9 @@ class Calls:
     link: Link
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False)
     _outstanding: dict[int, Call] = field(default_factory=dict, init=False)
+    # The server on this connection answered shutting_down: nothing more is sent on it, where
+    # it would race the server's exit (a request sent as it closes is read by no one).
+    draining: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -148,6 +151,8 @@ class Calls:
         if call is None:
             _log.debug("discarding reply to request %r: not outstanding", request_id)
             return None
+        if isinstance(outcome, errors.ShuttingDown):
+            self.draining = True
         if isinstance(outcome, errors.ShuttingDown) and call.attempts <= self.retries:
             # A server that stops is often restarted: the call stays outstanding, to be resent
             # when the connection drops, to whatever server is there then.
@@ -174,6 +179,7 @@ class Calls:
         ``Timeout``. The rest are resent.
         """
         self.link = link
+        self.draining = False  # a new connection: whoever is there has said nothing yet
         calls = list(self._outstanding.values())
         self._outstanding.clear()
         for call in calls:
@@ -235,10 +241,15 @@ class Calls:
         except ProtocolError as exc:
             self._finish(call, errors.BadRequest(str(exc)))
             return
+        if self.draining and call.attempts > self.retries:
+            self._finish(call, errors.ShuttingDown(
+                f"the server at {self.endpoint} said it is shutting down: the request was not sent"))
+            return
         call.expires = now + self.timeout
         call.connect_by = math.inf if self.link.up else now + self.connect_timeout
         self._outstanding[call.id] = call
-        send(frames)
+        if not self.draining:  # else held, to be sent to whatever server is there once this one is gone
+            send(frames)
 
     def _lost(self, call: Call, how: str) -> None:
         self._finish(call, errors.ConnectionLost(

@@ -62,11 +62,11 @@ class Link:
 
     def why_dropped(self) -> str:
         """What a drop says of the server: closing a connection it has just accepted is what a
-        server at its connection cap does, and what libzmq does with a message over the
-        server's size limit."""
+        server with no room for more connections under its open file limit does, and what
+        libzmq does with a message over the server's size limit."""
         if time.monotonic() - self.up_at < EARLY_DROP_SECONDS:
-            return (" (the server closed it right after accepting it: a server at its "
-                    "--max-connections limit, or a request over its --max-message-size?)")
+            return (" (the server closed it right after accepting it: a server out of room for "
+                    "connections, or a request over its --max-message-size?)")
         return ""
 
     def why_unreachable(self, waited: float) -> str:

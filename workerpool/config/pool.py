@@ -27,7 +27,6 @@ MAX_QUEUE: int = setting("max_queue").default
 GRACEFUL_TIMEOUT_SECONDS: float = setting("graceful_timeout").default
 WATCH_INTERVAL_SECONDS: float = setting("watch_interval").default
 REQUEST_TIMEOUT_SECONDS: float = setting("request_timeout").default
-MAX_CONNECTIONS: int = setting("max_connections").default
 MAX_BATCH: int = setting("max_batch").default  # rows of the batch axis one forward pass may take
 
 # Settings no option changes.
@@ -77,7 +76,7 @@ class ServeConfig(PoolConfig):
     control: str | None = None  # None: an ipc socket in the private runtime directory
     max_queue: int = field("max_queue")
     max_queue_bytes: int = field("max_queue_bytes")
-    max_connections: int = field("max_connections")
+    max_connections: int | None = None  # None: follows the open file limit
     request_timeout: float = field("request_timeout")
     max_batch: int = field("max_batch")
     batch_wait: float = field("batch_wait")  # seconds a batch's first request may wait for more to join it

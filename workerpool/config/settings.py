@@ -208,11 +208,14 @@ _SERVE_SETTINGS = (
             "than --max-batch rows are queued (default: 0, never wait)",
             doc="how long a request may wait for others to share its forward pass while fewer than "
             "`--max-batch` requests wait; 0 never delays a request"),
-    Setting("--max-connections", commands=SERVE_ONLY, parse=values.positive_count, default=1024,
-            metavar="N", help="client connections served at once; more are closed at once "
-            "(default: %(default)s)",
-            doc="client connections served at once; more are closed as they arrive (lowered to fit a "
-            "low open file limit)"),
+    Setting("--max-connections", commands=SERVE_ONLY, parse=values.positive_count, metavar="N",
+            help="client connections served at once, each from its first request on; requests on "
+            "more are answered overloaded until one closes (default: 7/8 of what the open file "
+            "limit leaves room for)",
+            doc="client connections served at once, each counted from its first request until it "
+            "closes; requests on further connections are answered `overloaded` until a place frees, "
+            "and connections past what the open file limit leaves room for are closed as they arrive",
+            doc_default="7/8 of the connections the open file limit leaves room for"),
     Setting("--http", commands=SERVE_ONLY, metavar="HOST:PORT",
             help="serve HTTP here: KServe v2 inference (/v2/...), OpenAI embeddings (/v1/embeddings), "
             "/metrics, /healthz and /readyz; a bare :PORT is loopback (default: off; needs "

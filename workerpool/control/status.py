@@ -60,6 +60,12 @@ class QueueStatus(TypedDict):
     in_flight: int
 
 
+class ConnectionStatus(TypedDict):
+    served: int  # client connections that have sent a request and not closed
+    open: int  # every client connection accepted and not closed, idle ones too
+    max: int  # --max-connections
+
+
 class TemplateStatus(TypedDict):
     pid: int | None  # None while it is being restarted
     restarts: int
@@ -69,6 +75,7 @@ class TemplateStatus(TypedDict):
 class Status(TypedDict):
     supervisor_pid: int
     draining: bool  # stopping: new requests are refused
+    degraded: str | None  # why the pool is not whole though it serves (new weights refused), or None
     supervisor_memory: MemoryFigures | None
     template: TemplateStatus | None  # None: workers are spawned (--start spawn)
     endpoint: str
@@ -76,16 +83,21 @@ class Status(TypedDict):
     threads_per_worker: int  # each worker's BLAS/OpenMP threads
     model: ModelStatus
     queue: QueueStatus
+    connections: ConnectionStatus
     workers: list[WorkerStatus]
     totals: dict[str, int | None] | None  # see metrics.TOTAL_FIELDS
 
 
 def unready(status: Status) -> str | None:
-    """Why the pool would not answer a request now, in one line; None when it would (what
-    ``/readyz`` and ``status --ready`` report). A worker of any generation counts: during a
-    rolling reload, or one paused on a file that fails, the pool keeps serving."""
+    """Why the pool is not ready, in one line; None when it is (what ``/readyz`` and ``status
+    --ready`` report): it would not answer a request now, or it is degraded (it serves, but
+    the path holds weights it refused, so a restart would not start). A worker of any
+    generation counts: during a rolling reload, or one paused on a file that fails, the pool
+    keeps serving."""
     if status["draining"]:
         return "the server is shutting down"
+    if status["degraded"]:
+        return status["degraded"]
     serving = (WorkerState.READY, WorkerState.BUSY, WorkerState.RELOADING)
     if any(w["state"] in serving for w in status["workers"]):
         return None

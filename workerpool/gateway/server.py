@@ -3,7 +3,7 @@ keep a client from costing more than its share.
 
 - Routes: the Open Inference Protocol's (``/v2/...``), OpenAI's ``/v1/embeddings`` and
   ``/v1/models``, and the operations endpoint's (``/metrics``, ``/healthz``, ``/readyz``).
-- Limits: at most ``max_connections`` connections (more are closed as they arrive); aiohttp's
+- Limits: at most ``max_connections`` connections (more are answered 503); aiohttp's
   own on the request line and on headers (count and size, answered 400); a request's head must
   arrive within the client timeout (``--http-timeout``), and an idle connection is closed after
   it; a body over ``max_body`` is answered 413 before it is read; a body may not pause longer
@@ -40,6 +40,8 @@ MAX_HEADERS = 100
 MAX_FIELD_BYTES = 8190
 RETRY_AFTER = "1"
 WARN_INTERVAL = 10.0  # seconds between warnings about refused connections
+REFUSED_LINGER = 1.0  # seconds a refused connection is read from before it is closed
+MAX_LINGERING = 64
 STATUS_OF_CODE = {"bad_request": 400, "overloaded": 429, "deadline_exceeded": 504,
                   "request_timeout": 504, "shutting_down": 503, "worker_failed": 500, "internal": 500}
 MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
@@ -287,14 +289,41 @@ def _error(exc: HttpError, openai_route: bool) -> web.Response:
 
 
 class _Refused(asyncio.Protocol):
-    """A connection past the cap: closed as it arrives, before aiohttp sees it."""
+    """A connection past the cap, answered 503 before aiohttp sees it. What the client sends
+    is read and dropped until it closes, or for ``REFUSED_LINGER`` seconds: closing with its
+    request unread would reset the connection, and the client could lose the answer. At most
+    ``MAX_LINGERING`` linger at once; past that a refused connection is closed once answered."""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
+    lingering = 0
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:  # uvloop's transports are no asyncio subclasses
+        transport.write(self.answer)
+        if _Refused.lingering >= MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        _Refused.lingering += 1
+        self.transport = transport
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(REFUSED_LINGER, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        self.transport.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            _Refused.lingering -= 1
 
 
 class CappedServer(web.Server):
-    """aiohttp's low-level server, closing connections past ``max_connections`` as they arrive."""
+    """aiohttp's low-level server, answering connections past ``max_connections`` 503 as they arrive."""
 
     def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
@@ -309,9 +338,18 @@ class CappedServer(web.Server):
         now = time.monotonic()
         if now - self._last_warning >= WARN_INTERVAL:
             self._last_warning = now
-            log.warning("%d HTTP connections open, at --max-connections: closing new ones (%d so far)",
-                        len(self.connections), self.refused)
-        return _Refused()
+            log.warning("%d HTTP connections open, at --max-connections: answering new ones 503 "
+                        "(%d so far)", len(self.connections), self.refused)
+        message = (f"{len(self.connections)} HTTP connections are open, at the server's "
+                   f"--max-connections {self.max_connections}")
+        return _Refused(_plain_answer(503, "Service Unavailable", json.dumps({"error": message}).encode()))
+
+
+def _plain_answer(status: int, reason: str, body: bytes) -> bytes:
+    """A whole HTTP/1.1 response that closes its connection, written without aiohttp."""
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Retry-After: {RETRY_AFTER}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
 
 
 class _QuietClientErrors(logging.Filter):

@@ -119,6 +119,13 @@ class PoolCollector:
                                 value=status["queue"]["depth"])
         yield GaugeMetricFamily("workerpool_in_flight", "Requests running on workers.",
                                 value=status["queue"]["in_flight"])
+        yield GaugeMetricFamily("workerpool_degraded", "1 while the served path holds weights the pool "
+                                "refused (it serves the last valid ones; a restart would not start).",
+                                value=int(status["degraded"] is not None))
+        connections = status["connections"]
+        yield _labelled(GaugeMetricFamily, "workerpool_client_connections",
+                        "ZeroMQ client connections: served (sent a request) and open (idle ones too).",
+                        "state", {"served": connections["served"], "open": connections["open"]})
         states = {str(state): 0 for state in WorkerState}
         for worker in status["workers"]:
             states[worker["state"]] = states.get(worker["state"], 0) + 1

@@ -133,11 +133,13 @@ class ControlCommands:
     def status(self, memory: metrics.PoolMemory | None = None) -> Status:
         """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
         pool, router, config = self.role.pool, self.role.router, self.role.config
+        connections = self.role.connections
         current = pool.watcher.current
         helpers: dict[int, Any] = memory.helpers if memory else {}
         return {
             "supervisor_pid": os.getpid(),
             "draining": pool.stopping,
+            "degraded": pool.watcher.degraded,
             "supervisor_memory": helpers.get(os.getpid()),
             "template": pool.starter.status(helpers),
             "endpoint": router.endpoint,
@@ -155,6 +157,8 @@ class ControlCommands:
             },
             "queue": {"depth": router.queue_depth, "max": config.max_queue,
                       "in_flight": router.in_flight},
+            "connections": {"served": len(connections.serving), "open": len(connections.open),
+                            "max": connections.limit},
             "workers": worker_rows(pool.children.values(), router.workers, current.generation,
                                    memory.workers if memory else None),
             "totals": memory.totals if memory else None,

@@ -90,7 +90,7 @@ class HostRole:
         generation = pool.watcher.current.generation
         active = [c for c in pool.children.values() if not c.stopping]
         old = [c for c in active if c.generation < generation]
-        if pool.stopping or not old or pool.watcher.problem is not None:
+        if pool.stopping or not old:
             return
         if pool.starter.pending or any(not c.ready for c in active):
             return  # a new worker is still loading

@@ -17,6 +17,7 @@ import resource
 import select
 import shutil
 import socket
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -27,7 +28,6 @@ import zmq
 from .. import models, runtime, security
 from ..config.pool import STOP_TIMEOUT_SECONDS, ServeConfig, StartupError
 from ..control.server import ControlServer
-from ..protocol.transport import readable
 from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
@@ -38,7 +38,7 @@ from ..supervisor.core import Supervisor
 from ..supervisor.loop import Loop
 from ..supervisor.process import Child
 from ..supervisor.ready_line import serve_line
-from ..units import KiB, MiB, format_size
+from ..units import MS_PER_SECOND, KiB, MiB, format_size
 from ..worker.spec import WorkerSpec
 from .commands import ControlCommands
 
@@ -47,9 +47,11 @@ log = logging.getLogger(__name__)
 BATCH_ROOM = 4096  # requests of the model's declared input that --max-message-size makes room for
 UNDECLARED_MESSAGE_SIZE = 64 * MiB
 STRAGGLER_LINGER_MS = 1000
+STRAGGLER_QUIET_MS = 20  # clients silent this long at exit have nothing more on its way
 RESERVED_FDS = 64  # the supervisor's own: sockets, libzmq's internals, logs, the control socket
 HTTP_BACKLOG = 1024
 FDS_PER_WORKER = 4  # its pidfd, its backend connection and the pipes around starting it
+ROOM_TO_ANSWER = 8  # by default 1/8 of the client connections' room holds those not served
 
 
 class ServingRole:
@@ -94,8 +96,9 @@ class ServingRole:
         self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
         cleanup.callback(self._answer_stragglers)
         self.control_server.bind(pool.loop, cleanup)
-        self.connections = ConnectionLimit(self.router.frontend, self._connection_cap())
+        self.connections = ConnectionLimit(self.router.frontend, *self._connection_caps())
         cleanup.callback(self.connections.close)
+        self.router.intake.connections = self.connections
         self._read_sockets(pool.loop)
         self.http_url = self._open_http(pool, cleanup) if self.config.http else None
 
@@ -156,17 +159,20 @@ class ServingRole:
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
                 "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
 
-    def _connection_cap(self) -> int:
-        """--max-connections, lowered when the descriptor limit could not hold that many beside
-        the workers' own: a cap above it would let idle connections exhaust descriptors."""
-        wanted = self.config.max_connections
-        available = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - RESERVED_FDS \
+    def _connection_caps(self) -> tuple[int, int]:
+        """The connections served (--max-connections) and the most held open: what the open
+        file limit leaves beside the pool's own descriptors, halved with --http, which takes its
+        connections from the same room. A cap above it would let connections exhaust descriptors."""
+        room = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - RESERVED_FDS \
             - FDS_PER_WORKER * max(self.config.workers, 1)
-        if wanted > available:
+        ceiling = max(1, room // 2 if self.config.http else room)
+        wanted = self.config.max_connections
+        if wanted is None:
+            return max(1, ceiling - ceiling // ROOM_TO_ANSWER), ceiling
+        if wanted > ceiling:
             log.warning("--max-connections %d is more than the open file limit leaves room for; "
-                        "serving at most %d connections (raise the limit with ulimit -n)",
-                        wanted, max(available, 1))
-        return max(1, min(wanted, available))
+                        "serving at most %d connections (raise the limit with ulimit -n)", wanted, ceiling)
+        return min(wanted, ceiling), ceiling
 
     def _bind_router(self, context: zmq.Context, private_dir: str,
                      secure: Callable[[zmq.Socket, str], None] | None) -> Router:
@@ -233,12 +239,22 @@ class ServingRole:
         return None
 
     def _answer_stragglers(self) -> None:
-        """At exit, answer requests that reached the socket after the last poll, and give the
-        replies a moment to leave: every request that reached the router gets an answer."""
-        self.router.stop_accepting()
-        while readable(self.router.frontend):
-            self.router.intake.on_readable()
-        self.router.frontend.close(linger=STRAGGLER_LINGER_MS)
+        """At exit, answer what reached the socket after the last poll, until clients have been
+        quiet for ``STRAGGLER_QUIET_MS`` (at most ``STRAGGLER_LINGER_MS``), then give the replies
+        that long to leave: every request the router read gets an answer. libzmq cannot stop
+        reading a connection that stays open, so a request sent after that reaches no one, and
+        its client sees the connection drop."""
+        router = self.router
+        router.stop_accepting()
+        frontend = router.frontend
+        give_up = time.monotonic() + STRAGGLER_LINGER_MS / MS_PER_SECOND
+        while frontend.poll(STRAGGLER_QUIET_MS) and time.monotonic() < give_up:
+            router.intake.on_readable()
+        frontend.close(linger=STRAGGLER_LINGER_MS)
+        intake = router.intake
+        answered = sum(intake.outcomes.values())
+        log.log(logging.INFO if answered == intake.read else logging.WARNING,
+                "%d requests read, %d answered", intake.read, answered)
 
     def _duties(self) -> None:
         self.router.tick()
@@ -266,7 +282,7 @@ class ServingRole:
     def roll_out(self) -> None:
         self.switch_failure = None
         current = self.pool.watcher.current
-        self.router.begin_rollout(current.generation, current.identity.as_list())
+        self.router.begin_rollout(current.generation, current.identity.as_list(), current.source)
 
     def reload_done(self) -> bool:
         return self.router.reload_complete()

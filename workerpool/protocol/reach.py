@@ -191,6 +191,7 @@ def _watch(endpoint: str, monitor: zmq.Socket, with_keys: bool, seconds: float) 
             raise Unreachable(f"{endpoint}: the encrypted handshake failed: is --curve-server-key "
                               "this server's public key?")
         if event not in (zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED):
-            raise Unreachable(f"{endpoint}: the peer ended the ZeroMQ handshake: a server at its "
-                              "--max-connections limit, or not a workerpool endpoint")
+            raise Unreachable(f"{endpoint}: the peer ended the ZeroMQ handshake: a server with no "
+                              "room for more connections under its open file limit, or not a "
+                              "workerpool endpoint")
     raise Unreachable(f"{endpoint}: no ZeroMQ handshake completed in {seconds:g} s")

@@ -46,27 +46,32 @@ def readable(sock: zmq.Socket) -> bool:
     return bool(cast(int, sock.get(zmq.EVENTS)) & POLLIN)
 
 
-def receive_batch(sock: zmq.Socket, handler: Callable[[list[zmq.Frame]], None]) -> None:
+def receive_batch(sock: zmq.Socket, handler: Callable[[list[zmq.Frame]], None],
+                  overlong: Callable[[list[zmq.Frame], int], None] | None = None) -> None:
     """Hand ``handler`` the messages waiting on a readable socket, at most ``BATCH`` of them.
 
     A message of more than ``MAX_FRAMES`` frames is no message of the protocol: it is read
     and dropped frame by frame, never held whole (libzmq's size limits count bytes per frame,
-    so a few megabytes of empty frames would otherwise cost a Python object each).
+    so a few megabytes of empty frames would otherwise cost a Python object each). Its first
+    ``MAX_FRAMES`` frames and its frame count go to ``overlong``, which can answer its sender.
     """
     for _ in range(BATCH):
-        frames = _receive_capped(sock)
+        frames = _receive_capped(sock, overlong)
         if frames is not None:
             handler(frames)
         if not readable(sock):
             return
 
 
-def _receive_capped(sock: zmq.Socket) -> list[zmq.Frame] | None:
+def _receive_capped(sock: zmq.Socket,
+                    overlong: Callable[[list[zmq.Frame], int], None] | None) -> list[zmq.Frame] | None:
     frames = [sock.recv(copy=False)]
     while frames[-1].more:
         if len(frames) == MAX_FRAMES:
-            dropped = len(frames) + _discard_rest(sock)
-            log.warning("dropped a message of %d frames (at most %d are read)", dropped, MAX_FRAMES)
+            count = len(frames) + _discard_rest(sock)
+            log.warning("refused a message of %d frames (at most %d are read)", count, MAX_FRAMES)
+            if overlong is not None:
+                overlong(frames, count)
             return None
         frames.append(sock.recv(copy=False))
     return frames

@@ -1,14 +1,24 @@
-"""A cap on client connections, enforced as libzmq accepts them.
+"""Caps on client connections: the connections served, and the descriptors they hold.
 
-ZeroMQ accepts every TCP connection on its own thread and has no limit of its own, so idle
-connections could take every file descriptor. A socket monitor reports each connection's
-descriptor as it is accepted and as it goes; past the cap the new connection is shut down at
-once, never one already serving a client. Shutting down works on
-libzmq's own descriptor without closing it or needing a new one (there may be none left), and
-only after checking it is still a connection to this socket; libzmq then sees the peer go and
-cleans up after itself as usual.
-Peers that never complete the ZeroMQ handshake are dropped by libzmq after a few seconds
-(see sockets.py), which frees their places.
+ZeroMQ accepts every TCP connection on its own thread and has no limit of its own. Two are
+kept here:
+
+- ``--max-connections`` counts the connections that have sent a request, from their first
+  until they close. A request on any further connection is answered ``overloaded`` at once,
+  and that connection stays open: it is served as soon as a served one closes, and its client
+  learns why it waits instead of reconnecting in a loop. Idle connections and peers that never
+  complete the ZeroMQ handshake take no place (libzmq drops the latter after a few seconds,
+  see sockets.py).
+- The descriptor ceiling counts every accepted connection. Past it a new connection is shut
+  down as it arrives, never one already open, so idle connections cannot take every
+  descriptor. Shutting down works on libzmq's own descriptor without closing it or needing a
+  new one (there may be none left), and only after checking it is still a connection to this
+  socket; libzmq then sees the peer go and cleans up after itself as usual.
+
+A socket monitor reports each connection's descriptor as it is accepted and as it goes, and
+each message carries the descriptor it came in on: that is how a request is tied to its
+connection. A routing id is known once its first request arrives, so the check costs one
+dictionary look-up per request.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Any
 
 import zmq
 
@@ -24,16 +35,22 @@ from ..protocol.transport import MONITOR_EVENT
 log = logging.getLogger(__name__)
 
 WARN_INTERVAL = 10.0  # seconds between warnings about refused connections
+SOURCE_FD = int(zmq.SRCFD)
 
 
 class ConnectionLimit:
-    """Counts a bound socket's connections and closes those past ``limit``."""
+    """Counts a bound socket's connections: serves ``limit`` of them, closes those past
+    ``ceiling`` as they arrive."""
 
-    def __init__(self, sock: zmq.Socket, limit: int) -> None:
+    def __init__(self, sock: zmq.Socket, limit: int, ceiling: int) -> None:
         self.limit = limit
-        self.open: set[int] = set()
-        self.refused = 0
-        self._last_warning = 0.0
+        self.ceiling = ceiling
+        self.open: set[int] = set()  # descriptors of the connections accepted and not yet gone
+        self.serving: dict[bytes, int] = {}  # routing id -> descriptor, of the connections served
+        self._client_on: dict[int, bytes] = {}
+        self.closed = 0  # connections shut down past the ceiling
+        self.turned_away = 0  # requests answered overloaded for want of a place
+        self._last_warning = {"closed": -WARN_INTERVAL, "turned away": -WARN_INTERVAL}
         self.monitor = sock.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
         self._sock = sock
@@ -44,20 +61,49 @@ class ConnectionLimit:
             kind, fd = MONITOR_EVENT.unpack(self.monitor.recv_multipart()[0][:MONITOR_EVENT.size])
             if kind == zmq.EVENT_ACCEPTED:
                 self.open.add(fd)
-                if len(self.open) > self.limit:
-                    self._refuse(fd)
+                if len(self.open) > self.ceiling:
+                    self._close(fd)
             else:
-                self.open.discard(fd)
+                self._gone(fd)
 
-    def _refuse(self, fd: int) -> None:
-        self.refused += 1
+    def admit(self, client: bytes, first_frame: Any) -> str | None:
+        """Give a place to the connection of a request from ``client`` not served yet (the hot
+        path checks ``serving`` first); why it cannot have one, or None."""
+        if len(self.serving) >= self.limit:
+            self.turned_away += 1
+            self._warn("turned away", f"{len(self.serving)} client connections served, at "
+                       f"--max-connections {self.limit}: answering requests on others overloaded "
+                       f"({self.turned_away} so far)")
+            return (f"{len(self.serving)} client connections are served, at the server's "
+                    f"--max-connections {self.limit}: this one is served when one of them closes")
+        fd = first_frame.get(SOURCE_FD)
+        if fd < 0:  # not a connection (inproc): nothing to count
+            return None
+        stale = self._client_on.get(fd)  # reused before the monitor said its connection went
+        if stale is not None:
+            del self.serving[stale]
+        self._client_on[fd] = client
+        self.serving[client] = fd
+        return None
+
+    def _gone(self, fd: int) -> None:
+        self.open.discard(fd)
+        client = self._client_on.pop(fd, None)
+        if client is not None:
+            del self.serving[client]
+
+    def _close(self, fd: int) -> None:
+        self.closed += 1
         self.open.discard(fd)
         _shut_down(fd, self._local)
+        self._warn("closed", f"{len(self.open)} client connections open, the most the open file "
+                   f"limit leaves room for: closing new ones ({self.closed} so far)")
+
+    def _warn(self, kind: str, message: str) -> None:
         now = time.monotonic()
-        if now - self._last_warning >= WARN_INTERVAL:
-            self._last_warning = now
-            log.warning("%d client connections open, over --max-connections %d: closing new ones "
-                        "(%d so far)", len(self.open), self.limit, self.refused)
+        if now - self._last_warning[kind] >= WARN_INTERVAL:
+            self._last_warning[kind] = now
+            log.warning("%s", message)
 
     def close(self) -> None:
         self._sock.disable_monitor()

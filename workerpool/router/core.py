@@ -194,9 +194,10 @@ class Router:
 
     # Hot reload: one worker at a time switches generation, between two requests.
 
-    def begin_rollout(self, generation: int, file_identity: list[int]) -> None:
-        """Move every local worker to ``generation``: the file with this identity, validated."""
-        self.rollout.begin(generation, file_identity)
+    def begin_rollout(self, generation: int, file_identity: list[int], source: str) -> None:
+        """Move every local worker to ``generation``: the file with this identity, validated,
+        which workers open at ``source``."""
+        self.rollout.begin(generation, file_identity, source)
         self.quarantine.clear()
         self.dispatcher.reload_next()
 

@@ -45,6 +45,7 @@ from ..units import MS_PER_SECOND, KiB
 
 if TYPE_CHECKING:
     from .batching import BatchShape
+    from .connections import ConnectionLimit
 
 log = logging.getLogger(__name__)
 
@@ -267,23 +268,39 @@ class Intake:
         self.socket = sock
         self.local_key = os.urandom(LOCAL_KEY_BYTES)
         self.deliver_local: Callable[[list[Any]], None] | None = None  # set by the HTTP front door
+        self.connections: ConnectionLimit | None = None  # set by the serve role
         self.max_message_size = max_message_size
         self.dispatch = dispatch
         self.queue = RequestQueue(max_queue, max_queue_bytes)
         self.accepting = True
         self.outcomes: Counter[str] = Counter()  # replies sent, by "ok" or error code
+        self.read = 0  # requests taken in, answered or not yet
 
     def on_readable(self) -> None:
-        receive_batch(self.socket, self._accept)
+        receive_batch(self.socket, self._accept, self._overlong)
 
     def _accept(self, frames: list[zmq.Frame]) -> None:
+        self.read += 1
         client = frames[0].bytes
         if len(frames) < 3 or frames[1].bytes != b"":
             request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
             self.reply_error(client, request_id, "bad_request",
                              "a request is an empty delimiter frame, a JSON header frame, then array frames")
             return
+        connections = self.connections
+        if connections is not None and client not in connections.serving:
+            why = connections.admit(client, frames[0])
+            if why is not None:
+                self.refuse(client, frames[2], "overloaded", why)
+                return
         self.admit(client, frames[2:], sum(len(frame) for frame in frames))
+
+    def _overlong(self, frames: list[zmq.Frame], count: int) -> None:
+        """A message of more frames than any request has: answered, though never held whole."""
+        self.read += 1
+        request_id = protocol.request_id_of(frames[2]) if frames[1].bytes == b"" else None
+        self.reply_error(frames[0].bytes, request_id, "bad_request", f"a message of {count - 1} frames "
+                         f"(the routing id aside): a request carries at most {protocol.MAX_ARRAYS} arrays")
 
     def admit(self, client: bytes, frames: list[Any], size: int) -> None:
         """Take a request (header frame, then array frames) of ``size`` bytes from ``client``."""

@@ -49,6 +49,7 @@ class LocalClients:
         self._woken = False
         while self._inbox:
             client, frames, size = self._inbox.popleft()
+            self.intake.read += 1
             self.intake.admit(client, frames, size)
 
     def close(self) -> None:

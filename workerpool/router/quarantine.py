@@ -1,11 +1,12 @@
 """Requests and clients that kill workers are refused instead of fed to more workers.
 
-A request in flight on a worker that dies is retried once (inference is idempotent, and the
-worker may have died of something else). One that kills a second worker, or runs past
-``--request-timeout``, is a killer: identical requests (same method and arrays, whatever
-their id) are then refused at once for ``REQUEST_TTL`` seconds, and a client connection whose
-requests killed ``CLIENT_KILLS`` workers within ``CLIENT_WINDOW`` seconds is refused for that
-window. Both tables are bounded, oldest entries dropped first.
+A request in flight on a worker that dies is retried once, alone (inference is idempotent, and
+the worker may have died of something else: an operator's ``kill``, the OOM killer, a fault).
+A death alone blames nobody. A request that kills a second worker running it alone, or runs
+past ``--request-timeout``, is a killer: identical requests (same method and arrays, whatever
+their id) are then refused at once for ``REQUEST_TTL`` seconds, and a client connection
+``CLIENT_KILLS`` of whose distinct requests were killers within ``CLIENT_WINDOW`` seconds is
+refused for that window. Both tables are bounded, oldest entries dropped first.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Quarantine:
 
     def __init__(self) -> None:
         self._requests: OrderedDict[bytes, float] = OrderedDict()  # fingerprint -> refused until
-        self._kills: OrderedDict[bytes, list[float]] = OrderedDict()  # client -> times of kills
+        self._kills: OrderedDict[bytes, dict[bytes, float]] = OrderedDict()  # client -> killer -> when
 
     def __bool__(self) -> bool:
         return bool(self._requests or self._kills)
@@ -53,17 +54,18 @@ class Quarantine:
         self._requests.clear()
         self._kills.clear()
 
-    def killed(self, client: bytes, frames: list[Any], *, proven: bool) -> None:
-        """A request of ``client`` was in flight on a worker that died or ran out of time.
-        ``proven``: it killed twice or timed out, so identical requests are refused too."""
+    def killed(self, client: bytes, frames: list[Any]) -> None:
+        """A request of ``client`` proved a killer: it killed a worker running it alone after
+        failing once, or ran out of time."""
+        key = fingerprint(frames)
+        if key is None:
+            return
         now = time.monotonic()
-        kills = [t for t in self._kills.pop(client, []) if now - t < CLIENT_WINDOW] + [now]
+        self._requests.pop(key, None)
+        self._requests[key] = now + REQUEST_TTL
+        kills = {k: t for k, t in self._kills.pop(client, {}).items() if now - t < CLIENT_WINDOW}
+        kills[key] = now
         self._kills[client] = kills
-        if proven:
-            key = fingerprint(frames)
-            if key is not None:
-                self._requests.pop(key, None)
-                self._requests[key] = now + REQUEST_TTL
         for table in (self._kills, self._requests):
             while len(table) > MAX_ENTRIES:
                 table.popitem(last=False)
@@ -71,10 +73,10 @@ class Quarantine:
     def refusal(self, client: bytes, frames: list[Any]) -> str | None:
         """Why this request is refused, or None. Costs a hash only while anything is held."""
         now = time.monotonic()
-        kills = [t for t in self._kills.get(client, []) if now - t < CLIENT_WINDOW]
+        kills = [t for t in self._kills.get(client, {}).values() if now - t < CLIENT_WINDOW]
         if len(kills) >= CLIENT_KILLS:
-            return (f"requests from this connection killed {len(kills)} workers in the last "
-                    f"{CLIENT_WINDOW:g}s; it is refused until that passes")
+            return (f"{len(kills)} different requests from this connection killed workers or ran past "
+                    f"--request-timeout in the last {CLIENT_WINDOW:g}s; it is refused until that passes")
         if not kills:
             self._kills.pop(client, None)
         if not self._requests:

@@ -54,21 +54,19 @@ class Recovery:
         self.dispatcher.reload_next()
 
     def _recover(self, worker: WorkerRecord, why: str, inflight: list[Pending]) -> None:
-        """Retry alone, or fail, what the lost ``worker`` was running, and blame its client."""
+        """Retry alone, or fail, what the lost ``worker`` was running. Only a request that
+        kills again when it runs alone is blamed: a death may have come from outside."""
         pending = inflight[0]
         if len(inflight) > 1:
             log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
                         "alone", worker.pid, why, len(inflight))
-            if len({p.client for p in inflight}) == 1:  # whichever request it was, it was this client's
-                self.quarantine.killed(pending.client, pending.frames, proven=False)
             self._retry_alone(inflight)
         elif pending.attempts < MAX_ATTEMPTS:
             log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
-            self.quarantine.killed(pending.client, pending.frames, proven=False)
             self._retry_alone(inflight)
         else:
             log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
-            self.quarantine.killed(pending.client, pending.frames, proven=True)
+            self.quarantine.killed(pending.client, pending.frames)
             self.intake.fail(pending, "worker_failed",
                               f"worker {worker.pid} failed while running the request, twice")
 
@@ -109,7 +107,7 @@ class Recovery:
                       "retrying each alone")
             return
         pending = inflight[0]
-        self.quarantine.killed(pending.client, pending.frames, proven=True)
+        self.quarantine.killed(pending.client, pending.frames)
         self.intake.fail(pending, "request_timeout", f"the request ran past {limit} on worker "
                           f"{worker.pid}; that worker is being replaced")
         self.lose(worker.key, f"its request ran past {limit}")

@@ -24,16 +24,18 @@ class Rollout:
 
     def __init__(self) -> None:
         self.target = 0
-        self.order = b""  # the RELOAD message body: generation and expected file identity
+        self.order = b""  # the RELOAD message body: generation, expected file identity, where to open it
         self.switching: WorkerKey | None = None  # the worker switching now
         self.paused = False  # the newest file failed on a worker: wait for the next one
         self.active = False  # from begin() until every local worker is on the target
         self._floor: dict[bytes, int] = {}  # client -> newest generation that answered it
 
-    def begin(self, generation: int, file_identity: list[int]) -> None:
-        """Move every local worker to ``generation``: the file with this identity, validated."""
+    def begin(self, generation: int, file_identity: list[int], source: str) -> None:
+        """Move every local worker to ``generation``: the file with this identity, validated,
+        which workers open at ``source``."""
         self.target = generation
-        self.order = json.dumps({"generation": generation, "identity": file_identity}).encode()
+        self.order = json.dumps({"generation": generation, "identity": file_identity,
+                                 "source": source}).encode()
         self.paused = False
         self.active = True
 

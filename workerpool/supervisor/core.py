@@ -60,7 +60,7 @@ class Supervisor:
         self.starter: Starter = (
             TemplateStarter(self._started, self._start_failed, log_level=config.log_level,
                             model=lambda: self.config.model or self.watcher.current.model,
-                            workers=lambda: set(self.children))
+                            workers=lambda: set(self.children), private=lambda: self.watcher.held)
             if config.start == "fork" else SpawnStarter(self._started))
 
     def run(self) -> int:
@@ -146,6 +146,7 @@ class Supervisor:
             load=self.config.load,
             generation=current.generation,
             expect=current.identity.as_list(),
+            source=current.source,
             heartbeat=self.config.heartbeat,
             liveness=self.config.liveness,
             log_level=self.config.log_level,
@@ -189,7 +190,7 @@ class Supervisor:
     def _spawn_due(self) -> None:
         now = time.monotonic()
         due = [t for t in self.spawn_at if t <= now]
-        if due and not self.stopping and self.watcher.problem is None:
+        if due and not self.stopping:
             self.spawn_at = [t for t in self.spawn_at if t > now]
             for _ in due:
                 self.spawn()
@@ -214,11 +215,7 @@ class Supervisor:
 
     def _replace(self, child: Child, code: int, why: str) -> None:
         """Start a replacement for a worker that died: at once, or after a back-off."""
-        if self.watcher.problem is not None:
-            log.warning("worker %d %s; waiting for a valid %s before starting a replacement",
-                        child.pid, why, self.config.path)
-            self.spawn_at.append(time.monotonic())
-        elif code == EXIT_FILE_CHANGED:
+        if code == EXIT_FILE_CHANGED:
             log.info("worker %d found %s replaced while it started; starting another",
                      child.pid, self.config.path)
             self.spawn()
@@ -261,7 +258,9 @@ class Supervisor:
         """One line for the service manager's status."""
         current = self.watcher.current
         ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
-        return f"serving {current.model} generation {current.generation} with {worker_count(ready)}"
+        summary = f"serving {current.model} generation {current.generation} with {worker_count(ready)}"
+        degraded = self.watcher.degraded
+        return summary if degraded is None else f"{summary}; degraded: {degraded}"
 
     def stop_child(self, child: Child) -> None:
         child.terminate()
@@ -277,7 +276,10 @@ class Supervisor:
 
     def check_weights(self, trigger: str) -> str:
         """Look at the served path; start moving the pool to a new, valid generation."""
+        degraded = self.watcher.degraded
         outcome = self.watcher.check(trigger)
+        if self.watcher.degraded != degraded and self.announced and not self.reloading:
+            self.notifier.status(self._summary())
         if outcome == "new":
             self.refusals.reset()
             self.reloading = True

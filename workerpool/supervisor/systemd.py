@@ -52,6 +52,9 @@ class Notifier:
         self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}",
                   f"STATUS={status}")
 
+    def status(self, status: str) -> None:
+        self.send(f"STATUS={status}")
+
     def stopping(self, status: str) -> None:
         self.send("STOPPING=1", f"STATUS={status}")
 

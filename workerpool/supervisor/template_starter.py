@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psutil
@@ -39,11 +39,12 @@ class TemplateStarter:
     already running are the supervisor's children and are not touched."""
 
     def __init__(self, started: Started, failed: Failed, *, model: Callable[[], str], log_level: str,
-                 workers: Callable[[], set[int]]) -> None:
+                 workers: Callable[[], set[int]], private: Callable[[], Iterable[int]] = tuple) -> None:
         self.started, self.failed = started, failed
         self.model = model  # the served model, for a restarted template to import
         self.log_level = log_level
         self.workers = workers  # the pids of the supervisor's workers
+        self.private = private  # descriptors of the supervisor's that a forked template closes
         self.template: Process | None = None
         self.restarts = 0
         self._sock: socket.socket | None = None
@@ -135,6 +136,8 @@ class TemplateStarter:
         pid = os.fork()
         if pid == 0:
             ours.close()
+            for fd in self.private():
+                os.close(fd)
             template.run(theirs, supervisor)
         return Process.adopt(pid)
 

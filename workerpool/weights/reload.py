@@ -4,6 +4,10 @@ A new version is published by renaming a complete file over the served path, whi
 new inode. The supervisor polls the path's identity; a change is validated (the file in full,
 and the served model built on it with the same input and output) before any worker sees it.
 Only then does it become the next generation.
+
+The supervisor keeps each generation's file open, and workers open it through that descriptor
+(``Weights.source``), never by the path: a worker started after a refused file was renamed over
+the path still maps the weights the pool serves, so a refused publish costs no capacity.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from ..models.loaded import LoadedModel
 log = logging.getLogger(__name__)
 
 
+HOLD_ATTEMPTS = 3  # validations at start when the path keeps being replaced meanwhile
+
+
 class WeightsRefused(Exception):
     """A weight file is malformed or does not fit the served model."""
 
@@ -33,6 +40,7 @@ class Weights:
     identity: burnpack.FileIdentity
     model: str
     signature: dict[str, Any]
+    source: str  # where workers open it: the supervisor's descriptor of it, under /proc
 
 
 def validate(path: str, model: str | None,
@@ -70,8 +78,15 @@ class Watcher:
         ``cache_dir`` is there before the first worker starts."""
         self.path = path
         self.cache_dir = cache_dir
-        name, identity, signature = validate(path, model, cache_dir)
-        self.current = Weights(1, identity, name, signature)
+        self._held: list[int] = []  # descriptors of the current generation's file and the one before
+        for _ in range(HOLD_ATTEMPTS):
+            name, identity, signature = validate(path, model, cache_dir)
+            source = self._hold(identity)
+            if source is not None:
+                break
+        else:
+            raise WeightsRefused(f"{path} was replaced while being validated, {HOLD_ATTEMPTS} times in a row")
+        self.current = Weights(1, identity, name, signature, source)
         self.seen: burnpack.FileIdentity | None = identity
         self.problem: str | None = None
         self.last_reload: dict[str, Any] | None = None
@@ -112,14 +127,44 @@ class Watcher:
         if mismatch:
             self.problem = f"{self.path}: model {name} does not fit generation {self.current.generation}: {mismatch}"
             return self._refuse(trigger, self.problem)
+        source = self._hold(validated)
+        if source is None:  # replaced again since it was validated: look afresh next time
+            self.seen = None
+            return "unchanged"
         self.problem = None
-        self.current = Weights(self.current.generation + 1, validated, name, signature)
+        self.current = Weights(self.current.generation + 1, validated, name, signature, source)
         self.outcomes["accepted"] += 1
         self.last_reload = {"time": time.time(), "trigger": trigger, "result": "ok",
                             "generation": self.current.generation, "reason": None}
         log.info("new weights in %s (inode %d, %d bytes): generation %d; switching workers one at a time",
                  self.path, validated.inode, validated.size, self.current.generation)
         return "new"
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The descriptors kept open for workers to open their generation's file by."""
+        return tuple(self._held)
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the path is not what the pool serves, while it is not: a restart would not start."""
+        return None if self.problem is None else f"new weights refused: {self.problem}"
+
+    def _hold(self, identity: burnpack.FileIdentity) -> str | None:
+        """Open the path and keep it open if it is still the file validated as ``identity``; the
+        path workers open it by, or None. The generation before stays open too, for workers
+        started just before this one arrived."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        if burnpack.FileIdentity.of(os.fstat(fd)) != identity:
+            os.close(fd)
+            return None
+        self._held.append(fd)
+        while len(self._held) > 2:
+            os.close(self._held.pop(0))
+        return f"/proc/{os.getpid()}/fd/{fd}"
 
     def _refuse(self, trigger: str, reason: str) -> str:
         self.outcomes["refused"] += 1

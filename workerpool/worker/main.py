@@ -69,8 +69,14 @@ class Worker:
         spec = self.spec
         if spec.threads is not None:  # before the model is built: it may run BLAS already
             self.threads = thread_pools().limit(limits=spec.threads)
-        self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
-                                  spec.cache_dir)
+        try:
+            self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
+                                      spec.cache_dir, spec.source)
+        except burnpack.BurnpackError:
+            if spec.source is None or os.path.exists(spec.source):
+                raise
+            log.warning("worker %d: generation %d was replaced while starting", os.getpid(), spec.generation)
+            return EXIT_FILE_CHANGED  # the supervisor let go of its file: start on the newest
         if spec.expect and self.loaded.pack.identity.as_list() != spec.expect:
             log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
                         os.getpid(), spec.path)
@@ -222,15 +228,16 @@ class Worker:
         """Map the file now at the path and build the model on it, between two requests."""
         wanted = json.loads(order)
         generation, expected = int(wanted["generation"]), list(wanted["identity"])
+        source = wanted.get("source")
         with self.memory.lifted() if self.memory else contextlib.nullcontext():
-            error = self._switch(generation, expected)
+            error = self._switch(generation, expected, source if isinstance(source, str) else None)
         if error is not None:
             return {"ok": False, "ordered": generation, "generation": self.loaded.generation,
                     "error": error}
         log.info("worker %d: serving generation %d", os.getpid(), generation)
         return {"ok": True, "ordered": generation, "generation": generation}
 
-    def _switch(self, generation: int, expected: list[int]) -> str | None:
+    def _switch(self, generation: int, expected: list[int], source: str | None) -> str | None:
         """Serve ``generation`` if it builds from the expected file; why not, or None.
 
         The old generation is dropped only once the new one is built, and with it the last
@@ -238,7 +245,7 @@ class Worker:
         """
         try:
             loaded = LoadedModel(self.spec.path, self.spec.model, self.spec.load, generation,
-                                 self.spec.threads, self.spec.cache_dir)
+                                 self.spec.threads, self.spec.cache_dir, source)
         except (burnpack.BurnpackError, models.ModelError) as exc:
             return str(exc)
         if loaded.pack.identity.as_list() != expected:

@@ -55,6 +55,8 @@ class WorkerSpec:
     generation: int = 1
     expect: list[int] | None = field(default=None, metadata={
         "help": "the file identity the supervisor validated, as a JSON list"})
+    source: str | None = field(default=None, metadata={
+        "help": "open this instead of the path: the supervisor's descriptor of the file it validated"})
     heartbeat: float = HEARTBEAT_SECONDS
     liveness: int = LIVENESS_BEATS
     log_level: str = DEFAULT_LOG_LEVEL

@@ -104,6 +104,9 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
             os.close(report_r)
             me = os.getpid()
             linux.die_with_parent(os.getppid())  # a stopped intermediate must not outlive the pool
+            # The template ignores the stop signal, and an ignored signal is discarded: blocked,
+            # one the supervisor sends before the worker sets its own action stays pending.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {STOP_SIGNAL})
             try:
                 pid = os.fork()
             except OSError as exc:
@@ -139,6 +142,7 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
             if callable(signal.getsignal(signum)):  # signals stay ignored: see worker.main)
                 signal.signal(signum, signal.SIG_DFL)
         signal.signal(STOP_SIGNAL, signal.SIG_DFL)  # stops a worker that has no handler for it yet
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {STOP_SIGNAL})
         if "numpy.random" in sys.modules:  # the random module reseeds itself after a fork
             sys.modules["numpy.random"].seed()  # numpy's global generator does not
         _wait_until_adopted(intermediate)

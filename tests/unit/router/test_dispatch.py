@@ -173,7 +173,7 @@ def test_the_rollout_takes_a_free_worker_out_to_reload_it():
     pool = Pool()
     worker = pool.worker(1)
     pool.worker(2, local=False)
-    pool.rollout.begin(2, [0])
+    pool.rollout.begin(2, [0], "/src")
     pool.dispatcher.reload_next()
     assert pool.sends_to(1) == [protocol.RELOAD] and worker.state == WorkerState.RELOADING
     assert pool.rollout.switching == worker.key
@@ -208,7 +208,7 @@ def test_a_quarantined_request_is_refused_without_being_sent():
     pool = Pool()
     pool.worker(1)
     killer = pool.request(7)
-    pool.quarantine.killed(killer.client, killer.frames, proven=True)
+    pool.quarantine.killed(killer.client, killer.frames)
     pool.answer(next(iter(pool.workers.values())))
     pool.request(7, client=b"other")
     assert pool.sends_to(1) == [[7]]
@@ -274,11 +274,36 @@ def test_a_lost_batch_of_two_clients_is_retried_request_by_request_blaming_neith
     assert not pool.quarantine
 
 
-def test_a_lost_batch_of_one_client_counts_one_kill_against_it():
+def test_a_lost_batch_of_one_client_blames_it_for_nothing():
     pool = Pool(batching=BatchPolicy(max_rows=8))
     worker = running_a_batch(pool, b"c", b"c")
     pool.recovery.lose(worker.key, "test")
-    assert len(pool.quarantine._kills[b"c"]) == 1
+    assert not pool.quarantine
+
+
+def test_deaths_from_outside_blame_no_client_and_only_distinct_killers_refuse_one():
+    """Workers killed under a client's requests, each of which then succeeds alone, count for
+    nothing; three different requests that each kill twice refuse the client's connection."""
+    pool = Pool()
+
+    def running() -> WorkerRecord:
+        return next(w for w in pool.workers.values() if w.inflight)
+
+    for request_id in range(10):
+        pool.worker(2 * request_id + 1)
+        pool.worker(2 * request_id + 2)
+        pending = pool.request(request_id, client=b"innocent")
+        pool.recovery.lose(running().key, "killed from outside")
+        pool.dispatcher.drain()
+        pool.answer(running())
+        assert pending.attempts == MAX_ATTEMPTS
+    assert pool.replies.errors() == {} and not pool.quarantine
+    for number in range(3):
+        assert pool.quarantine.refusal(b"killer", [f"{number}".encode()]) is None
+        pool.quarantine.killed(b"killer", [protocol.encode_request(number, [f"killer {number}"])[1]])
+        pool.quarantine.killed(b"killer", [protocol.encode_request(number + 9, [f"killer {number}"])[1]])
+    assert "3 different requests" in pool.quarantine.refusal(b"killer", [b"anything"])
+    assert pool.quarantine.refusal(b"innocent", [b"anything"]) is None
 
 
 def test_a_lost_free_worker_is_taken_off_the_free_list():

@@ -22,8 +22,8 @@ def test_one_local_worker_at_a_time_switches():
     rollout = Rollout()
     a, b, remote = record(b"a"), record(b"b"), record(b"r", local=False)
     assert not rollout.wants(a)  # nothing to roll out yet
-    rollout.begin(2, [1, 2, 3, 4])
-    assert json.loads(rollout.order) == {"generation": 2, "identity": [1, 2, 3, 4]}
+    rollout.begin(2, [1, 2, 3, 4], "/src")
+    assert json.loads(rollout.order) == {"generation": 2, "identity": [1, 2, 3, 4], "source": "/src"}
     assert rollout.wants(a) and not rollout.wants(remote)
     rollout.started(a)
     assert not rollout.wants(b)  # a is switching
@@ -37,18 +37,18 @@ def test_one_local_worker_at_a_time_switches():
 def test_a_failed_switch_pauses_until_the_next_generation():
     rollout = Rollout()
     a = record(b"a")
-    rollout.begin(2, [0])
+    rollout.begin(2, [0], "/src")
     rollout.started(a)
     assert rollout.finished(a, answer(False, 2, 1, "bad file")) == "bad file"
     assert a.generation == 1 and not rollout.wants(a)
-    rollout.begin(3, [0])
+    rollout.begin(3, [0], "/src")
     assert rollout.wants(a)
 
 
 def test_a_failure_for_an_older_order_does_not_pause():
     rollout = Rollout()
     a = record(b"a")
-    rollout.begin(3, [0])
+    rollout.begin(3, [0], "/src")
     rollout.started(a)
     assert rollout.finished(a, answer(False, 2, 1, "stale")) is None
     assert rollout.wants(a)
@@ -57,7 +57,7 @@ def test_a_failure_for_an_older_order_does_not_pause():
 def test_a_malformed_answer_counts_as_a_failure_of_the_target():
     rollout = Rollout()
     a = record(b"a")
-    rollout.begin(2, [0])
+    rollout.begin(2, [0], "/src")
     rollout.started(a)
     assert rollout.finished(a, b"[]") == "malformed RELOADED"
     assert a.generation == 1
@@ -68,7 +68,7 @@ def test_clients_never_go_back_a_generation_while_switching():
     a, b = record(b"a", 2), record(b"b", 1)
     rollout.answered(b"client", 2)
     assert rollout.floor(b"client") == 0  # no switch under way: nothing recorded
-    rollout.begin(2, [0])
+    rollout.begin(2, [0], "/src")
     rollout.answered(b"client", 2)
     rollout.answered(b"client", 1)
     assert rollout.floor(b"client") == 2 and rollout.floor(b"other") == 0
@@ -82,7 +82,7 @@ def test_clients_never_go_back_a_generation_while_switching():
 def test_forgetting_the_switching_worker_lets_another_switch():
     rollout = Rollout()
     a, b = record(b"a"), record(b"b")
-    rollout.begin(2, [0])
+    rollout.begin(2, [0], "/src")
     rollout.started(a)
     rollout.forget(a.key)
     assert rollout.wants(b)
