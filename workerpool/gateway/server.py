@@ -294,18 +294,17 @@ class _Refused(asyncio.Protocol):
     request unread would reset the connection, and the client could lose the answer. At most
     ``MAX_LINGERING`` linger at once; past that a refused connection is closed once answered."""
 
-    lingering = 0
-
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, answer: bytes, lingering: set[_Refused]) -> None:
         self.answer = answer
+        self.lingering = lingering
         self.transport: Any = None
 
     def connection_made(self, transport: Any) -> None:  # uvloop's transports are no asyncio subclasses
         transport.write(self.answer)
-        if _Refused.lingering >= MAX_LINGERING or not transport.can_write_eof():
+        if len(self.lingering) >= MAX_LINGERING or not transport.can_write_eof():
             transport.close()
             return
-        _Refused.lingering += 1
+        self.lingering.add(self)
         self.transport = transport
         transport.write_eof()
         asyncio.get_running_loop().call_later(REFUSED_LINGER, transport.close)
@@ -318,8 +317,7 @@ class _Refused(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.transport is not None:
-            _Refused.lingering -= 1
+        self.lingering.discard(self)
 
 
 class CappedServer(web.Server):
@@ -329,6 +327,7 @@ class CappedServer(web.Server):
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
         self.refused = 0
+        self.lingering: set[_Refused] = set()
         self._last_warning = -WARN_INTERVAL
 
     def __call__(self) -> Any:
@@ -342,7 +341,8 @@ class CappedServer(web.Server):
                         "(%d so far)", len(self.connections), self.refused)
         message = (f"{len(self.connections)} HTTP connections are open, at the server's "
                    f"--max-connections {self.max_connections}")
-        return _Refused(_plain_answer(503, "Service Unavailable", json.dumps({"error": message}).encode()))
+        answer = _plain_answer(503, "Service Unavailable", json.dumps({"error": message}).encode())
+        return _Refused(answer, self.lingering)
 
 
 def _plain_answer(status: int, reason: str, body: bytes) -> bytes:

@@ -73,7 +73,7 @@ class Worker:
             self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
                                       spec.cache_dir, spec.source)
         except burnpack.BurnpackError:
-            if spec.source is None or os.path.exists(spec.source):
+            if spec.source is None or _is_identity(spec.source, spec.expect):
                 raise
             log.warning("worker %d: generation %d was replaced while starting", os.getpid(), spec.generation)
             return EXIT_FILE_CHANGED  # the supervisor let go of its file: start on the newest
@@ -225,7 +225,7 @@ class Worker:
                         f"--max-worker-memory {format_size(self.memory.limit)}")
 
     def _reload(self, order: bytes) -> dict[str, Any]:
-        """Map the file now at the path and build the model on it, between two requests."""
+        """Map the file the order names and build the model on it, between two requests."""
         wanted = json.loads(order)
         generation, expected = int(wanted["generation"]), list(wanted["identity"])
         source = wanted.get("source")
@@ -252,6 +252,15 @@ class Worker:
             return f"{self.spec.path} changed again before this worker mapped it"
         self.loaded = loaded
         return None
+
+
+def _is_identity(path: str, identity: list[int] | None) -> bool:
+    """Whether ``path`` is still the file of that identity (the supervisor's descriptor of a
+    generation is closed, and its number reused, once two newer ones have come)."""
+    try:
+        return burnpack.FileIdentity.of(os.stat(path)).as_list() == identity
+    except OSError:
+        return False
 
 
 class MemoryLimitTooLow(Exception):
