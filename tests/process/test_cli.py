@@ -28,7 +28,7 @@ from support.server import Server
 from support.sockets import free_backend
 
 import workerpool
-from workerpool import burnpack, security
+from workerpool import burnpack, models, security
 from workerpool.cli.main import build_parser
 
 
@@ -458,3 +458,21 @@ def test_status_fits_the_terminal_and_json_keeps_everything(small_model):
     assert row.split()[1:3] == ["worker", "ready"] and len(row) == len(header)  # under its titles
     assert "weights" in wide and "pte" in wide  # not a terminal: every column
     assert {"rss", "uss", "pss", "shared", "anon", "pte"} <= set(worker["memory"])
+
+
+def test_publish_without_a_server_checks_the_model_against_the_one_at_dest(small_model, tmp_path):
+    """No server to ask: a file whose model does not fit the one DEST holds is refused unless
+    --no-check; a link at DEST is followed, so the file a server serves is what changes."""
+    served = tmp_path / "served.bpk"
+    served.write_bytes(Path(small_model).read_bytes())
+    link = tmp_path / "current.bpk"
+    link.symlink_to(served.name)
+    misfit = tmp_path / "misfit.bpk"
+    models.generate_mlp(misfit, 1024 * 1024, width=512, seed=4)
+    env = dict(os.environ, WORKERPOOL_CONTROL=f"ipc://{tmp_path}/none")
+    refused = cli("publish", misfit, link, env=env, timeout=60)
+    assert refused.returncode == 1 and "does not fit the one now at" in refused.stderr, refused.stderr
+    assert "no server is running" in refused.stdout
+    forced = cli("publish", misfit, link, "--no-check", env=env, timeout=60)
+    assert forced.returncode == 0, forced.stderr
+    assert link.is_symlink() and served.read_bytes() == misfit.read_bytes()

@@ -210,15 +210,20 @@ def test_every_request_sent_during_a_drain_is_answered(small_model):
 
 
 def test_requests_past_the_connection_cap_are_answered_overloaded_without_a_reconnect(small_model, context):
-    """With --max-connections 4: idle connections take no place; a fifth connection that sends
-    is answered overloaded at once, request after request, on the one connection it opened; it
-    is served once a served connection closes. Over HTTP, a connection past the cap is
-    answered 503."""
+    """With --max-connections 4: idle connections take no place, nor do clients that send and
+    close at once; a fifth connection that sends is answered overloaded at once, request after
+    request, on the one connection it opened; it is served once a served connection closes.
+    Over HTTP, a connection past the cap is answered 503."""
     port = free_port()
     with Server(small_model, "--max-connections", "4", "--http", f"127.0.0.1:{port}", workers=1) as server:
         host, zmq_port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
         x = one_row(server.endpoint)
         idle = [socket.create_connection((host, int(zmq_port))) for _ in range(50)]
+        for request_id in range(40):  # gone before their requests are read: they keep no place
+            with dealer(context, server.endpoint) as hasty:
+                hasty.send_multipart(protocol.encode_request(request_id, x))
+                hasty.close(linger=1000)
+        server.wait_for(lambda s: s["connections"]["served"] == 0)
         served = [workerpool.Client(server.endpoint, timeout=10, retries=0) for _ in range(4)]
         try:
             for client in served:
@@ -330,7 +335,7 @@ def test_a_message_of_a_million_frames_is_dropped_cheaply_and_answered(small_mod
             assert sock.poll(60_000), "a message of too many frames got no answer"
             header = protocol.decode_header(sock.recv_multipart()[1])
         assert header["error"]["code"] == "bad_request" and "1000000 frames" in header["error"]["message"]
-        assert "refused a message of 1000001 frames" in server.log()
+        assert "refused a message of 1000001 frames, the routing id included" in server.log()
         assert supervisor.memory_info().rss - before < 64 * 1024 * 1024
         # Reading it stalls the loop for seconds on a busy machine, which can outlast a worker's
         # heartbeat: the pool must be whole again, if not with the same workers.

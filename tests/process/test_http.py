@@ -282,6 +282,7 @@ def test_queue_limits_deadlines_and_draining_answer_429_504_and_503(small_model)
         server.wait_for(lambda s: s["draining"], timeout=10)
         drained = call(address, "POST", "/v2/models/mlp/infer", body)
         assert drained[0] == 503 and b"shutting_down" in drained[2] and drained[1]["Retry-After"] == "1"
+        assert drained[1]["Connection"] == "close"  # a keep-alive client sends nothing more there
         assert call(address, "GET", "/v2/health/ready")[0] == 503
         assert held.join(10).outputs[0, 0] == -6.0 and queued.join(10).outputs[0, 0] == -0.2
         assert server.proc.wait(20) == 0

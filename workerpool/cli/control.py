@@ -97,7 +97,9 @@ def add_publish(sub: Subcommands) -> None:
                                "the path the server serves")
     add_control(parser, "the running server to ask to check SRC (default: as status)")
     parser.add_argument("--no-check", action="store_true",
-                        help="do not ask the running server to check SRC (it is still checked here)")
+                        help="publish SRC even if it does not fit the served model: do not ask the "
+                        "running server, nor compare SRC with the model at DEST (SRC itself is "
+                        "still checked)")
     add_model(parser, "the model to check SRC against when no server checks it (default: as serve)")
 
 
@@ -105,16 +107,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
     """deploy new weights: validate, copy beside DEST, rename over it
 
     Validate SRC, copy it to a temporary file in DEST's directory, fsync it, rename it over DEST
-    and fsync the directory. A server watching DEST then reloads. The running server that serves
-    DEST (--control, else where serve listens by default) is asked first whether it would take
-    the copy; with no server there, SRC is checked here. A refused SRC leaves DEST untouched
-    (exit 1).
+    (the file a link at DEST names) and fsync the directory. A server watching DEST then
+    reloads. The running server that serves DEST (--control, else where serve listens by
+    default) is asked first whether it would take the copy; with no server there, SRC's model
+    must fit the one at DEST. A refused SRC leaves DEST untouched (exit 1).
     """
     from ..weights.publish import PublishError, publish
 
     checker = None if args.no_check else _checking_server(args)
     with reported(PublishError):
-        identity = publish(args.source, args.destination, control_endpoint=checker, model=args.model)
+        identity = publish(args.source, args.destination, control_endpoint=checker, model=args.model,
+                           fit=not args.no_check)
     print(f"workerpool: published {args.source} as {args.destination} (inode {identity.inode}, "
           f"{format_size(identity.size)}){'; the server checked it first' if checker else ''}")
     return 0

@@ -211,11 +211,12 @@ _SERVE_SETTINGS = (
     Setting("--max-connections", commands=SERVE_ONLY, parse=values.positive_count, metavar="N",
             help="client connections served at once, each from its first request on; requests on "
             "more are answered overloaded until one closes (default: 7/8 of what the open file "
-            "limit leaves room for)",
+            "limit leaves room for, halved with --http, which has as many of its own)",
             doc="client connections served at once, each counted from its first request until it "
             "closes; requests on further connections are answered `overloaded` until a place frees, "
             "and connections past what the open file limit leaves room for are closed as they arrive",
-            doc_default="7/8 of the connections the open file limit leaves room for"),
+            doc_default="7/8 of the connections the open file limit leaves room for, halved with "
+            "`--http` (HTTP connections have as many)"),
     Setting("--http", commands=SERVE_ONLY, metavar="HOST:PORT",
             help="serve HTTP here: KServe v2 inference (/v2/...), OpenAI embeddings (/v1/embeddings), "
             "/metrics, /healthz and /readyz; a bare :PORT is loopback (default: off; needs "

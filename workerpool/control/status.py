@@ -91,7 +91,7 @@ class Status(TypedDict):
 def unready(status: Status) -> str | None:
     """Why the pool is not ready, in one line; None when it is (what ``/readyz`` and ``status
     --ready`` report): it would not answer a request now, or it is degraded (it serves, but
-    the path holds weights it refused, so a restart would not start). A worker of any
+    the path holds weights it refused, which a restart would load). A worker of any
     generation counts: during a rolling reload, or one paused on a file that fails, the pool
     keeps serving."""
     if status["draining"]:

@@ -29,6 +29,7 @@ class FrontSettings:
     max_body: int  # bytes; a larger request body is answered 413 before it is read
     max_buffered: int  # bytes of request bodies held at once, over every connection
     max_connections: int
+    max_refused: int  # connections past max_connections that may wait for their 503 to be read
     request_timeout: float
     client_timeout: float  # --http-timeout
     token: bytes | None = None
@@ -81,7 +82,7 @@ class HttpFront:
             gateway = Gateway(plane, OpsRoutes(self._ops), max_body=settings.max_body,
                               max_buffered=settings.max_buffered, token=settings.token,
                               client_timeout=settings.client_timeout)
-            runner = web.ServerRunner(make_server(gateway, settings.max_connections), handle_signals=False,
+            runner = web.ServerRunner(make_server(gateway, settings.max_connections, settings.max_refused), handle_signals=False,
                                       shutdown_timeout=settings.request_timeout + REPLY_SLACK)
             await runner.setup()
             await web.SockSite(runner, self.socket, ssl_context=settings.tls).start()

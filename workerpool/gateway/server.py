@@ -28,7 +28,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
-from ..errors import BadRequest, RemoteError
+from ..errors import BadRequest, RemoteError, ShuttingDown
 from . import kserve, openai
 from .dataplane import DataPlane, ModelNotFound
 from .ops import OpsRoutes
@@ -41,7 +41,6 @@ MAX_FIELD_BYTES = 8190
 RETRY_AFTER = "1"
 WARN_INTERVAL = 10.0  # seconds between warnings about refused connections
 REFUSED_LINGER = 1.0  # seconds a refused connection is read from before it is closed
-MAX_LINGERING = 64
 STATUS_OF_CODE = {"bad_request": 400, "overloaded": 429, "deadline_exceeded": 504,
                   "request_timeout": 504, "shutting_down": 503, "worker_failed": 500, "internal": 500}
 MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
@@ -100,6 +99,8 @@ class Gateway:
         except RemoteError as exc:
             status = STATUS_OF_CODE.get(exc.code, 500)
             headers = {"Retry-After": RETRY_AFTER} if status in (429, 503) else None
+            if isinstance(exc, ShuttingDown):  # nothing more on this connection: it races the exit
+                headers = {**(headers or {}), "Connection": "close"}
             return _error(HttpError(status, f"{exc.code}: {exc.message}", headers=headers), openai_route)
         except NoReply as exc:
             return _error(HttpError(503, str(exc), headers={"Retry-After": RETRY_AFTER}), openai_route)
@@ -292,16 +293,18 @@ class _Refused(asyncio.Protocol):
     """A connection past the cap, answered 503 before aiohttp sees it. What the client sends
     is read and dropped until it closes, or for ``REFUSED_LINGER`` seconds: closing with its
     request unread would reset the connection, and the client could lose the answer. At most
-    ``MAX_LINGERING`` linger at once; past that a refused connection is closed once answered."""
+    ``most`` linger at once (the descriptors left past the cap); past that a refused connection
+    is closed once answered."""
 
-    def __init__(self, answer: bytes, lingering: set[_Refused]) -> None:
+    def __init__(self, answer: bytes, lingering: set[_Refused], most: int) -> None:
         self.answer = answer
         self.lingering = lingering
+        self.most = most
         self.transport: Any = None
 
     def connection_made(self, transport: Any) -> None:  # uvloop's transports are no asyncio subclasses
         transport.write(self.answer)
-        if len(self.lingering) >= MAX_LINGERING or not transport.can_write_eof():
+        if len(self.lingering) >= self.most or not transport.can_write_eof():
             transport.close()
             return
         self.lingering.add(self)
@@ -323,9 +326,10 @@ class _Refused(asyncio.Protocol):
 class CappedServer(web.Server):
     """aiohttp's low-level server, answering connections past ``max_connections`` 503 as they arrive."""
 
-    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
+    def __init__(self, handler: Any, *, max_connections: int, max_refused: int, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
+        self.max_refused = max_refused
         self.refused = 0
         self.lingering: set[_Refused] = set()
         self._last_warning = -WARN_INTERVAL
@@ -342,7 +346,7 @@ class CappedServer(web.Server):
         message = (f"{len(self.connections)} HTTP connections are open, at the server's "
                    f"--max-connections {self.max_connections}")
         answer = _plain_answer(503, "Service Unavailable", json.dumps({"error": message}).encode())
-        return _Refused(answer, self.lingering)
+        return _Refused(answer, self.lingering, self.max_refused)
 
 
 def _plain_answer(status: int, reason: str, body: bytes) -> bytes:
@@ -363,10 +367,11 @@ class _QuietClientErrors(logging.Filter):
         return True
 
 
-def make_server(gateway: Gateway, max_connections: int) -> CappedServer:
+def make_server(gateway: Gateway, max_connections: int, max_refused: int) -> CappedServer:
     server_log = logging.getLogger("workerpool.gateway.aiohttp")
     server_log.addFilter(_QuietClientErrors())
-    return CappedServer(gateway.handle, max_connections=max_connections, keepalive_timeout=gateway.client_timeout,
+    return CappedServer(gateway.handle, max_connections=max_connections, max_refused=max_refused,
+                        keepalive_timeout=gateway.client_timeout,
                         max_headers=MAX_HEADERS, max_field_size=MAX_FIELD_BYTES,
                         max_line_size=MAX_FIELD_BYTES, access_log=None, logger=server_log,
                         auto_decompress=False)

@@ -120,7 +120,7 @@ class PoolCollector:
         yield GaugeMetricFamily("workerpool_in_flight", "Requests running on workers.",
                                 value=status["queue"]["in_flight"])
         yield GaugeMetricFamily("workerpool_degraded", "1 while the served path holds weights the pool "
-                                "refused (it serves the last valid ones; a restart would not start).",
+                                "refused (it serves the last valid ones; a restart would not).",
                                 value=int(status["degraded"] is not None))
         connections = status["connections"]
         yield _labelled(GaugeMetricFamily, "workerpool_client_connections",

@@ -16,6 +16,7 @@ import re
 import resource
 import select
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -52,6 +53,7 @@ RESERVED_FDS = 64  # the supervisor's own: sockets, libzmq's internals, logs, th
 HTTP_BACKLOG = 1024
 FDS_PER_WORKER = 4  # its pidfd, its backend connection and the pipes around starting it
 ROOM_TO_ANSWER = 8  # by default 1/8 of the client connections' room holds those not served
+MAX_REFUSED_WAITING = 64  # HTTP connections past the cap that may wait for their 503 to be read
 
 
 class ServingRole:
@@ -117,6 +119,7 @@ class ServingRole:
         settings = FrontSettings(
             model_name=config.model_name or _model_name(config.path), max_body=self.max_message_size,
             max_buffered=config.max_queue_bytes, max_connections=self.connections.limit,
+            max_refused=min(MAX_REFUSED_WAITING, self.connections.ceiling - self.connections.limit),
             request_timeout=config.request_timeout, client_timeout=config.http_timeout,
             token=_token(config), tls=_tls(config))
         try:
@@ -258,6 +261,7 @@ class ServingRole:
 
     def _duties(self) -> None:
         self.router.tick()
+        self.connections.sweep()
         self.commands.answer_waiting()
 
     # The supervisor's side.
@@ -277,7 +281,8 @@ class ServingRole:
             self.pool.child_ready(child)
 
     def child_exited(self, child: Child, why: str) -> None:
-        self.router.worker_exited(child.token, why, asked=child.stopping)
+        self.router.worker_exited(child.token, why, asked=child.stopping,
+                                  killed=child.returncode == -signal.SIGKILL)
 
     def roll_out(self) -> None:
         self.switch_failure = None

@@ -69,7 +69,8 @@ def _receive_capped(sock: zmq.Socket,
     while frames[-1].more:
         if len(frames) == MAX_FRAMES:
             count = len(frames) + _discard_rest(sock)
-            log.warning("refused a message of %d frames (at most %d are read)", count, MAX_FRAMES)
+            log.warning("refused a message of %d frames, the routing id included (at most %d are read)",
+                        count, MAX_FRAMES)
             if overlong is not None:
                 overlong(frames, count)
             return None

@@ -11,7 +11,10 @@ kept here:
   see sockets.py).
 - The descriptor ceiling counts every accepted connection. Past it a new connection is shut
   down as it arrives, never one already open, so idle connections cannot take every
-  descriptor. Shutting down works on libzmq's own descriptor without closing it or needing a
+  descriptor. While more connections are open than are served, those that have sent no
+  request ``IDLE_SECONDS`` after they were accepted are shut down too: peers that never finish
+  a handshake libzmq takes for an old protocol's, or sit idle, make room (a ZeroMQ client
+  reconnects by itself when it has something to send). Shutting down works on libzmq's own descriptor without closing it or needing a
   new one (there may be none left), and only after checking it is still a connection to this
   socket; libzmq then sees the peer go and cleans up after itself as usual.
 
@@ -35,6 +38,8 @@ from ..protocol.transport import MONITOR_EVENT
 log = logging.getLogger(__name__)
 
 WARN_INTERVAL = 10.0  # seconds between warnings about refused connections
+IDLE_SECONDS = 10.0  # a connection that has sent nothing by then may be closed to make room
+SWEEP_INTERVAL = 1.0
 SOURCE_FD = int(zmq.SRCFD)
 
 
@@ -45,12 +50,15 @@ class ConnectionLimit:
     def __init__(self, sock: zmq.Socket, limit: int, ceiling: int) -> None:
         self.limit = limit
         self.ceiling = ceiling
-        self.open: set[int] = set()  # descriptors of the connections accepted and not yet gone
+        self.open: dict[int, float] = {}  # descriptor -> when accepted, of the connections not yet gone
         self.serving: dict[bytes, int] = {}  # routing id -> descriptor, of the connections served
         self._client_on: dict[int, bytes] = {}
+        self._asked: set[int] = set()  # descriptors of connections that have sent a request
         self.closed = 0  # connections shut down past the ceiling
         self.turned_away = 0  # requests answered overloaded for want of a place
-        self._last_warning = {"closed": -WARN_INTERVAL, "turned away": -WARN_INTERVAL}
+        self._last_warning = {"closed": -WARN_INTERVAL, "turned away": -WARN_INTERVAL,
+                              "idle": -WARN_INTERVAL}
+        self._next_sweep = 0.0
         self.monitor = sock.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
         self._sock = sock
@@ -60,7 +68,7 @@ class ConnectionLimit:
         while self.monitor.poll(0):
             kind, fd = MONITOR_EVENT.unpack(self.monitor.recv_multipart()[0][:MONITOR_EVENT.size])
             if kind == zmq.EVENT_ACCEPTED:
-                self.open.add(fd)
+                self.open[fd] = time.monotonic()
                 if len(self.open) > self.ceiling:
                     self._close(fd)
             else:
@@ -68,7 +76,18 @@ class ConnectionLimit:
 
     def admit(self, client: bytes, first_frame: Any) -> str | None:
         """Give a place to the connection of a request from ``client`` not served yet (the hot
-        path checks ``serving`` first); why it cannot have one, or None."""
+        path checks ``serving`` first); why it cannot have one, or None.
+
+        The monitor's news is taken first, so that a connection that has gone (a request read
+        after its client closed) takes no place, and a place its descriptor held is free."""
+        self.on_event()
+        fd = first_frame.get(SOURCE_FD)
+        if fd not in self.open:  # gone already, or not a connection (inproc): nothing to count
+            return None
+        self._asked.add(fd)
+        stale = self._client_on.pop(fd, None)  # a client gone before its descriptor's reuse
+        if stale is not None:
+            self.serving.pop(stale, None)
         if len(self.serving) >= self.limit:
             self.turned_away += 1
             self._warn("turned away", f"{len(self.serving)} client connections served, at "
@@ -76,25 +95,36 @@ class ConnectionLimit:
                        f"({self.turned_away} so far)")
             return (f"{len(self.serving)} client connections are served, at the server's "
                     f"--max-connections {self.limit}: this one is served when one of them closes")
-        fd = first_frame.get(SOURCE_FD)
-        if fd < 0:  # not a connection (inproc): nothing to count
-            return None
-        stale = self._client_on.get(fd)  # reused before the monitor said its connection went
-        if stale is not None:
-            del self.serving[stale]
         self._client_on[fd] = client
         self.serving[client] = fd
         return None
 
+    def sweep(self) -> None:
+        """Shut down connections that have sent nothing in ``IDLE_SECONDS``, while more are
+        open than may be served (called often; looks once a second)."""
+        now = time.monotonic()
+        if now < self._next_sweep or len(self.open) <= self.limit:
+            return
+        self._next_sweep = now + SWEEP_INTERVAL
+        idle = [fd for fd, since in self.open.items() if fd not in self._asked and now - since > IDLE_SECONDS]
+        for fd in idle:
+            del self.open[fd]
+            _shut_down(fd, self._local)
+        if idle:
+            self._warn("idle", f"{len(self.open) + len(idle)} client connections open, more than "
+                       f"--max-connections {self.limit}: closed {len(idle)} that sent nothing in "
+                       f"{IDLE_SECONDS:g}s")
+
     def _gone(self, fd: int) -> None:
-        self.open.discard(fd)
+        self.open.pop(fd, None)
+        self._asked.discard(fd)
         client = self._client_on.pop(fd, None)
         if client is not None:
-            del self.serving[client]
+            self.serving.pop(client, None)
 
     def _close(self, fd: int) -> None:
         self.closed += 1
-        self.open.discard(fd)
+        del self.open[fd]
         _shut_down(fd, self._local)
         self._warn("closed", f"{len(self.open)} client connections open, the most the open file "
                    f"limit leaves room for: closing new ones ({self.closed} so far)")

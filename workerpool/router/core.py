@@ -220,10 +220,10 @@ class Router:
         ``asked``: it left because it was told to (the supervisor logs that, not a loss)."""
         self.recovery.lose(key, why, asked=asked)
 
-    def worker_exited(self, token: str, why: str, *, asked: bool = False) -> None:
+    def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
-        ``asked``: it had been told to stop."""
-        self.recovery.worker_exited(token, why, asked=asked)
+        ``asked``: it had been told to stop; ``killed``: by SIGKILL, which blames no request."""
+        self.recovery.worker_exited(token, why, asked=asked, killed=killed)
 
     def stop_worker(self, key: WorkerKey) -> None:
         """Ask a worker to exit once its current request is done."""

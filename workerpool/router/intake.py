@@ -299,8 +299,9 @@ class Intake:
         """A message of more frames than any request has: answered, though never held whole."""
         self.read += 1
         request_id = protocol.request_id_of(frames[2]) if frames[1].bytes == b"" else None
-        self.reply_error(frames[0].bytes, request_id, "bad_request", f"a message of {count - 1} frames "
-                         f"(the routing id aside): a request carries at most {protocol.MAX_ARRAYS} arrays")
+        self.reply_error(frames[0].bytes, request_id, "bad_request",
+                         f"a message of {count - 1} frames: a request is at most {protocol.MAX_ARRAYS + 2} "
+                         f"(a delimiter, a header and {protocol.MAX_ARRAYS} arrays)")
 
     def admit(self, client: bytes, frames: list[Any], size: int) -> None:
         """Take a request (header frame, then array frames) of ``size`` bytes from ``client``."""

@@ -2,8 +2,9 @@
 
 A request in flight on a worker that dies is retried once, alone (inference is idempotent, and
 the worker may have died of something else: an operator's ``kill``, the OOM killer, a fault).
-A death alone blames nobody. A request that kills a second worker running it alone, or runs
-past ``--request-timeout``, is a killer: identical requests (same method and arrays, whatever
+A death alone blames nobody. A request that kills a second worker running it alone (by
+anything but SIGKILL, which operators and the OOM killer send, and a kill sweep sends to a
+retry's worker too), or runs past ``--request-timeout``, is a killer: identical requests (same method and arrays, whatever
 their id) are then refused at once for ``REQUEST_TTL`` seconds, and a client connection
 ``CLIENT_KILLS`` of whose distinct requests were killers within ``CLIENT_WINDOW`` seconds is
 refused for that window. Both tables are bounded, oldest entries dropped first.

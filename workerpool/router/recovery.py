@@ -36,9 +36,10 @@ class Recovery:
     lost: Callable[[WorkerRecord, str], None]
     request_timeout: float | None = None
 
-    def lose(self, key: WorkerKey, why: str, *, asked: bool = False) -> None:
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False) -> None:
         """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
-        ``asked``: it left because it was told to (the supervisor logs that, not a loss)."""
+        ``asked``: it left because it was told to (the supervisor logs that, not a loss);
+        ``killed``: by SIGKILL, which blames no request."""
         worker = self.workers.pop(key, None)
         if worker is None:
             return
@@ -46,16 +47,17 @@ class Recovery:
         self.rollout.forget(key)
         inflight = self.take_inflight(worker)
         if inflight:
-            self._recover(worker, why, inflight)
+            self._recover(worker, why, inflight, killed)
         else:
             log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,
                     "left" if asked else "lost", why, extra={"worker": worker.pid})
         self.lost(worker, why)
         self.dispatcher.reload_next()
 
-    def _recover(self, worker: WorkerRecord, why: str, inflight: list[Pending]) -> None:
+    def _recover(self, worker: WorkerRecord, why: str, inflight: list[Pending], killed: bool) -> None:
         """Retry alone, or fail, what the lost ``worker`` was running. Only a request that
-        kills again when it runs alone is blamed: a death may have come from outside."""
+        kills again when it runs alone is blamed, and never by a SIGKILL: deaths come from
+        outside too, and a kill sweep takes a retry's worker as well as the first."""
         pending = inflight[0]
         if len(inflight) > 1:
             log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
@@ -66,7 +68,8 @@ class Recovery:
             self._retry_alone(inflight)
         else:
             log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
-            self.quarantine.killed(pending.client, pending.frames)
+            if not killed:
+                self.quarantine.killed(pending.client, pending.frames)
             self.intake.fail(pending, "worker_failed",
                               f"worker {worker.pid} failed while running the request, twice")
 
@@ -83,12 +86,12 @@ class Recovery:
             pending.solo = True
             self.intake.enqueue(pending, first=True)
 
-    def worker_exited(self, token: str, why: str, *, asked: bool = False) -> None:
+    def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
-        ``asked``: it had been told to stop."""
+        ``asked``: it had been told to stop; ``killed``: by SIGKILL, which blames no request."""
         for key, worker in list(self.workers.items()):
             if worker.local and worker.token == token:
-                self.lose(key, why, asked=asked)
+                self.lose(key, why, asked=asked, killed=killed)
         self.dispatcher.drain()
 
     def overdue(self, worker: WorkerRecord, now: float) -> bool:

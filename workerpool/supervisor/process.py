@@ -29,6 +29,7 @@ class Process:
     pidfd: int
     popen: subprocess.Popen[bytes] | None = None  # None: adopted, reaped through the pidfd
     started: float = field(default_factory=time.time)
+    returncode: int | None = None  # once reaped, as reap() returned it
 
     @classmethod
     def spawn(cls, argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> Process:
@@ -91,6 +92,7 @@ class Process:
             code = result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
         os.close(self.pidfd)
         self.pidfd = -1
+        self.returncode = code
         return code
 
 

@@ -14,6 +14,7 @@ from .. import burnpack, models
 from ..atomic import replace_atomically
 from ..control import client as control
 from ..units import MiB
+from . import reload
 
 COPY_CHUNK = 16 * MiB
 CHECK_TIMEOUT = 60.0  # seconds for the server to build its model on the copy
@@ -29,25 +30,29 @@ def publish(
     *,
     control_endpoint: str | None = None,
     model: str | None = None,
+    fit: bool = True,
 ) -> burnpack.FileIdentity:
     """Validate ``source``, then atomically make ``destination`` a copy of it.
 
     The model check is the running server's when ``control_endpoint`` is given (it builds its
     own model on the copy beside ``destination``, the only place it looks, before the rename);
-    otherwise ``model`` (or the file's own choice) is built here.
+    otherwise ``model`` (or the file's own choice) is built here and, with ``fit``, must take the
+    input and give the output of the model built on the file now at ``destination``, as a
+    server serving it would require. A symbolic link at ``destination`` is followed: the file
+    it names is replaced.
     """
-    source, destination = os.fspath(source), os.fspath(destination)
+    source, destination = os.fspath(source), os.path.realpath(destination)
     same = _published_as(source, destination)
     if same:  # a rename would only make a server start a generation of the weights it serves
         raise PublishError(f"{source} is already published as {destination} ({same}): "
                            "nothing renamed")
-    try:
-        pack = burnpack.read(source)
-        if control_endpoint is None:
-            models.build_model(pack.tensors, pack.metadata, model)
-    except (burnpack.BurnpackError, models.ModelError) as exc:
-        raise PublishError(str(exc)) from exc
-    del pack
+    if control_endpoint is None:
+        _check_here(source, destination, model, fit)
+    else:
+        try:
+            burnpack.read(source)
+        except burnpack.BurnpackError as exc:
+            raise PublishError(str(exc)) from exc
     try:
         with open(source, "rb") as src, replace_atomically(destination) as dst:
             shutil.copyfileobj(src, dst, COPY_CHUNK)
@@ -57,6 +62,25 @@ def publish(
     except OSError as exc:
         raise PublishError(f"cannot publish {source} to {destination}: {exc.strerror or exc}") from exc
     return burnpack.FileIdentity.of(os.stat(destination))
+
+
+def _check_here(source: str, destination: str, model: str | None, fit: bool) -> None:
+    """Build ``source``'s model here; with ``fit``, it must fit the one built on
+    ``destination`` (a destination that cannot be built, or is not there, is no constraint)."""
+    try:
+        name, _, signature = reload.validate(source, model)
+    except reload.WeightsRefused as exc:
+        raise PublishError(str(exc)) from exc
+    if not fit or not os.path.exists(destination):
+        return
+    try:
+        _, _, served = reload.validate(destination, model)
+    except reload.WeightsRefused:
+        return
+    mismatch = models.signature_mismatch(served, signature)
+    if mismatch:
+        raise PublishError(f"{source}: model {name} does not fit the one now at {destination}: "
+                           f"{mismatch} (--no-check publishes it anyway)")
 
 
 def _published_as(source: str, destination: str) -> str | None:

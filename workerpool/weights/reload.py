@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 
 HOLD_ATTEMPTS = 3  # validations at start when the path keeps being replaced meanwhile
+QUIET_TRIGGERS = ("watch", "worker exit")  # a file already refused is not refused again for these
 
 
 class WeightsRefused(Exception):
@@ -101,13 +102,16 @@ class Watcher:
             if self.problem is None:
                 self.problem = f"cannot stat {self.path}: {exc.strerror}"
                 log.warning("%s; generation %d keeps serving", self.problem, self.current.generation)
-            return "unchanged" if trigger == "watch" else self._refuse(trigger, self.problem)
+            return "unchanged" if trigger in QUIET_TRIGGERS else self._refuse(trigger, self.problem)
         if identity == self.seen:
-            if self.problem is not None and trigger != "watch":
+            if self.problem is not None and trigger not in QUIET_TRIGGERS:
                 return self._refuse(trigger, self.problem)
             return "unchanged"
         self.seen = identity
         if identity == self.current.identity:
+            if self.problem is not None:
+                log.info("%s is generation %d's file again: new weights no longer refused",
+                         self.path, self.current.generation)
             self.problem = None
             return "unchanged"
         same_inode = (identity.device, identity.inode) == (self.current.identity.device,
@@ -147,7 +151,8 @@ class Watcher:
 
     @property
     def degraded(self) -> str | None:
-        """Why the path is not what the pool serves, while it is not: a restart would not start."""
+        """Why the path is not what the pool serves, while it is not: a restart would load the
+        refused file (another model, or none)."""
         return None if self.problem is None else f"new weights refused: {self.problem}"
 
     def _hold(self, identity: burnpack.FileIdentity) -> str | None:

@@ -252,6 +252,18 @@ def test_a_lost_request_is_retried_once_alone_then_fails():
     assert pool.quarantine.refusal(b"other", pending.frames) is not None  # proven: it killed twice
 
 
+def test_a_request_whose_workers_were_both_sigkilled_fails_but_is_not_quarantined():
+    pool = Pool()
+    pool.worker(1, token="a")
+    pool.worker(2, token="b")
+    pending = pool.request(9)
+    pool.recovery.worker_exited("a", "was killed by SIGKILL", killed=True)
+    assert pool.sends_to(2) == [[9]]
+    pool.recovery.worker_exited("b", "was killed by SIGKILL", killed=True)
+    assert pool.replies.errors() == {9: "worker_failed"}
+    assert not pool.quarantine and pool.quarantine.refusal(b"other", pending.frames) is None
+
+
 def running_a_batch(pool: Pool, *clients: bytes) -> WorkerRecord:
     """A batching worker running one batch: requests 1, 2 ... of ``clients``, in turn."""
     worker = pool.worker(1, batching=True)
