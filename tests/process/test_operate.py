@@ -151,7 +151,7 @@ def test_systemd_hears_ready_reloading_stopping_and_the_watchdog(tmp_path, monke
             assert "generation 2" in hear("RELOADING")["STATUS"]
             assert "generation 2" in hear("READY")["STATUS"]
             models.generate_mlp(tmp_path / "misfit.bpk", 1024 * 1024, width=512, seed=3)
-            publish(tmp_path / "misfit.bpk", served, fit=False)  # as publish --no-check does
+            publish(tmp_path / "misfit.bpk", served)  # checked alone, as publish --no-check does
             assert "degraded: new weights refused" in hear("STATUS")["STATUS"]
             server.signal(signal.SIGTERM)
             assert "draining" in hear("STOPPING")["STATUS"]

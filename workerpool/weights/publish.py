@@ -30,7 +30,7 @@ def publish(
     *,
     control_endpoint: str | None = None,
     model: str | None = None,
-    fit: bool = True,
+    fit: bool = False,
 ) -> burnpack.FileIdentity:
     """Validate ``source``, then atomically make ``destination`` a copy of it.
 
