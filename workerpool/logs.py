@@ -58,3 +58,21 @@ def setup_logging(level: str, log_format: str | None = None) -> None:
     warnings = logging.getLogger("py.warnings")
     warnings.handlers[:] = [handler]
     warnings.propagate = False
+
+
+class Throttle:
+    """At most one line per kind every ``interval`` seconds: a flood of refusals is worth a
+    warning now and then, with its count so far, not one per refusal."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+
+    def due(self, kind: str = "") -> bool:
+        """Whether a line of ``kind`` may be logged now (then it counts as logged)."""
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            return False
+        self._last[kind] = now
+        return True

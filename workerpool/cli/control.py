@@ -129,13 +129,10 @@ def _checking_server(args: argparse.Namespace) -> str | None:
     endpoint = control_endpoint(args)
     try:
         status = control.call(endpoint, "status", timeout=STATUS_SECONDS, memory=False)
-    except control.NoServer as exc:
-        if args.control:
-            raise CommandError(f"{args.source}: cannot ask the running server to check it: {exc} "
-                               "(--no-check publishes without asking)") from exc
-        print(f"workerpool: no server is running at {endpoint}: checking {args.source} here")
-        return None
     except control.ControlError as exc:
+        if isinstance(exc, control.NoServer) and not args.control:
+            print(f"workerpool: no server is running at {endpoint}: checking {args.source} here")
+            return None
         raise CommandError(f"{args.source}: cannot ask the running server to check it: {exc} "
                            "(--no-check publishes without asking)") from exc
     served = status["model"]["path"]

@@ -19,7 +19,6 @@ import hmac
 import json
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..errors import BadRequest, RemoteError, ShuttingDown
+from ..logs import Throttle
 from . import kserve, openai
 from .dataplane import DataPlane, ModelNotFound
 from .ops import OpsRoutes
@@ -284,7 +284,7 @@ def _error(exc: HttpError, openai_route: bool) -> web.Response:
     else:
         body = json.dumps({"error": exc.message}).encode()
     response = web.Response(status=exc.status, body=body, content_type="application/json", headers=exc.headers)
-    if exc.headers.get("Connection") == "close":  # the body was not read: the connection cannot go on
+    if exc.headers.get("Connection") == "close":  # its body unread, or the server going: no more on it
         response.force_close()
     return response
 
@@ -332,15 +332,13 @@ class CappedServer(web.Server):
         self.max_refused = max_refused
         self.refused = 0
         self.lingering: set[_Refused] = set()
-        self._last_warning = -WARN_INTERVAL
+        self._warnings = Throttle(WARN_INTERVAL)
 
     def __call__(self) -> Any:
         if len(self.connections) < self.max_connections:
             return super().__call__()
         self.refused += 1
-        now = time.monotonic()
-        if now - self._last_warning >= WARN_INTERVAL:
-            self._last_warning = now
+        if self._warnings.due():
             log.warning("%d HTTP connections open, at --max-connections: answering new ones 503 "
                         "(%d so far)", len(self.connections), self.refused)
         message = (f"{len(self.connections)} HTTP connections are open, at the server's "

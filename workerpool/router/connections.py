@@ -33,6 +33,7 @@ from typing import Any
 
 import zmq
 
+from ..logs import Throttle
 from ..protocol.transport import MONITOR_EVENT
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,7 @@ class ConnectionLimit:
         self._asked: set[int] = set()  # descriptors of connections that have sent a request
         self.closed = 0  # connections shut down past the ceiling
         self.turned_away = 0  # requests answered overloaded for want of a place
-        self._last_warning = {"closed": -WARN_INTERVAL, "turned away": -WARN_INTERVAL,
-                              "idle": -WARN_INTERVAL}
+        self._warnings = Throttle(WARN_INTERVAL)
         self._next_sweep = 0.0
         self.monitor = sock.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
@@ -90,9 +90,10 @@ class ConnectionLimit:
             self.serving.pop(stale, None)
         if len(self.serving) >= self.limit:
             self.turned_away += 1
-            self._warn("turned away", f"{len(self.serving)} client connections served, at "
-                       f"--max-connections {self.limit}: answering requests on others overloaded "
-                       f"({self.turned_away} so far)")
+            if self._warnings.due("turned away"):
+                log.warning("%d client connections served, at --max-connections %d: answering "
+                            "requests on others overloaded (%d so far)", len(self.serving),
+                            self.limit, self.turned_away)
             return (f"{len(self.serving)} client connections are served, at the server's "
                     f"--max-connections {self.limit}: this one is served when one of them closes")
         self._client_on[fd] = client
@@ -110,10 +111,10 @@ class ConnectionLimit:
         for fd in idle:
             del self.open[fd]
             _shut_down(fd, self._local)
-        if idle:
-            self._warn("idle", f"{len(self.open) + len(idle)} client connections open, more than "
-                       f"--max-connections {self.limit}: closed {len(idle)} that sent nothing in "
-                       f"{IDLE_SECONDS:g}s")
+        if idle and self._warnings.due("idle"):
+            log.warning("%d client connections open, more than --max-connections %d: closed %d "
+                        "that sent nothing in %gs", len(self.open) + len(idle), self.limit,
+                        len(idle), IDLE_SECONDS)
 
     def _gone(self, fd: int) -> None:
         self.open.pop(fd, None)
@@ -126,14 +127,9 @@ class ConnectionLimit:
         self.closed += 1
         del self.open[fd]
         _shut_down(fd, self._local)
-        self._warn("closed", f"{len(self.open)} client connections open, the most the open file "
-                   f"limit leaves room for: closing new ones ({self.closed} so far)")
-
-    def _warn(self, kind: str, message: str) -> None:
-        now = time.monotonic()
-        if now - self._last_warning[kind] >= WARN_INTERVAL:
-            self._last_warning[kind] = now
-            log.warning("%s", message)
+        if self._warnings.due("closed"):
+            log.warning("%d client connections open, the most the open file limit leaves room "
+                        "for: closing new ones (%d so far)", len(self.open), self.closed)
 
     def close(self) -> None:
         self._sock.disable_monitor()
