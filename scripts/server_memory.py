@@ -6,11 +6,13 @@ the workers, and for ``workerpool --start fork`` the template the workers are fo
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psutil
 
 from workerpool.ops import metrics
+from workerpool.units import KiB
 
 
 def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
@@ -32,7 +34,7 @@ def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
     for p, f in figures.items():
         assert f is not None
         role = "root" if p == pid else "worker" if p in workers else "other"
-        processes.append({"pid": p, "role": role, **f})
+        processes.append({"pid": p, "role": role, **f, **smaps_figures(p, model)})
 
     def pss(role: str) -> int:
         return sum(p["pss"] for p in processes if p["role"] == role)
@@ -48,3 +50,28 @@ def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
         "weights_resident": [p["weights_resident"] for p in processes if p["role"] == "worker"],
         "by_process": processes,
     }
+
+
+def smaps_figures(pid: int, model: str) -> dict[str, int]:
+    """From ``/proc/PID/smaps_rollup`` and ``smaps``, in bytes: ``private_dirty`` (the pages this
+    process alone has written), ``pss_anon`` (its share of anonymous memory) and
+    ``weights_pss`` (its share of the model file's resident pages)."""
+    model = os.path.realpath(model)
+    figures = {"private_dirty": 0, "pss_anon": 0, "weights_pss": 0}
+    in_model = False
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                key, _, rest = line.partition(":")
+                if key in ("Private_Dirty", "Pss_Anon"):
+                    figures[key.lower()] = int(rest.split()[0]) * KiB
+        with open(f"/proc/{pid}/smaps") as smaps:
+            for line in smaps:
+                key, _, rest = line.partition(" ")
+                if not key.endswith(":"):  # a mapping's first line: address range ... path
+                    in_model = rest.rstrip("\n").endswith(" " + model)
+                elif key == "Pss:" and in_model:
+                    figures["weights_pss"] += int(rest.split()[0]) * KiB
+    except OSError as exc:
+        raise RuntimeError(f"process {pid} exited while its memory was read") from exc
+    return figures

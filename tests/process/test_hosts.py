@@ -35,10 +35,32 @@ def worker_pids(host: Host) -> set[int]:
     return set(host.worker_pids())
 
 
-def answering_pids(endpoint: str, count: int, **options) -> set[int]:
+def results(endpoint: str, count: int, *, clients: int = 4, **options) -> list[workerpool.Result]:
+    """``count`` results from ``clients`` clients sending at once: the router hands a request
+    to the most recently freed worker, so one client alone would be served by one worker."""
     x = np.ones((1, WIDTH), np.float32)
-    with workerpool.Client(endpoint, timeout=10, **options) as client:
-        return {client.request(x).worker_pid for _ in range(count)}
+    answered: list[workerpool.Result] = []
+    failures: list[BaseException] = []
+
+    def send(share: int) -> None:
+        try:
+            with workerpool.Client(endpoint, timeout=10, **options) as client:
+                answered.extend(client.request(x) for _ in range(share))
+        except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=send, args=(count // clients + (i < count % clients),))
+               for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    return answered
+
+
+def answering_pids(endpoint: str, count: int, **options) -> set[int]:
+    return {result.worker_pid for result in results(endpoint, count, **options)}
 
 
 def test_two_hosts_serve_and_one_host_dying_hangs_nothing(host_model):
@@ -137,9 +159,7 @@ def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(host_
         serving = registered(status)
         assert {w["pid"] for w in serving if w["generation"] == 1} == b_pids
         assert all(w["host"] for w in status["workers"])
-        x = np.ones((1, WIDTH), np.float32)
-        with workerpool.Client(router.endpoint, timeout=10) as client:
-            seen = {(r.worker_pid in b_pids, r.generation) for r in (client.request(x) for _ in range(40))}
+        seen = {(r.worker_pid in b_pids, r.generation) for r in results(router.endpoint, 40)}
         assert seen == {(True, 1), (False, 2)}
     assert "starting a worker on generation 2 to replace one on generation 1" in host_a.log()
 

@@ -12,6 +12,9 @@ import json
 import subprocess
 import sys
 
+from support.server import Server
+from support.sockets import free_port
+
 SERVER_SIDE = [
     "workerpool.pool.run",  # serve and workers: supervisor, router, control socket
     "workerpool.worker.child",  # a spawned worker or template
@@ -28,3 +31,22 @@ def test_supervisor_and_workers_load_neither_asyncio_nor_ssl() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+# What a running supervisor needs only for --http, or for other models, or never.
+NOT_WITHOUT_HTTP = ["aiohttp", "asyncio", "ssl", "prometheus_client", "http", "uvloop"]
+NOT_FOR_AN_MLP = ["onnxruntime", "onnx", "tokenizers", "safetensors", "torch"]
+
+
+def test_a_running_supervisor_imports_only_what_it_serves_with(small_model) -> None:
+    """Read from the running supervisor (``supervisor_imports`` in its status), so whatever it
+    imports on the way to serving counts, not only what its modules import."""
+    with Server(small_model, workers=1) as server:
+        plain = set(server.status()["supervisor_imports"])
+    with Server(small_model, "--http", f"127.0.0.1:{free_port()}", workers=1) as server:
+        with_http = set(server.status()["supervisor_imports"])
+    assert {"workerpool", "zmq", "numpy"} <= plain  # numpy: the template it forks shares it
+    unneeded = set(NOT_WITHOUT_HTTP + NOT_FOR_AN_MLP)
+    assert plain.isdisjoint(unneeded), plain & unneeded
+    assert {"aiohttp", "asyncio", "prometheus_client"} <= with_http  # the front door's, then only
+    assert with_http.isdisjoint(NOT_FOR_AN_MLP), with_http & set(NOT_FOR_AN_MLP)

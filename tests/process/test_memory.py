@@ -114,3 +114,35 @@ def test_status_json_and_explain_carry_every_memory_figure(model_64mib):
                    "total PSS of the supervisor, template and 2 workers"):
         assert column in human.stdout
     assert metrics.MEMORY_FIELDS["anon"] in human.stdout
+
+
+def private_dirty(pid: int) -> int:
+    """Bytes of the pages only ``pid`` has written (copy-on-write copies, its own heap)."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no Private_Dirty in smaps_rollup")
+
+
+# What a forked worker writes of its own: its interpreter's copy-on-write pages, its ZeroMQ
+# threads, its requests' buffers; some 4 to 5.5 MiB measured (scripts/head_to_head.py).
+WORKER_PRIVATE_BOUND = 8 * MiB
+WORKER_GROWTH_BOUND = 1 * MiB  # from the 100th request to the 1000th: nothing accumulates
+
+
+def test_a_forked_workers_private_memory_stays_bounded_over_a_thousand_requests(small_model):
+    with Server(small_model, workers=2) as server, workerpool.Client(server.endpoint) as client:
+        x = np.ones((1, client.info()["inputs"][0]["shape"][1]), np.float32)
+        pids = [w["pid"] for w in server.status()["workers"]]
+        for _ in client.infer_many([x] * 100, window=2):
+            pass
+        early = {pid: private_dirty(pid) for pid in pids}
+        for _ in client.infer_many([x] * 900, window=2):
+            pass
+        late = {pid: private_dirty(pid) for pid in pids}
+        served = {w["pid"]: w["served"] for w in server.status()["workers"]}
+    assert sum(served.values()) >= 1000 and all(served.values()), served
+    for pid in pids:
+        assert late[pid] <= WORKER_PRIVATE_BOUND, (pid, late[pid])
+        assert late[pid] - early[pid] <= WORKER_GROWTH_BOUND, (pid, early[pid], late[pid])

@@ -138,6 +138,22 @@ def test_old_file_is_unmapped_after_reload(tmp_path, versions):
         assert not maps_inode(server.proc.pid, old_inode)
 
 
+def test_the_template_lets_go_of_a_file_the_supervisor_has_let_go_of(tmp_path, versions):
+    """The template maps the model it builds for the workers it forks; once two newer
+    generations have come, the supervisor closes the first file, and so must the template."""
+    served = tmp_path / "served.bpk"
+    shutil.copyfile(versions[0], served)
+    with Server(served, workers=1) as server:
+        first = os.stat(served).st_ino
+        template = server.status()["template"]["pid"]
+        assert maps_inode(template, first)  # built there, shared by the worker forked from it
+        for generation, version in ((2, versions[1]), (3, versions[2])):
+            publish(version, served)
+            server.wait_for(all_on(generation, 1))
+        server.wait_for(lambda _: not maps_inode(template, first), timeout=10)
+        assert not maps_inode(server.proc.pid, first)
+
+
 def maps_inode(pid: int, inode: int) -> bool:
     with open(f"/proc/{pid}/maps") as f:
         return any(len(fields) >= 6 and fields[4] == str(inode) for fields in map(str.split, f))

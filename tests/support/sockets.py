@@ -12,6 +12,8 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from workerpool.protocol import messages as protocol
+
 
 @contextlib.contextmanager
 def dealer(context: zmq.Context, endpoint: str, **options: int) -> Iterator[zmq.Socket]:
@@ -114,3 +116,22 @@ def free_backend() -> str:
     """A loopback TCP endpoint on a port free right now, for a worker backend (or as an
     endpoint where nothing listens)."""
     return f"tcp://127.0.0.1:{free_port()}"
+
+
+def from_every_worker(endpoint: str, x: np.ndarray, workers: int, *, rounds: int = 200,
+                      timeout: float = 10.0) -> dict[int, Any]:
+    """One successful reply's outputs from each of ``workers`` workers, by pid. Requests go out
+    ``workers`` at a time: the router hands a request to the most recently freed worker, so
+    requests sent one after another would all reach the same one."""
+    seen: dict[int, Any] = {}
+    with dealer(zmq.Context.instance(), endpoint) as sock:
+        for number in range(rounds):
+            for i in range(workers):
+                sock.send_multipart(protocol.encode_request(number * workers + i, x))
+            for frames in collect(sock, workers, timeout):
+                reply = protocol.decode_reply(frames[1:])
+                assert reply.header["status"] == "ok", reply.header
+                seen.setdefault(reply.header["worker_pid"], reply.payload())
+            if len(seen) == workers:
+                return seen
+    raise AssertionError(f"{len(seen)} of {workers} workers answered in {rounds} rounds")

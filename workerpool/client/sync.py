@@ -14,6 +14,7 @@ import zmq
 
 from ..protocol import messages as protocol
 from ..protocol.messages import Inputs
+from ..protocol.transport import NOBLOCK, send_parts
 from .base import DEFAULT_ENDPOINT, BaseClient
 from .calls import Call, Outputs, Result
 
@@ -99,6 +100,11 @@ class Client(BaseClient[zmq.Socket]):
         finally:
             for call in calls:
                 self._calls.forget(call)
+
+    def _push(self, frames: list) -> None:
+        # Frame by frame with plain int flags: send_multipart combines pyzmq's enum flags for
+        # every frame, which costs more than the send.
+        send_parts(self._open(), frames, NOBLOCK)
 
     def _wait(self, call: Call) -> Call:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -141,6 +142,9 @@ class ControlCommands:
             "draining": pool.stopping,
             "degraded": pool.watcher.degraded,
             "supervisor_memory": helpers.get(os.getpid()),
+            # The top-level packages this process has imported: what it serves with, and what
+            # it imports for the template it forks (whose workers share those pages).
+            "supervisor_imports": sorted({name.partition(".")[0] for name in list(sys.modules)}),
             "template": pool.starter.status(helpers),
             "endpoint": router.endpoint,
             "http": self.role.http_url,

@@ -29,6 +29,7 @@ MAX_FRAMES = 5 + MAX_ARRAYS
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
 POLLIN = int(zmq.POLLIN)
+POLLOUT = int(zmq.POLLOUT)
 
 
 def send_parts(sock: zmq.Socket, parts: Sequence[Any], flags: int = 0) -> None:

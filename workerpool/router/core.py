@@ -159,6 +159,7 @@ class Router:
         inflight.pop(0)
         worker.served += 1
         worker.errors += not ok
+        worker.failed_last = not ok
         now = time.monotonic()
         self.stats.run_times.observe(now - worker.busy_since)
         self.intake.outcomes["ok" if ok else _error_code(frames)] += 1

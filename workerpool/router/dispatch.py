@@ -2,9 +2,9 @@
 
 A worker that becomes free is sent STOP if it is stopping, RELOAD if the rolling reload wants
 it next (rollout.py), or else joins the free list and takes the next queued request, with the
-compatible ones queued behind it as one batch (batching.py). A request goes to the least
-recently used free worker that may answer its client; local workers may be held back for a
-batch to form. This is the only code that edits the free list. It sends through ``send``,
+compatible ones queued behind it as one batch (batching.py). A request goes to the most
+recently freed worker that may answer its client; local workers may be held back for a batch
+to form. This is the only code that edits the free list. It sends through ``send``,
 which says whether the worker was reached (on a failed send the worker is already lost).
 """
 
@@ -58,7 +58,10 @@ class Dispatcher:
             self._send_reload(worker)
             return
         worker.state = WorkerState.READY
-        self._free.append(worker.key)
+        if worker.failed_last:  # else a worker that fails fast would be the one always freed last
+            self._free.appendleft(worker.key)
+        else:
+            self._free.append(worker.key)
         self._rollout.settle(self._workers.values())
         self.drain()
 
@@ -113,9 +116,15 @@ class Dispatcher:
                 break
 
     def dispatch(self, pending: Pending) -> bool:
-        """Hand a request, with the compatible ones queued behind it, to the least recently used
-        free worker that may answer its client; True when it is handled (sent, or refused as a
-        known killer). Local workers may be held back for a batch to form (batching.py)."""
+        """Hand a request, with the compatible ones queued behind it, to the most recently
+        freed worker that may answer its client; True when it is handled (sent, or refused as a
+        known killer). Local workers may be held back for a batch to form (batching.py).
+
+        Most recently freed: while fewer requests run than there are workers, the same few
+        serve them with their caches warm, and the idle ones stay asleep (waking an idle CPU
+        costs more than the request, on a virtual machine most of all). Under load no worker
+        waits, and the order makes no difference. A worker whose last answer was an error is
+        freed to the back of the list, so a broken worker does not draw every request."""
         if self._quarantine:
             refusal = self._quarantine.refusal(pending.client, pending.frames)
             if refusal is not None:
@@ -123,18 +132,20 @@ class Dispatcher:
                 return True
         floor = self._rollout.floor(pending.client)
         held = self._held(pending)
-        for _ in range(len(self._free)):
-            if not self._free:  # a failed send below lost workers
-                break
-            worker = self._workers.get(self._free.popleft())
-            if worker is None or worker.state != WorkerState.READY:
-                continue
-            if worker.generation < floor or (held and worker.local and worker.batching):
-                self._free.append(worker.key)
-                continue
-            if self._send_batch(worker, pending):
-                return True
-        return False
+        passed_over: list[WorkerKey] = []
+        try:
+            while self._free:  # a failed send below loses its worker and tries the next
+                worker = self._workers.get(self._free.pop())
+                if worker is None or worker.state != WorkerState.READY:
+                    continue
+                if worker.generation < floor or (held and worker.local and worker.batching):
+                    passed_over.append(worker.key)
+                    continue
+                if self._send_batch(worker, pending):
+                    return True
+            return False
+        finally:
+            self._free.extend(reversed(passed_over))  # back in their places, for the next request
 
     def _held(self, pending: Pending) -> bool:
         """Whether local batching workers wait for company before taking ``pending`` (and then

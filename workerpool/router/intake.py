@@ -73,13 +73,19 @@ class Pending:
     solo: bool = False  # sent alone from now on: it was in flight on a worker that was lost
     shape: BatchShape | None = None  # how it batches, once ``shaped``
     shaped: bool = False
+    _header: dict[str, Any] | None = None
+    _decoded: bool = False
 
     def header(self) -> dict[str, Any] | None:
-        """The decoded header, None when malformed (the worker's to answer in full)."""
-        try:
-            return protocol.decode_header(self.frames[0])
-        except protocol.ProtocolError:
-            return None
+        """The decoded header, None when malformed (the worker's to answer in full); decoded
+        once, however many of batching, deadlines and errors read it."""
+        if not self._decoded:
+            self._decoded = True
+            try:
+                self._header = protocol.decode_header(self.frames[0])
+            except protocol.ProtocolError:
+                self._header = None
+        return self._header
 
     def read_deadline(self) -> None:
         """Set ``expires`` from the header: done only when the request has to wait, off the
@@ -358,7 +364,8 @@ class Intake:
         self.reply_error(client, protocol.request_id_of(header), code, message)
 
     def fail(self, pending: Pending, code: str, message: str) -> None:
-        self.refuse(pending.client, pending.frames[0], code, message)
+        header = pending.header()
+        self.reply_error(pending.client, None if header is None else header.get("id"), code, message)
 
     def reply_error(self, client: bytes, request_id: Any, code: str, message: str) -> None:
         self.outcomes[code] += 1

@@ -41,6 +41,7 @@ class WorkerRecord:
     state: WorkerState = WorkerState.READY  # never STARTING: that is a child not registered yet
     served: int = 0
     errors: int = 0
+    failed_last: bool = False  # its last answer was an error: it goes to the back of the free list
     batches: int = 0  # messages of requests sent to it, one forward pass each
     rows: int = 0  # rows of the batch axis in them
     batch_sizes: dict[int, int] = field(default_factory=dict)  # size_bucket(rows) -> batches

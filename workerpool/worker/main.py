@@ -30,7 +30,7 @@ from ..config.pool import POLLS_PER_HEARTBEAT
 from ..logs import setup_logging
 from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
-from ..protocol.transport import NOBLOCK, send_parts, transport_heartbeats
+from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
 from ..units import MS_PER_SECOND, KiB, format_size
 from .requests import handle_batch, handle_request
 from .spec import (
@@ -53,8 +53,9 @@ BATCH_STRIDES = (b"2", b"3")  # frames per request in a BATCH: client, header, t
 class Worker:
     """One worker's life: load, connect, register, serve requests and reloads, leave."""
 
-    def __init__(self, spec: WorkerSpec, parent: int) -> None:
+    def __init__(self, spec: WorkerSpec, parent: int, handoff: list[LoadedModel] | None = None) -> None:
         self.spec = spec
+        self.handoff = handoff or []  # the model the template built for this order, if it did
         self.token = os.environ.pop(TOKEN_ENV, None)  # proves to the router that our supervisor started us
         self.parent = parent  # the supervisor: once it is gone, so is this worker
         self.identity = f"{socket.gethostname()}/{os.getpid()}".encode()
@@ -69,11 +70,12 @@ class Worker:
         spec = self.spec
         if spec.threads is not None:  # before the model is built: it may run BLAS already
             self.threads = thread_pools().limit(limits=spec.threads)
-        try:
-            self.loaded = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
-                                      spec.cache_dir, spec.source)
+        try:  # the handoff is emptied: a reload must be able to free the model
+            self.loaded = self.handoff.pop() if self.handoff else LoadedModel(
+                spec.path, spec.model, spec.load, spec.generation, spec.threads, spec.cache_dir,
+                spec.source)
         except burnpack.BurnpackError:
-            if spec.source is None or _is_identity(spec.source, spec.expect):
+            if spec.source is None or is_identity(spec.source, spec.expect):
                 raise
             log.warning("worker %d: generation %d was replaced while starting", os.getpid(), spec.generation)
             return EXIT_FILE_CHANGED  # the supervisor let go of its file: start on the newest
@@ -120,23 +122,23 @@ class Worker:
     def _loop(self, router: zmq.Socket, wakeup: int) -> int:
         interval = self.spec.heartbeat
         poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(wakeup, zmq.POLLIN)
+        poller.register(router, POLLIN)
+        poller.register(wakeup, POLLIN)
         patience = interval * self.spec.liveness
         router_seen = last_beat = time.monotonic()
         leave_by: float | None = None
         registered = self._register(router)
-        watching = zmq.POLLIN
+        watching = POLLIN
         while True:
             # Until registered, also wake when the connection completes (IMMEDIATE holds the
             # READY back until then), not a poll interval later.
-            wanted = zmq.POLLIN if registered else zmq.POLLIN | zmq.POLLOUT
+            wanted = POLLIN if registered else POLLIN | POLLOUT
             if wanted != watching:
                 poller.modify(router, wanted)
                 watching = wanted
             events = dict(poller.poll(int(interval * MS_PER_SECOND / POLLS_PER_HEARTBEAT)))
             now = time.monotonic()
-            if events.get(router, 0) & zmq.POLLIN:
+            if events.get(router, 0) & POLLIN:
                 router_seen = now
                 if self._on_router(router, router.recv_multipart(copy=False)):
                     last_beat = time.monotonic()
@@ -254,7 +256,7 @@ class Worker:
         return None
 
 
-def _is_identity(path: str, identity: list[int] | None) -> bool:
+def is_identity(path: str, identity: list[int] | None) -> bool:
     """Whether ``path`` is still the file of that identity (the supervisor's descriptor of a
     generation is closed, and its number reused, once two newer ones have come)."""
     try:
@@ -355,7 +357,8 @@ def thread_pools() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, handoff: list[LoadedModel] | None = None) -> int:
+    """A worker's life; ``handoff``: the model its template built for this order, if any."""
     spec = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
     parent = spec.parent if spec.parent is not None else os.getppid()
     linux.set_name("wp-worker")
@@ -368,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os.getpid(), parent)
         return 1
     try:
-        return Worker(spec, parent).run()
+        return Worker(spec, parent, handoff).run()
     except (burnpack.BurnpackError, models.ModelError, security.KeysError) as exc:
         log.error("worker %d: cannot load the model: %s", os.getpid(), exc)
         return EXIT_LOAD_FAILED

@@ -2,8 +2,10 @@
 
 A worker forked from it skips the interpreter's start and the imports, and shares their pages
 with the template and its siblings (copy-on-write), as gunicorn's ``--preload`` shares its
-arbiter's. It holds no ZeroMQ context, no mapping and no thread, so there is nothing a fork
-could copy in a broken state; each worker maps the weights itself, exactly as a spawned one.
+arbiter's. It holds no ZeroMQ context and no thread, so there is nothing a fork could copy in
+a broken state. For the built-in numpy models it also builds the ordered generation's model
+once (``_share_model``) and hands it to the workers it forks, which then share that work's
+pages too; any other model each worker loads itself, exactly as a spawned one.
 
 Each worker is forked twice (template, then a short-lived intermediate) and the intermediate
 exits at once, so the worker is reparented to the supervisor, a child subreaper: the
@@ -31,8 +33,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .. import linux, models
+from .. import burnpack, linux, models
 from ..logs import LEVELS, setup_logging
+from ..models import mlp, mnist
+from ..models.loaded import LoadedModel
 from ..units import KiB
 from . import main as worker
 from . import spec as worker_spec
@@ -42,6 +46,10 @@ log = logging.getLogger(__name__)
 
 MAX_ORDER_BYTES = 64 * KiB  # a worker's command line, as JSON
 REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's child
+SHARED_MODELS = (mlp.NAME, mnist.NAME)  # built here for the workers (see _share_model)
+STALE_CHECK_SECONDS = 1.0  # how often an idle template looks whether its model's file is gone
+
+_shared: tuple[tuple[Any, ...], LoadedModel] | None = None  # the order it fits, the model
 
 
 def run(sock: socket.socket, parent: int) -> NoReturn:
@@ -62,6 +70,9 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         gc.freeze()  # what is here now is never traversed again: its pages stay shared
         sock.send(json.dumps({"ready": True}).encode())
         while True:
+            if not select.select([sock], [], [], STALE_CHECK_SECONDS)[0]:
+                _drop_stale_model()
+                continue
             data, fds, _, _ = socket.recv_fds(sock, MAX_ORDER_BYTES, 1)
             if not data:
                 code = 0
@@ -84,6 +95,7 @@ def _fork_order(data: bytes, fds: list[int], sock: socket.socket) -> dict[str, A
     if fds:
         argv += ["--ready-fd", str(fds[0])]
     try:
+        _share_model(argv)
         pid = fork_worker(argv, str(order["token"]), sock)
     except OSError as exc:
         return {"id": order["id"], "error": f"cannot fork a worker: {exc.strerror or exc}"}
@@ -134,7 +146,10 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
 
 
 def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediate: int) -> NoReturn:
-    """In the forked worker: shed what is the template's, then run the worker's main."""
+    """In the forked worker: shed what is the template's, then run the worker's main (handing
+    it the model built for its order, in a list it empties: no frame keeps the model then, and
+    a reload frees it)."""
+    global _shared
     code = 1
     try:
         sock.close()
@@ -147,7 +162,9 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
             sys.modules["numpy.random"].seed()  # numpy's global generator does not
         _wait_until_adopted(intermediate)
         os.environ[TOKEN_ENV] = token
-        code = worker.main(argv)
+        handoff = [] if _shared is None else [_shared[1]]
+        _shared = None
+        code = worker.main(argv, handoff)
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -157,6 +174,57 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _share_model(argv: list[str]) -> None:
+    """Make ``_shared`` the model a worker ordered with ``argv`` serves, built here once for
+    every worker forked on it, or None (the worker loads its own).
+
+    Building a model runs much code (reading and checking the file, making the views), and
+    CPython writes the reference counts of every object that code touches: in each worker that
+    builds its own, some 1.5 MiB of pages shared with the template become private copies.
+    Built here once, those pages stay shared. Only the built-in numpy models are built here:
+    they hold no thread, which a fork would copy in a broken state, and read nothing but the
+    file. The previous model is dropped first, so the template maps one generation at most.
+    """
+    global _shared
+    try:
+        spec = worker_spec.WorkerSpec.from_argv(argv)
+    except SystemExit:
+        _shared = None
+        return  # the worker says what is wrong with its command line
+    key = (spec.path, spec.source, spec.model, spec.load, spec.generation, spec.expect)
+    if _shared is not None and _shared[0] == key:
+        return
+    _shared = None
+    if spec.load != "mmap" or spec.remote:
+        return
+    try:
+        pack = burnpack.read(spec.path, source=spec.source)
+        # Named as choose_model would name it, without importing a module the file names.
+        name = spec.model or pack.metadata.get(models.MODEL_KEY) or models.recognise(pack.tensors)
+        del pack
+        if name not in SHARED_MODELS:
+            return
+        model = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
+                            spec.cache_dir, spec.source)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, each worker meets it and reports it
+        log.debug("template %d: not building generation %d for its workers: %s", os.getpid(),
+                  spec.generation, exc)
+        return
+    gc.collect()
+    gc.freeze()  # the workers' collections never traverse the model's objects
+    _shared = key, model
+
+
+def _drop_stale_model() -> None:
+    """Unmap the model built for the workers once the supervisor has let go of its file (two
+    newer generations came): the template must not keep a replaced file's disk space."""
+    global _shared
+    if _shared is not None:
+        path, source, *_, expect = _shared[0]
+        if not worker.is_identity(source or path, expect):
+            _shared = None
 
 
 def _ignore_the_supervisors_signals() -> None:

@@ -115,17 +115,37 @@ def _ids(frames: list[Any]) -> list[int] | bytes:
 # Dispatch.
 
 
-def test_a_request_goes_to_the_least_recently_used_free_worker():
+def test_a_request_goes_to_the_most_recently_freed_worker():
     pool = Pool()
     first, second = pool.worker(1), pool.worker(2)
     pool.request(1)
     pool.request(2)
-    assert (pool.sends_to(1), pool.sends_to(2)) == ([[1]], [[2]])
+    assert (pool.sends_to(2), pool.sends_to(1)) == ([[1]], [[2]])  # the second registered last
     assert first.state == second.state == WorkerState.BUSY
     pool.answer(second)
     pool.answer(first)
     pool.request(3)
-    assert pool.sends_to(2) == [[2], [3]]  # freed first, so it waited longest
+    assert pool.sends_to(1) == [[2], [3]]  # freed last, so its caches are the warmest
+    pool.answer(first)
+    pool.request(4)
+    assert pool.sends_to(1) == [[2], [3], [4]]  # one request at a time: always the same worker
+    assert pool.sends_to(2) == [[1]]
+
+
+def test_a_worker_whose_last_answer_failed_goes_to_the_back_of_the_free_list():
+    """Else a worker that fails fast (a broken model) would always be the last freed, and draw
+    every request while the others idle."""
+    pool = Pool()
+    broken, healthy = pool.worker(1), pool.worker(2)
+    pool.request(1)
+    pool.request(2)
+    pool.answer(healthy)
+    broken.failed_last = True  # the router sets it when a reply is an error
+    pool.answer(broken)  # freed last, yet not the next to take a request
+    pool.request(3)
+    pool.answer(healthy)
+    pool.request(4)
+    assert pool.sends_to(2) == [[1], [3], [4]] and pool.sends_to(1) == [[2]]
 
 
 def test_a_request_waits_until_a_worker_is_free():
@@ -185,10 +205,10 @@ def test_a_worker_that_cannot_be_reached_is_lost_and_the_request_goes_to_the_nex
     pool = Pool()
     pool.worker(1)
     pool.worker(2)
-    pool.unreachable.add(1)
+    pool.unreachable.add(2)  # the most recently freed, so the first tried
     pool.request(1)
-    assert pool.sends_to(2) == [[1]] and pool.lost == [1]
-    assert [w.pid for w in pool.workers.values()] == [2]
+    assert pool.sends_to(1) == [[1]] and pool.lost == [2]
+    assert [w.pid for w in pool.workers.values()] == [1]
 
 
 def test_a_batch_that_cannot_be_sent_goes_back_first_in_the_queue_in_order():
@@ -240,7 +260,7 @@ def test_a_remote_worker_is_never_held_for_a_batch():
 
 def test_a_lost_request_is_retried_once_alone_then_fails():
     pool = Pool()
-    first, second = pool.worker(1), pool.worker(2)
+    second, first = pool.worker(2), pool.worker(1)  # the request goes to the last one freed
     pending = pool.request(9)
     pool.recovery.lose(first.key, "test")
     assert len(pool.intake.queue) == 1  # queued first, for the router's next drain
@@ -254,8 +274,8 @@ def test_a_lost_request_is_retried_once_alone_then_fails():
 
 def test_a_request_whose_workers_were_both_sigkilled_fails_but_is_not_quarantined():
     pool = Pool()
-    pool.worker(1, token="a")
     pool.worker(2, token="b")
+    pool.worker(1, token="a")  # freed last: the request goes to it
     pending = pool.request(9)
     pool.recovery.worker_exited("a", "was killed by SIGKILL", killed=True)
     assert pool.sends_to(2) == [[9]]

@@ -127,7 +127,15 @@ def test_a_request_goes_to_a_free_worker_and_the_reply_comes_back(context):
     assert reply_to(worker) == 7
     pool.pump(received(client))
     assert answer(client)["id"] == 7
-    assert [w.served for w in pool.router.workers] == [1]
+    assert [(w.served, w.failed_last) for w in pool.router.workers] == [(1, False)]
+    request(client, 8)
+    pool.pump(received(worker))
+    frames = worker.recv_multipart()
+    worker.send_multipart([protocol.REPLY, frames[1], b"err",
+                           *protocol.encode_error(8, "internal", "the model failed")])
+    pool.pump(received(client))
+    assert answer(client)["error"]["code"] == "internal"
+    assert [(w.served, w.errors, w.failed_last) for w in pool.router.workers] == [(2, 1, True)]
 
 
 def test_a_busy_worker_is_skipped_and_requests_wait_for_a_free_one(context):

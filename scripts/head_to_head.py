@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""workerpool against gunicorn --preload, head to head: one request at a time, and memory.
+
+Prints two tables from one run, on this machine, on the same generated numpy mlp:
+
+1. Speed (``--speed-size``, 4 MiB, 2 workers): the total PSS of each server once every worker
+   has answered (each server measured alone), then requests/s and p50 of one-row requests at
+   each number in flight. Both servers run side by side for this part, each on its own copy of
+   the model file, and are driven in turn, ``--seconds`` at a time, ``--rounds`` times, the
+   order swapped every round; the figures are medians over the rounds. workerpool is driven by
+   one DEALER socket keeping K requests in flight, gunicorn by K keep-alive HTTP/1.1
+   connections with one request each: minimal clients, so that the servers are measured. One
+   more row, at one in flight, uses the clients a user would: ``workerpool.Client.infer`` and
+   ``http.client``.
+2. Memory (``--memory-size``, 256 MiB, 8 workers): each server alone, ``--memory-runs`` times
+   in turn, every worker having answered: the total PSS of every serving process, and where it
+   goes (workerpool's supervisor and template, gunicorn's arbiter, each worker: its share of
+   the mapped weights, its anonymous and private dirty memory). "Each added worker" is a
+   worker's USS, what the machine would get back if it exited.
+
+workerpool runs ``serve --start fork --threads-per-worker T``; gunicorn ``--preload`` with
+gthread workers serving ``compare_app`` (compare.py's), its BLAS threads limited to the same T
+(the CPUs divided by the workers).
+
+    python3 -m pip install -e '.[compare]'
+    python3 scripts/head_to_head.py                     # both tables, about 3 minutes
+    python3 scripts/head_to_head.py --tables speed --rounds 9
+    python3 scripts/head_to_head.py --tables memory --memory-size 64MiB --json h2h.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import numpy as np
+from bench import (
+    at_least_one,
+    drive,
+    levels,
+    load_average,
+    print_load_averages,
+    scratch_run,
+    warm_workerpool,
+    write_figures,
+)
+from compare import Load
+from compare_gunicorn import gunicorn_server, http_drive, http_request, warm_gunicorn
+from server_memory import tree_memory
+
+import workerpool
+from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
+from workerpool.protocol import messages as protocol
+from workerpool.units import MiB, format_size, parse_size
+
+LIBRARY_CALLS_WARMUP = 20  # calls through each library client before the timed ones
+WORKERPOOL, GUNICORN = "workerpool", "gunicorn"
+LABELS = {WORKERPOOL: "workerpool (fork template)", GUNICORN: "gunicorn --preload"}
+
+
+# The servers, started and warmed.
+
+
+@contextmanager
+def workerpool_server(load: Load, name: str) -> Iterator[tuple[int, str, set[int]]]:
+    """``workerpool serve --start fork`` on ``load.model``; its pid, endpoint and the pids of the
+    workers, once each has answered."""
+    args = serve_args(load.model, load.workers, "--start", "fork", "--threads-per-worker",
+                      str(load.blas_threads), "--control", f"ipc://{load.directory}/control-{name}.sock",
+                      "--log-level", "warning")
+    try:
+        with ServerProcess(args, log_path=os.path.join(load.directory, f"{name}.log")) as server:
+            assert server.proc is not None
+            workers = warm_workerpool(server.endpoint, protocol.encode_request(0, load.row), load.workers)
+            yield server.proc.pid, server.endpoint, workers
+    except NotReady as exc:
+        raise RuntimeError(str(exc)) from None
+
+
+@contextmanager
+def gunicorn_warmed(load: Load) -> Iterator[tuple[int, int, set[int]]]:
+    """``gunicorn --preload`` on ``load.model``; the arbiter's pid, the port and the workers' pids."""
+    with gunicorn_server(load) as (proc, port):
+        workers = warm_gunicorn(proc, port, http_request(load.row.tobytes()), load.workers)
+        yield proc.pid, port, workers
+
+
+def server_memory(load: Load, server: str) -> dict[str, Any]:
+    """The memory of ``server`` running alone on ``load``, every worker having answered."""
+    if server == WORKERPOOL:
+        with workerpool_server(load, "memory") as (pid, _, workers):
+            return tree_memory(pid, load.model, workers)
+    with gunicorn_warmed(load) as (pid, _, workers):
+        return tree_memory(pid, load.model, workers)
+
+
+def memory_runs(load: Load, runs: int) -> dict[str, list[dict[str, Any]]]:
+    """``runs`` of each server alone, alternating, the first server swapped every run."""
+    figures: dict[str, list[dict[str, Any]]] = {WORKERPOOL: [], GUNICORN: []}
+    for run in range(runs):
+        for server in (WORKERPOOL, GUNICORN) if run % 2 == 0 else (GUNICORN, WORKERPOOL):
+            figures[server].append(server_memory(load, server))
+            print(f"  memory, {format_size(os.path.getsize(load.model))}, {load.workers} workers: "
+                  f"{server} run {run + 1}/{runs} done", file=sys.stderr, flush=True)
+    return figures
+
+
+# Speed: both servers up, driven in turn.
+
+
+def library_calls(call: Callable[[], None], seconds: float) -> dict[str, Any]:
+    """One call at a time for ``seconds``, after a warm-up: calls/s and p50."""
+    for _ in range(LIBRARY_CALLS_WARMUP):
+        call()
+    latencies = []
+    start = time.perf_counter()
+    end = start + seconds
+    while (now := time.perf_counter()) < end:
+        call()
+        latencies.append(time.perf_counter() - now)
+    elapsed = time.perf_counter() - start
+    return {"rps": len(latencies) / elapsed, "p50_us": float(np.percentile(latencies, 50) * 1e6)}
+
+
+def speed_rounds(load: Load, rounds: int, seconds: float) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Both servers side by side, each on its own copy of the model; every round drives each
+    at every level, and then through its library's client, the order swapped every round."""
+    gunicorn_load = Load(**{**vars(load), "model": os.path.join(load.directory, "gunicorn-model.bpk")})
+    shutil.copyfile(load.model, gunicorn_load.model)
+    frames = protocol.encode_request(0, load.row)
+    body = load.row.tobytes()
+    figures: dict[str, dict[str, list[dict[str, Any]]]] = {WORKERPOOL: {}, GUNICORN: {}}
+    with ExitStack() as stack:
+        _, endpoint, _ = stack.enter_context(workerpool_server(load, "speed"))
+        _, port, _ = stack.enter_context(gunicorn_warmed(gunicorn_load))
+        client = stack.enter_context(workerpool.Client(endpoint, timeout=30))
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        stack.callback(connection.close)
+
+        def http_call() -> None:
+            connection.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
+            reply = connection.getresponse()
+            reply.read()
+            if reply.status != 200:
+                raise RuntimeError(f"gunicorn answered {reply.status}")
+
+        drives: dict[str, Callable[[int], dict[str, Any]]] = {
+            WORKERPOOL: lambda k: drive(endpoint, frames, k, seconds),
+            GUNICORN: lambda k: http_drive(port, http_request(body), k, seconds)}
+        clients: dict[str, Callable[[], None]] = {WORKERPOOL: lambda: client.infer(load.row),
+                                                  GUNICORN: http_call}
+        for number in range(rounds):
+            order = (WORKERPOOL, GUNICORN) if number % 2 == 0 else (GUNICORN, WORKERPOOL)
+            for k in load.levels:
+                for server in order:
+                    figures[server].setdefault(str(k), []).append(drives[server](k))
+            for server in order:
+                figures[server].setdefault("client", []).append(library_calls(clients[server], seconds))
+            print(f"  speed round {number + 1}/{rounds} done", file=sys.stderr, flush=True)
+    return figures
+
+
+# The tables.
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def mib(value: float) -> str:
+    return f"{value / MiB:.1f} MiB"
+
+
+def print_speed(load: Load, memory: dict[str, list[dict[str, Any]]],
+                speed: dict[str, dict[str, list[dict[str, Any]]]], rounds: int, seconds: float) -> None:
+    size = format_size(os.path.getsize(load.model))
+    print(f"## {size} mlp, {load.workers} workers, one-row requests ({len(os.sched_getaffinity(0))} "
+          f"CPUs, {load.blas_threads} BLAS thread per worker; medians of {rounds} alternating rounds "
+          f"of {seconds:g} s)")
+    print()
+    head = ["total PSS", *(f"{k} in flight: req/s (p50)" for k in load.levels),
+            "1 in flight, library client: calls/s (p50)"]
+    print("| server | " + " | ".join(head) + " |")
+    print("| --- |" + " ---: |" * len(head))
+    for server in (WORKERPOOL, GUNICORN):
+        cells = [mib(median_of(memory[server], "pss"))]
+        for key in [*(str(k) for k in load.levels), "client"]:
+            runs = speed[server][key]
+            cells.append(f"{median_of(runs, 'rps'):,.0f} ({median_of(runs, 'p50_us'):,.0f} us)")
+        print(f"| {LABELS[server]} | " + " | ".join(cells) + " |")
+    ratios = [f"{median_of(memory[WORKERPOOL], 'pss') / median_of(memory[GUNICORN], 'pss'):.2f}x"]
+    for key in [*(str(k) for k in load.levels), "client"]:
+        ours, theirs = speed[WORKERPOOL][key], speed[GUNICORN][key]
+        ratios.append(f"{median_of(ours, 'rps') / median_of(theirs, 'rps'):.2f}x "
+                      f"({median_of(ours, 'p50_us') / median_of(theirs, 'p50_us'):.2f}x)")
+    print("| workerpool / gunicorn | " + " | ".join(ratios) + " |")
+    print()
+    print("Library clients: workerpool.Client.infer against http.client.HTTPConnection, one call "
+          "at a time; the other columns use minimal clients (a DEALER socket, raw HTTP sockets).")
+    print()
+
+
+def process_rows(run: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return [p for p in run["by_process"] if p["role"] == role]
+
+
+def print_memory(load: Load, memory: dict[str, list[dict[str, Any]]]) -> None:
+    size = format_size(os.path.getsize(load.model))
+    runs = len(memory[WORKERPOOL])
+    print(f"## {size} mlp, {load.workers} workers, every worker has answered (each server alone; "
+          f"medians of {runs} alternating runs)")
+    print()
+    print("| server | total PSS | where it goes |")
+    print("| --- | ---: | --- |")
+    totals = {}
+    for server in (WORKERPOOL, GUNICORN):
+        server_runs = memory[server]
+        totals[server] = median_of(server_runs, "pss")
+        spread = f"{mib(min(r['pss'] for r in server_runs))} to {mib(max(r['pss'] for r in server_runs))}"
+        root = "supervisor" if server == WORKERPOOL else "arbiter"
+        parts = [f"{root} {figure(server_runs, 'root', 'pss')} ({figure(server_runs, 'root', 'pss_anon')} "
+                 "anonymous)"]
+        if server == WORKERPOOL:
+            parts.append(f"template {figure(server_runs, 'other', 'pss')}")
+        parts.append(f"each worker {figure(server_runs, 'worker', 'pss')} ({figure(server_runs, 'worker', 'weights_pss')} "
+                     f"its share of the mapped weights, {figure(server_runs, 'worker', 'pss_anon')} anonymous, "
+                     f"{figure(server_runs, 'worker', 'private_dirty')} private dirty)")
+        parts.append(f"each added worker {figure(server_runs, 'worker', 'uss')} (a worker's USS)")
+        print(f"| {LABELS[server]} | {mib(totals[server])} ({spread}) | {'; '.join(parts)} |")
+    print(f"| workerpool / gunicorn | {totals[WORKERPOOL] / totals[GUNICORN]:.2f}x | |")
+    print()
+
+
+def figure(runs: list[dict[str, Any]], role: str, key: str) -> str:
+    """The median over runs and over the processes of ``role`` of one figure."""
+    return mib(statistics.median(p[key] for run in runs for p in process_rows(run, role)))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", choices=("both", "speed", "memory"), default="both",
+                        help="which tables to make (default: both)")
+    parser.add_argument("--speed-size", type=parse_size, default=parse_size("4MiB"),
+                        help="mlp size of the speed table (default: 4MiB)")
+    parser.add_argument("--speed-workers", type=at_least_one, default=2,
+                        help="workers of each server in the speed table (default: 2)")
+    parser.add_argument("--in-flight", type=levels, default="1,16,64",
+                        help="comma-separated requests in flight (default: 1,16,64)")
+    parser.add_argument("--rounds", type=at_least_one, default=5,
+                        help="alternating rounds of the speed table (default: 5)")
+    parser.add_argument("--seconds", type=float, default=1.0,
+                        help="per figure, server and round (default: 1)")
+    parser.add_argument("--memory-size", type=parse_size, default=parse_size("256MiB"),
+                        help="mlp size of the memory table (default: 256MiB)")
+    parser.add_argument("--memory-workers", type=at_least_one, default=8,
+                        help="workers of each server in the memory table (default: 8)")
+    parser.add_argument("--memory-runs", type=at_least_one, default=2,
+                        help="alternating runs of each server for the memory table (default: 2)")
+    parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
+    return parser.parse_args(argv)
+
+
+def load_for(run: Any, workers: int, args: argparse.Namespace) -> Load:
+    blas_threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    return Load(run.model, workers, blas_threads, 1, run.row, args.in_flight, args.seconds, run.directory)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start_load = load_average()
+    figures: dict[str, Any] = {}
+    if args.tables in ("both", "speed"):
+        with scratch_run("head-to-head", args.speed_size) as run:
+            load = load_for(run, args.speed_workers, args)
+            figures["speed_memory"] = memory_runs(load, 1)
+            figures["speed"] = speed_rounds(load, args.rounds, args.seconds)
+            print_speed(load, figures["speed_memory"], figures["speed"], args.rounds, args.seconds)
+    if args.tables in ("both", "memory"):
+        with scratch_run("head-to-head", args.memory_size) as run:
+            load = load_for(run, args.memory_workers, args)
+            figures["memory"] = memory_runs(load, args.memory_runs)
+            print_memory(load, figures["memory"])
+    loads = (start_load, load_average())
+    print_load_averages(loads)
+    if args.json:
+        write_figures(args.json, "head_to_head.py", {**figures, "load_average": loads})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
