@@ -23,7 +23,7 @@ gthread workers serving ``compare_app`` (compare.py's), its BLAS threads limited
 (the CPUs divided by the workers).
 
     python3 -m pip install -e '.[compare]'
-    python3 scripts/head_to_head.py                     # both tables, about 3 minutes
+    python3 scripts/head_to_head.py                     # both tables, about 4 minutes
     python3 scripts/head_to_head.py --tables speed --rounds 9
     python3 scripts/head_to_head.py --tables memory --memory-size 64MiB --json h2h.json
 """
@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from bench import (
+    Scratch,
     at_least_one,
     drive,
     levels,
@@ -268,7 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_for(run: Any, workers: int, args: argparse.Namespace) -> Load:
+def load_for(run: Scratch, workers: int, args: argparse.Namespace) -> Load:
     blas_threads = max(1, len(os.sched_getaffinity(0)) // workers)
     return Load(run.model, workers, blas_threads, 1, run.row, args.in_flight, args.seconds, run.directory)
 
