@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 from support.commands import cli
+from support.processes import private_dirty
 from support.server import Server
 
 import workerpool
@@ -114,15 +115,6 @@ def test_status_json_and_explain_carry_every_memory_figure(model_64mib):
                    "total PSS of the supervisor, template and 2 workers"):
         assert column in human.stdout
     assert metrics.MEMORY_FIELDS["anon"] in human.stdout
-
-
-def private_dirty(pid: int) -> int:
-    """Bytes of the pages only ``pid`` has written (copy-on-write copies, its own heap)."""
-    with open(f"/proc/{pid}/smaps_rollup") as rollup:
-        for line in rollup:
-            if line.startswith("Private_Dirty:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no Private_Dirty in smaps_rollup")
 
 
 # What a forked worker writes of its own: its interpreter's copy-on-write pages, its ZeroMQ

@@ -14,13 +14,23 @@ import psutil
 import workerpool
 
 
+def proc_kib_field(path: str, name: str) -> int:
+    """A ``Name:  N kB`` field of a ``/proc`` file (``status``, ``smaps_rollup``), in bytes."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(f"{name}:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {name} in {path}")
+
+
 def vm_hwm(pid: int) -> int:
     """Peak resident set size of ``pid`` in bytes (Linux ``VmHWM``)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
+    return proc_kib_field(f"/proc/{pid}/status", "VmHWM")
+
+
+def private_dirty(pid: int) -> int:
+    """Bytes of the pages only ``pid`` has written (copy-on-write copies, its own heap)."""
+    return proc_kib_field(f"/proc/{pid}/smaps_rollup", "Private_Dirty")
 
 
 def log_time(line: str) -> float:

@@ -23,12 +23,13 @@ class LoadedModel:
     """The model of one generation, with the mapping it runs on and what it declares."""
 
     def __init__(self, path: str, spec: str | None, load: str, generation: int = 0,
-                 threads: int | None = None, cache_dir: str | None = None, source: str | None = None) -> None:
+                 threads: int | None = None, cache_dir: str | None = None, source: str | None = None,
+                 pack: burnpack.Burnpack | None = None) -> None:
         """``threads``: the worker's CPU budget, for a model that sizes its own thread pool;
         ``cache_dir``: where a model keeps what it prepares once per machine (None, or a
         ``load`` other than mmap: nothing is prepared); ``source``: opened instead of ``path``
-        (see :func:`burnpack.read`)."""
-        self.pack = burnpack.read(path, mmap=load == "mmap", source=source)
+        (see :func:`burnpack.read`); ``pack``: the file, read already as ``load`` reads it."""
+        self.pack = pack or burnpack.read(path, mmap=load == "mmap", source=source)
         self.name = choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
         options = BuildOptions(threads, cache_dir if self.pack.mapped else None, path, self.pack.identity)
         self.model = build_model(self.pack.tensors, self.pack.metadata, self.name, options=options)

@@ -182,7 +182,7 @@ def _share_model(argv: list[str]) -> None:
 
     Building a model runs much code (reading and checking the file, making the views), and
     CPython writes the reference counts of every object that code touches: in each worker that
-    builds its own, some 1.5 MiB of pages shared with the template become private copies.
+    builds its own, some 0.6 MiB of pages shared with the template become private copies.
     Built here once, those pages stay shared. Only the built-in numpy models are built here:
     they hold no thread, which a fork would copy in a broken state, and read nothing but the
     file. The previous model is dropped first, so the template maps one generation at most.
@@ -200,14 +200,13 @@ def _share_model(argv: list[str]) -> None:
     if spec.load != "mmap" or spec.remote:
         return
     try:
-        pack = burnpack.read(spec.path, source=spec.source)
+        pack = burnpack.read(spec.path, source=spec.source)  # mapped, as --load mmap maps it
         # Named as choose_model would name it, without importing a module the file names.
         name = spec.model or pack.metadata.get(models.MODEL_KEY) or models.recognise(pack.tensors)
-        del pack
         if name not in SHARED_MODELS:
             return
         model = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
-                            spec.cache_dir, spec.source)
+                            spec.cache_dir, spec.source, pack)
     except Exception as exc:  # noqa: BLE001 - whatever it is, each worker meets it and reports it
         log.debug("template %d: not building generation %d for its workers: %s", os.getpid(),
                   spec.generation, exc)
