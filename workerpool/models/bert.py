@@ -22,10 +22,9 @@ from ..errors import NotAJSONObject, json_object
 from .base import Model, ModelError, ModelInputError, require_tensor
 from .ops import gelu_float32
 from .texts import (
-    CHUNK_TOKENS,
     MEAN_NORMALIZED,
     TOKENIZER_KEY,
-    embed_texts,
+    TextEncoder,
     max_length,
     text_outputs,
     tokenizer,
@@ -36,6 +35,8 @@ NAME = "bert"
 CONFIG_KEY = "workerpool.hf_config"  # config.json, as text
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 MAX_TOKENS = 65_536  # input_ids per request: its last_hidden_state alone is 1.5 KiB a token here
+CHUNK_TOKENS = 4096  # tokens of input_ids per pass: attention's memory grows with length squared
+PASS_OVERHEAD = 12.0  # what a pass costs beyond its tokens, in tokens (see text_passes)
 
 
 class Bert(Model):
@@ -76,8 +77,10 @@ class Bert(Model):
         self.tensor_names = frozenset(name for name in weights if not name.startswith("pooler.")
                                       and name != "embeddings.position_ids")
         self.max_length = min(max_length(NAME, metadata, len(self.positions)), len(self.positions))
-        self.tokenizer = tokenizer(NAME, metadata.get(TOKENIZER_KEY), self.max_length)
-        self.accepts_text = self.tokenizer is not None  # what info tells clients it takes
+        found = tokenizer(NAME, metadata.get(TOKENIZER_KEY), self.max_length)
+        self.text_encoder = None if found is None else TextEncoder(
+            NAME, found, self._encode_rows, MEAN_NORMALIZED, PASS_OVERHEAD)
+        self.accepts_text = self.text_encoder is not None  # what info tells clients it takes
 
     def __call__(self, inputs: Any) -> Any:
         if isinstance(inputs, list):
@@ -92,10 +95,10 @@ class Bert(Model):
     # Inputs.
 
     def _embed_texts(self, texts: Sequence[Any]) -> dict[str, np.ndarray]:
-        if self.tokenizer is None:
+        if self.text_encoder is None:
             raise ModelInputError(f"{NAME}: this file carries no tokenizer: send input_ids and "
                                   "attention_mask")
-        return embed_texts(NAME, self.tokenizer, texts, self._encode_rows, MEAN_NORMALIZED)
+        return self.text_encoder(texts)
 
     def _arrays(self, inputs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not isinstance(inputs, Mapping) or not {"input_ids", "attention_mask"} <= set(inputs) \

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from .. import burnpack
 from . import build_model, choose_model
 from .base import BuildOptions, ModelInputError
-from .contract import Contract
+from .contract import Contract, ModelOutputError
 
 log = logging.getLogger(__name__)
 
@@ -52,36 +53,87 @@ class LoadedModel:
         self.contract.check_output(outputs, batch, texts=isinstance(inputs, list))
         return outputs
 
-    def infer_batch(self, inputs: list[Any]) -> list[Any]:
-        """Each input's outputs, or the exception that fails it alone.
+    def infer_batch(self, inputs: list[Any]) -> Iterator[tuple[int, Any]]:
+        """Each input's index and outputs, or the exception that fails it alone, as soon as
+        they are known.
 
-        The inputs that fit together are stacked along the batch axis (texts: joined into one
-        list) and run in one forward pass, whose outputs are split back; a pass that raises is
-        run again input by input, so that the good ones still get answers.
+        The inputs that fit together are stacked along the batch axis and run in one forward
+        pass, whose outputs are split back; a pass that raises is run again input by input, so
+        that the good ones still get answers. Texts are embedded in the passes their model plans
+        (:mod:`.text_passes`), and a request is answered when the last pass holding one of its
+        texts is done, not when the whole batch is.
         """
         if not self.batching:
-            return [self.outcome(one) for one in inputs]
-        results: list[Any] = [None] * len(inputs)
+            yield from ((i, self.outcome(one)) for i, one in enumerate(inputs))
+            return
         groups: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
         for i, one in enumerate(inputs):
             try:
                 part = self._part(one)
             except ModelInputError as exc:
-                results[i] = exc
+                yield i, exc
                 continue
             if part is None:
-                results[i] = self.outcome(one)
+                yield i, self.outcome(one)
             else:
                 groups.setdefault(part[0], []).append((i, part[1]))
         for key, members in groups.items():
-            parts = [part for _, part in members]
-            joined = _joined_texts if key == _TEXTS else _joined_arrays if isinstance(parts[0], Mapping) \
-                else np.concatenate
-            outcomes = self._run_stacked([_rows(p) for p in parts], [inputs[i] for i, _ in members],
-                                         functools.partial(joined, parts))
-            for (i, _), outcome in zip(members, outcomes, strict=True):
-                results[i] = outcome
-        return results
+            if len(members) == 1:
+                yield members[0][0], self.outcome(inputs[members[0][0]])
+            elif key == _TEXTS:
+                yield from self._run_texts(members)
+            else:
+                parts = [part for _, part in members]
+                joined = _joined_arrays if isinstance(parts[0], Mapping) else np.concatenate
+                outcomes = self._run_stacked([_rows(p) for p in parts], [inputs[i] for i, _ in members],
+                                             functools.partial(joined, parts))
+                yield from zip((i for i, _ in members), outcomes, strict=True)
+
+    def _run_texts(self, members: list[tuple[int, list[str]]]) -> Iterator[tuple[int, Any]]:
+        """The outcomes of requests of texts, each given once the passes holding its texts are
+        done; with a model that plans no passes of its own, one call on all the texts."""
+        encoder = getattr(self.model, "text_encoder", None)
+        if encoder is None:
+            parts = [texts for _, texts in members]
+            outcomes = self._run_stacked([len(p) for p in parts], parts, functools.partial(_joined_texts, parts))
+            yield from zip((i for i, _ in members), outcomes, strict=True)
+            return
+        owners = [k for k, (_, texts) in enumerate(members) for _ in texts]
+        try:
+            lengths, passes = encoder.tokenized(_joined_texts([texts for _, texts in members]))
+        except ModelInputError:  # one request's texts: each request is tokenized alone
+            yield from ((i, self.outcome(texts)) for i, texts in members)
+            return
+        firsts = np.cumsum([0] + [len(texts) for _, texts in members])
+        waiting = [len(texts) for _, texts in members]
+        embeddings: np.ndarray | None = None
+        answered: set[int] = set()
+        try:
+            for indices, pooled in passes:
+                if embeddings is None:
+                    embeddings = np.empty((len(lengths), pooled.shape[1]), np.float32)
+                embeddings[indices] = pooled
+                done = collections.Counter(owners[t] for t in indices)
+                for k in sorted(done):
+                    waiting[k] -= done[k]
+                    if not waiting[k]:
+                        rows = slice(firsts[k], firsts[k + 1])
+                        outputs = {"embedding": embeddings[rows].copy(),
+                                   "tokens": np.array(lengths[rows], np.int32)}
+                        answered.add(k)
+                        yield members[k][0], self._checked(outputs, len(members[k][1]))
+        except Exception as exc:  # noqa: BLE001 - the requests not answered yet run alone
+            self._log_batch_failure(len(members) - len(answered), exc)
+            del exc
+            yield from ((i, self.outcome(texts)) for k, (i, texts) in enumerate(members) if k not in answered)
+
+    def _checked(self, outputs: dict[str, np.ndarray], texts: int) -> Any:
+        """Texts' outputs, or the :class:`ModelOutputError` of what breaks the declaration."""
+        try:
+            self.contract.check_output(outputs, texts, texts=True)
+        except ModelOutputError as exc:
+            return exc
+        return outputs
 
     def _part(self, inputs: Any) -> tuple[tuple[Any, ...], Any] | None:
         """What ``inputs`` brings to a stacked pass, under the key of those it stacks with; None
@@ -90,8 +142,9 @@ class LoadedModel:
         Without a declared output shape, a bare row's output need not have the batch axis that
         a stacked pass gives it: it runs alone, so that its reply never depends on its company.
         """
-        if isinstance(inputs, list):
-            return (_TEXTS, inputs) if self.contract.texts else None
+        if isinstance(inputs, list):  # a list that is not all strings is refused alone
+            return (_TEXTS, inputs) if self.contract.texts and inputs \
+                and all(isinstance(text, str) for text in inputs) else None
         if not self.contract.batched:
             return None
         arrays, bare = self.contract.as_batch(inputs)
@@ -104,24 +157,27 @@ class LoadedModel:
     def _run_stacked(self, counts: list[int], originals: list[Any], join: Callable[[], Any]) -> list[Any]:
         """The outputs of ``originals`` (``counts`` rows each) from one pass over ``join()``, or
         of each alone when that pass fails."""
-        if len(originals) == 1:
-            return [self.outcome(originals[0])]
         bounds = np.cumsum(counts)
         stacked = self._outcome_joined(join)
         if isinstance(stacked, BaseException) or not _split_along(stacked, int(bounds[-1])):
-            if not self.batch_failure_logged:
-                self.batch_failure_logged = True
-                failure = (f"{type(stacked).__name__}: {stacked}" if isinstance(stacked, BaseException)
-                           else "outputs without the batch axis")
-                log.error("model %s failed on a stacked batch of %d requests (%s); such a batch "
-                          "is answered request by request (logged once)", self.name, len(originals),
-                          failure)
+            self._log_batch_failure(len(originals), stacked)
             del stacked  # and what it holds, before the requests run again
             return [self.outcome(one) for one in originals]
         if isinstance(stacked, Mapping):
             parts = {name: np.split(value, bounds[:-1]) for name, value in stacked.items()}
             return [{name: parts[name][k] for name in parts} for k in range(len(originals))]
         return np.split(stacked, bounds[:-1])
+
+    def _log_batch_failure(self, requests: int, failure: Any) -> None:
+        """Log once per model that a stacked pass failed (``failure``: what it raised, or the
+        outputs that lacked the batch axis)."""
+        if self.batch_failure_logged:
+            return
+        self.batch_failure_logged = True
+        what = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) \
+            else "outputs without the batch axis"
+        log.error("model %s failed on a stacked batch of %d requests (%s); such a batch is "
+                  "answered request by request (logged once)", self.name, requests, what)
 
     def _outcome_joined(self, join: Callable[[], Any]) -> Any:
         """:meth:`outcome` of the joined inputs; an exception comes without its traceback,

@@ -21,17 +21,21 @@ Texts are taken when the file carries a tokenizer and a pooling (as ``convert`` 
 from a sentence-transformers folder) and the graph's inputs are ``input_ids`` and
 ``attention_mask`` (and maybe ``token_type_ids``) of an integer dtype, with token states to
 pool: the rank-3 float output ``last_hidden_state``, else the first one. They are tokenized,
-run and pooled as :mod:`.texts` does, at most ``CHUNK_TOKENS`` tokens a pass, fed in the dtypes
-the graph declares. What a pass needed is then given back, so that a worker's private memory
-after long texts returns near its idle size: each pass runs with the arena shrinkage run
-option, and the C heap is trimmed after a request that grew the worker by :data:`TRIM_GROWTH`.
-Measured on a 4-layer, 384-wide encoder served by one worker (weights shared; 38 MiB USS
-idle), 24 texts of 502 tokens left +90 MiB with the default arena, +110 MiB with
-``enable_cpu_mem_arena = False`` (glibc keeps what it frees), +42 MiB with shrinkage, +5 MiB
-with shrinkage and the trim. Speed on a shared 2-core machine: short requests 23-30 ms in
-every setting, 4096-token passes 1.15-1.56 s with shrinkage, 1.50-1.56 s with the default
-arena, 1.58-1.67 s without one; the trim costs 2-5 ms a request, which is why small requests
-skip it.
+run and pooled as :mod:`.texts` does, in the passes :mod:`.text_passes` plans, fed in the dtypes
+the graph declares.
+
+What a pass needed is given back only when the worker has grown past a bound: after a pass
+that left the worker :data:`RECOVER_GROWTH` above where it settled, one more pass, on the
+first row (and token) of the same inputs, runs with the arena shrinkage run option, and the C
+heap is trimmed (:meth:`OnnxModel._give_back`). Ordinary passes (texts in passes of at most
+``PASS_TOKENS`` tokens, some 5 MiB of arena for all-MiniLM-L6-v2) never reach the bound and
+run without shrinkage: shrinking returns the arena's blocks to the C library after every
+pass, which the next pass takes again. Measured on a 4-layer, 384-wide encoder served by one
+worker (weights shared; 38 MiB USS idle), 24 texts of 502 tokens left +90 MiB with the default
+arena, +110 MiB with ``enable_cpu_mem_arena = False`` (glibc keeps what it frees), +42 MiB
+with shrinkage, +5 MiB with shrinkage and the trim; all-MiniLM-L6-v2's arena after one pass
+of 256 tokens holds about 5 MiB, of 1,024 tokens 24 MiB, of 4,096 tokens 159 MiB
+(``scripts/text_pass_cost.py --memory``).
 
 A pass that runs out of memory (``--max-worker-memory``, or the machine's) fails as a
 ``MemoryError``, and what the arena took for it is given back (see ``_recover_memory``): the
@@ -64,8 +68,7 @@ from .onnx_layout import (
 )
 from .texts import (
     TOKENIZER_KEY,
-    Pooling,
-    embed_texts,
+    TextEncoder,
     max_length,
     pooling_of,
     text_outputs,
@@ -88,7 +91,8 @@ TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the first two
 STATES = "last_hidden_state"  # the token states texts are pooled from, else the first rank-3 output
 DEFAULT_MAX_LENGTH = 512  # tokens kept per text when the file names no max_seq_length (BERT's)
 SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
-TRIM_GROWTH = 8 * MiB  # private memory grown past the last trim's by this much is trimmed
+RECOVER_GROWTH = 16 * MiB  # private memory past where it settled that is given back
+PASS_OVERHEAD = 8.0  # what a pass costs beyond its tokens, in tokens (see text_passes)
 
 
 class OnnxModel:
@@ -113,9 +117,10 @@ class OnnxModel:
         _check_initializers(views, metadata)
         self.tensor_names = frozenset(weights)
         self._open(graph, views, options or BuildOptions())
-        self.shrinking = onnxruntime.RunOptions()  # gives the arena back after each pass
+        self.shrinking = onnxruntime.RunOptions()  # gives the arena back after the pass
         self.shrinking.add_run_config_entry(*SHRINK_ARENA)
-        self.trimmed_at = private_resident()
+        self.settled = private_resident()  # where private memory stood after the last give-back
+        self.recoveries = 0  # give-backs so far
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
         self.input_dtype = {arg.name: _dtype(arg) for arg in inputs}
@@ -161,56 +166,68 @@ class OnnxModel:
         self.accepts_text = (TOKENIZER_KEY in metadata and POOLING_KEY in metadata and bool(states)
                              and set(TEXT_INPUTS[:2]) <= names <= set(TEXT_INPUTS)
                              and all(dtype.kind in "iu" for dtype in self.input_dtype.values()))
+        self.text_encoder: TextEncoder | None = None
         if not self.accepts_text:
             return
         self.states = states[0].name
-        self.pooling: Pooling = pooling_of(NAME, metadata[POOLING_KEY])
         length = max_length(NAME, metadata, DEFAULT_MAX_LENGTH)
-        self.tokenizer = tokenizer(NAME, metadata[TOKENIZER_KEY], length)
+        self.text_encoder = TextEncoder(NAME, tokenizer(NAME, metadata[TOKENIZER_KEY], length),
+                                        self._encode, pooling_of(NAME, metadata[POOLING_KEY]),
+                                        PASS_OVERHEAD)
         self.text_output_shape, self.text_output_dtype = text_outputs(_width(states[0].shape, metadata))
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | list[str]) -> dict[str, np.ndarray]:
         if isinstance(inputs, list) and not self.accepts_text:
             raise ModelInputError(f"{NAME}: this graph takes no texts: send its arrays")
-        try:
-            if isinstance(inputs, list):
-                return embed_texts(NAME, self.tokenizer, inputs, self._encode, self.pooling)
-            return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
-        finally:
-            self._trim_if_grown()
-
-    def _trim_if_grown(self) -> None:
-        """Give the heap back once a request grew the worker by :data:`TRIM_GROWTH`: a large
-        pass leaves that much free on it, a small one nothing worth the trim's milliseconds."""
-        if private_resident() > self.trimmed_at + TRIM_GROWTH:
-            release_free_memory()
-            self.trimmed_at = private_resident()
+        if isinstance(inputs, list):
+            assert self.text_encoder is not None
+            return self.text_encoder(inputs)
+        return dict(zip(self.output_names, self._run(self.output_names, inputs), strict=True))
 
     def _run(self, names: list[str], inputs: Mapping[str, np.ndarray]) -> list[Any]:
         self._check_axes(inputs)
         if self.session is None:  # building it again after running out of memory failed
             self._build_again()
+        outputs: list[Any] | None = None
         try:
-            return list(self.session.run(names, dict(inputs), self.shrinking))
+            outputs = list(self.session.run(names, dict(inputs)))
         except self.refused as exc:
             raise ModelInputError(f"{NAME}: {_reason(exc)}") from None
         except self.failed as exc:
             if not OUT_OF_MEMORY.search(str(exc)):
                 raise ModelInputError(f"{NAME}: the graph cannot run on this input: {_reason(exc)}") from None
-        self._recover_memory()
-        raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request")
+        if outputs is None:  # out of memory: recovered once the exception has let go of the pass
+            self._recover_memory(inputs)
+            raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request")
+        if private_resident() > self.settled + RECOVER_GROWTH:
+            self._give_back(inputs)
+        return outputs
 
-    def _recover_memory(self) -> None:
-        """What the arena took for a pass that ran out of memory goes back: on the prepacked
-        copy, as the next pass shrinks the arena (a session built again would map the copy
-        again, over the bound); on views, where packing each weight needs memory beside the
-        arena, by building the session again (or at the next request, if that fails too)."""
-        if self.prepared is None:
-            self.session, self.initializers = None, {}  # the old arena goes before a new one
+    def _give_back(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Shrink the arena and trim the heap: the arena shrinks at the end of a pass run with
+        the shrinkage option, so one runs on the smallest part of ``inputs`` that the graph
+        takes (one along every named axis)."""
+        smallest = {name: array[tuple(slice(0, 1) if any(axis == a for a, _ in self.symbols[name])
+                                      else slice(None) for axis in range(array.ndim))]
+                    for name, array in inputs.items()}
+        with contextlib.suppress(*self.failed, self.refused, MemoryError):
+            self.session.run(self.output_names[:1], smallest, self.shrinking)
         release_free_memory()
-        if self.prepared is None:
-            with contextlib.suppress(MemoryError):
-                self._build_again()
+        self.settled = private_resident()
+        self.recoveries += 1
+
+    def _recover_memory(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """What the arena took for a pass that ran out of memory goes back: on the prepacked
+        copy, by a pass that shrinks the arena (a session built again would map the copy again,
+        over the bound); on views, where packing each weight needs memory beside the arena, by
+        building the session again (or at the next request, if that fails too)."""
+        if self.prepared is not None:
+            self._give_back(inputs)
+            return
+        self.session, self.initializers = None, {}  # the old arena goes before a new one
+        release_free_memory()
+        with contextlib.suppress(MemoryError):
+            self._build_again()
 
     def _build_again(self) -> None:
         try:

@@ -1,19 +1,20 @@
 """Texts to sentence embeddings, for every model that takes texts (``bert``, ``onnx``).
 
 The tokenizer is the file's own ``tokenizer.json`` (metadata :data:`TOKENIZER_KEY`), cut at
-:data:`MAX_LENGTH_KEY` tokens and built once per process (:func:`tokenizer`). :func:`embed_texts`
-tokenizes a request's texts and runs them through the model's encoder shortest first, in
-chunks of about :data:`CHUNK_TOKENS` tokens each padded only to its own longest text, then
-pools each text's token states into one embedding as sentence-transformers does
-(:class:`Pooling`). Hugging Face's ``tokenizers`` is imported only here, when a file carries a
-tokenizer.
+:data:`MAX_LENGTH_KEY` tokens and built once per process (:func:`tokenizer`). A model's
+:class:`TextEncoder` tokenizes texts, runs them through the model's encoder in the passes
+:mod:`.text_passes` plans (texts of like length together, each pass padded only to its own
+longest text) and pools each text's token states into one embedding as sentence-transformers
+does (:class:`Pooling`). It gives each pass's embeddings as that pass ends, so that a worker
+answers a request as soon as its texts are done. Hugging Face's ``tokenizers`` is imported
+only here, when a file carries a tokenizer.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +22,10 @@ import numpy as np
 
 from ..errors import NotAJSONObject, json_object
 from .base import ModelError, ModelInputError
+from .text_passes import plan_passes
 
 TOKENIZER_KEY = "workerpool.tokenizer"  # tokenizer.json, as text
 MAX_LENGTH_KEY = "workerpool.max_seq_length"  # tokens kept per text; the rest is cut
-CHUNK_TOKENS = 4096  # tokens per forward pass: attention grows with length squared
 NORM_EPS = 1e-12  # as torch.nn.functional.normalize
 POOLING_MODES = ("mean", "cls", "max")
 
@@ -115,35 +116,48 @@ def _tokenizer(text: str, length: int) -> Any:
     return built
 
 
-def embed_texts(model: str, tokenizer: Any, texts: Sequence[Any], encode: Encoder,
-                pooling: Pooling) -> dict[str, np.ndarray]:
-    """``embedding``, ``[len(texts), H]`` float32, and ``tokens``, ``[len(texts)]`` int32 (each
-    text's tokens after the cut, what usage is counted in), of texts. They run shortest first in
-    chunks of about :data:`CHUNK_TOKENS` tokens, each padded only to its own longest text: a text
-    costs what its tokens cost, whatever the texts beside it, and its embedding does not depend
-    on them."""
-    if not texts or not all(isinstance(t, str) for t in texts):
-        raise ModelInputError(f"{model}: texts must be a non-empty list of strings")
-    try:
-        encodings = tokenizer.encode_batch(list(texts))
-    except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
-        raise ModelInputError(f"{model}: the tokenizer cannot read these texts: {exc}") from None
-    lengths = [len(e.ids) for e in encodings]
-    order = sorted(range(len(encodings)), key=lengths.__getitem__)
-    embeddings: np.ndarray | None = None
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end - start + 1) * lengths[order[end]] <= CHUNK_TOKENS:
-            end += 1
-        ids, mask, types = _padded([encodings[i] for i in order[start:end]])
-        pooled = pooling(encode(ids, mask, types), mask)
-        if embeddings is None:  # the width is the encoder's, known from its first answer
-            embeddings = np.empty((len(encodings), pooled.shape[1]), np.float32)
-        embeddings[order[start:end]] = pooled
-        start = end
-    assert embeddings is not None
-    return {"embedding": embeddings, "tokens": np.array(lengths, np.int32)}
+@dataclass(frozen=True)
+class TextEncoder:
+    """How a model turns texts into embeddings: its tokenizer, its encoder (token states of
+    padded rows), its pooling and what a pass costs beyond its tokens (``overhead``, in tokens:
+    see :mod:`.text_passes`)."""
+
+    model: str
+    tokenizer: Any
+    encode: Encoder
+    pooling: Pooling
+    overhead: float
+
+    def __call__(self, texts: Sequence[Any]) -> dict[str, np.ndarray]:
+        """``embedding``, ``[len(texts), H]`` float32, and ``tokens``, ``[len(texts)]`` int32
+        (each text's tokens after the cut, what usage is counted in)."""
+        lengths, passes = self.tokenized(texts)
+        embeddings: np.ndarray | None = None
+        for indices, pooled in passes:
+            if embeddings is None:  # the width is the encoder's, known from its first answer
+                embeddings = np.empty((len(lengths), pooled.shape[1]), np.float32)
+            embeddings[indices] = pooled
+        assert embeddings is not None
+        return {"embedding": embeddings, "tokens": np.array(lengths, np.int32)}
+
+    def tokenized(self, texts: Sequence[Any]) -> tuple[list[int], Iterator[tuple[list[int], np.ndarray]]]:
+        """Each text's tokens, and the passes over them (:func:`.text_passes.plan_passes`), run
+        one by one as the iterator is read: the indices of the texts each pass embedded, and
+        their embeddings, ``[len(indices), H]`` float32. A text's embedding does not depend on
+        the texts beside it. Raises :class:`ModelInputError` for what the tokenizer cannot read."""
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ModelInputError(f"{self.model}: texts must be a non-empty list of strings")
+        try:
+            encodings = self.tokenizer.encode_batch(list(texts))
+        except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
+            raise ModelInputError(f"{self.model}: the tokenizer cannot read these texts: {exc}") from None
+        lengths = [len(e.ids) for e in encodings]
+        return lengths, self._passes(encodings, plan_passes(lengths, self.overhead))
+
+    def _passes(self, encodings: list[Any], plan: list[list[int]]) -> Iterator[tuple[list[int], np.ndarray]]:
+        for indices in plan:
+            ids, mask, types = _padded([encodings[i] for i in indices])
+            yield indices, self.pooling(self.encode(ids, mask, types), mask)
 
 
 def text_outputs(width: int | None) -> tuple[dict[str, tuple[int | None, ...]], dict[str, type]]:

@@ -45,7 +45,7 @@ class WorkerRecord:
     batches: int = 0  # messages of requests sent to it, one forward pass each
     rows: int = 0  # rows of the batch axis in them
     batch_sizes: dict[int, int] = field(default_factory=dict)  # size_bucket(rows) -> batches
-    inflight: list[Pending] = field(default_factory=list)  # answered in this order
+    inflight: list[Pending] = field(default_factory=list)  # each client's answered in this order
     busy_since: float = 0.0
     batchable: bool = False  # what it runs now could have shared a pass
 

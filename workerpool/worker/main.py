@@ -32,7 +32,7 @@ from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
 from ..units import MS_PER_SECOND, KiB, format_size
-from .requests import handle_batch, handle_request
+from .requests import handle_batch, handle_request, in_client_order
 from .spec import (
     CONTROL_SIGNALS,
     EXIT_FILE_CHANGED,
@@ -181,7 +181,8 @@ class Worker:
         """Handle one message from the router; True when a reply was sent."""
         command = frames[0].bytes
         if command == protocol.REQUEST and len(frames) >= 2:
-            self._answer(router, [frames[1]], [handle_request(self.loaded, frames[2:])])
+            self._answer(router, frames[1], handle_request(self.loaded, frames[2:]))
+            self._check_memory()
             return True
         if command == protocol.BATCH and len(frames) >= 2:
             stride = frames[1].bytes
@@ -189,7 +190,9 @@ class Worker:
             if step and (len(frames) - 2) % step == 0:
                 batch = [frames[i:i + step] for i in range(2, len(frames), step)]
                 answers = handle_batch(self.loaded, [request[1:] for request in batch])
-                self._answer(router, [request[0] for request in batch], answers)
+                for index, answer in in_client_order([request[0].bytes for request in batch], answers):
+                    self._answer(router, batch[index][0], answer)
+                self._check_memory()
                 return True
             log.error("worker %d: malformed BATCH of %d frames ignored", os.getpid(), len(frames))
         if command == protocol.RELOAD and len(frames) >= 2:
@@ -206,10 +209,9 @@ class Worker:
             raise Refused(reason)
         return False
 
-    def _answer(self, router: zmq.Socket, clients: list[Any], answers: list[tuple[bool, list[Any]]]) -> None:
-        for client, (ok, reply) in zip(clients, answers, strict=True):
-            _send_now(router, [protocol.REPLY, client, b"ok" if ok else b"err", *reply])
-        self._check_memory()
+    def _answer(self, router: zmq.Socket, client: Any, answer: tuple[bool, list[Any]]) -> None:
+        ok, reply = answer
+        _send_now(router, [protocol.REPLY, client, b"ok" if ok else b"err", *reply])
 
     def _leave(self, code: int, why: str) -> None:
         """Leave the pool once the router lets go (the first reason given is the exit code)."""

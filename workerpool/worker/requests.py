@@ -1,17 +1,17 @@
 """Answering requests inside a worker: decode, run the model, encode the reply.
 
 The router gives a worker one request, or a batch of compatible ones, at a time and it runs
-inline: no thread hand-off on the hot path. A batch is validated request by request, stacked
-into one forward pass and answered request by request, in the order it came. Every failure
-becomes an error reply, never an exception.
+inline: no thread hand-off on the hot path. A batch is validated request by request, run in
+the passes the model's batching forms and answered request by request, each as soon as its
+pass is done. Every failure becomes an error reply, never an exception.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .. import models
 from ..errors import exception_text
@@ -37,27 +37,42 @@ def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, li
     return _infer(loaded, message, reply)
 
 
-def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> list[tuple[bool, list[Any]]]:
-    """Answer each request of a batch as :func:`handle_request` would, the ones that decode
-    as ``infer`` requests run as one forward pass."""
-    answers: list[tuple[bool, list[Any]] | None] = [None] * len(requests)
+def handle_batch(loaded: LoadedModel,
+                 requests: Sequence[Sequence[Any]]) -> Iterator[tuple[int, tuple[bool, list[Any]]]]:
+    """Answer each request of a batch as :func:`handle_request` would, as soon as its answer is
+    known: the index of the request and its reply. The ones that decode as ``infer`` requests
+    run in the passes :meth:`LoadedModel.infer_batch` forms."""
     runnable: list[tuple[int, protocol.Message]] = []
     reply = _Replies(loaded.generation)
     for index, frames in enumerate(requests):
         try:
             message = protocol.decode_request(frames)
         except Exception:  # noqa: BLE001 - handle_request answers it alone, as any request
-            answers[index] = handle_request(loaded, frames)
+            yield index, handle_request(loaded, frames)
             continue
         if message.header["method"] == protocol.METHOD_INFER:
             runnable.append((index, message))
         else:
-            answers[index] = handle_request(loaded, frames)
-    outcomes = loaded.infer_batch([message.payload() for _, message in runnable])
-    for (index, message), outcome in zip(runnable, outcomes, strict=True):
-        answers[index] = _answer(loaded, message.id, reply, outcome)
-    assert all(answer is not None for answer in answers)
-    return cast(list[tuple[bool, list[Any]]], answers)
+            yield index, handle_request(loaded, frames)
+    for k, outcome in loaded.infer_batch([message.payload() for _, message in runnable]):
+        index, message = runnable[k]
+        yield index, _answer(loaded, message.id, reply, outcome)
+
+
+def in_client_order(clients: Sequence[bytes], answers: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    """``answers`` (index, answer) as they come, except that each client's are given in the
+    order of its requests in ``clients``: the router matches a reply to the first request of
+    its client that it has in flight on this worker."""
+    queues: dict[bytes, list[int]] = {}
+    for index, client in enumerate(clients):
+        queues.setdefault(client, []).append(index)
+    held: dict[int, Any] = {}
+    for index, answer in answers:
+        held[index] = answer
+        queue = queues[clients[index]]
+        while queue and queue[0] in held:
+            first = queue.pop(0)
+            yield first, held.pop(first)
 
 
 def _infer(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.models import batch_outcomes
 from support.paths import BURN_MNIST
 
 from workerpool import burnpack
@@ -499,7 +500,7 @@ def test_a_stacked_batch_answers_each_input_as_it_would_alone(tmp_path):
     rng = np.random.default_rng(0)
     inputs = [rng.random((2, width), np.float32), rng.random(width, dtype=np.float32),
               np.zeros((1, 3), np.float32), {"input": rng.random((3, width), np.float32)}]
-    results = loaded.infer_batch(inputs)
+    results = batch_outcomes(loaded, inputs)
     assert loaded.batching
     assert isinstance(results[2], ModelInputError)  # fails alone
     for one, result in zip(inputs[:2] + inputs[3:], results[:2] + results[3:], strict=True):
@@ -512,7 +513,7 @@ def test_a_bare_row_keeps_its_own_output_shape_when_the_output_is_undeclared(tmp
     generate_mlp(path, 1 << 20)
     loaded = LoadedModel(str(path), "batch_model:undeclared_output", "mmap")
     bare, row = np.ones(4, np.float32), np.ones((1, 4), np.float32)
-    results = loaded.infer_batch([bare, row, bare, row])
+    results = batch_outcomes(loaded, [bare, row, bare, row])
     assert [r.shape for r in results] == [(4,), (1, 4), (4,), (1, 4)]
 
 
@@ -549,8 +550,8 @@ def test_a_bare_row_reaches_a_model_with_declared_outputs_with_its_batch_axis(tm
         sys.path.remove(str(tmp_path))
     bare, rows = np.ones(3, np.float32), np.ones((2, 3), np.float32)
     np.testing.assert_array_equal(loaded.infer(bare), [[3, 3]])
-    alone, = loaded.infer_batch([bare])
-    stacked = loaded.infer_batch([bare, rows])
+    alone, = batch_outcomes(loaded, [bare])
+    stacked = batch_outcomes(loaded, [bare, rows])
     np.testing.assert_array_equal(alone, [[3, 3]])
     np.testing.assert_array_equal(stacked[0], [[3, 3]])
     np.testing.assert_array_equal(stacked[1], [[3, 3], [3, 3]])

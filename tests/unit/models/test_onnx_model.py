@@ -6,9 +6,11 @@ import numpy as np
 import onnxruntime
 import pytest
 from support import onnx_graphs
+from support.models import batch_outcomes
 
 from workerpool import burnpack, models
-from workerpool.models import ModelError, ModelInputError, onnx_layout
+from workerpool.linux import private_resident
+from workerpool.models import ModelError, ModelInputError, onnx_layout, onnx_model
 from workerpool.models.loaded import LoadedModel
 
 RNG = np.random.default_rng(7)
@@ -97,7 +99,7 @@ def test_stacked_requests_answer_as_one_by_one(tmp_path, case):
     build, make_input, _ = CASES[case]
     loaded = served(tmp_path, build())
     requests = [make_input(rows) for rows in (1, 3, 2)]
-    stacked = loaded.infer_batch(requests)
+    stacked = batch_outcomes(loaded, requests)
     for request, outputs in zip(requests, stacked, strict=True):
         assert_same(outputs, loaded.infer(request))
 
@@ -106,7 +108,7 @@ def test_a_malformed_request_in_a_batch_fails_alone(tmp_path):
     loaded = served(tmp_path, onnx_graphs.embedding())
     good = [embedding_input(2), embedding_input(1)]
     bad_ids = dict(embedding_input(1), ids=np.array([[1, 2, 3, 4, 5, 50]]))
-    outcomes = loaded.infer_batch([good[0], bad_ids, good[1], {"ids": ids(1, 6)}])
+    outcomes = batch_outcomes(loaded, [good[0], bad_ids, good[1], {"ids": ids(1, 6)}])
     assert_same(outcomes[0], loaded.infer(good[0]))
     assert_same(outcomes[2], loaded.infer(good[1]))
     assert isinstance(outcomes[1], ModelInputError) and "outside [-50, 49]" in str(outcomes[1])
@@ -178,3 +180,20 @@ def test_tensors_that_do_not_fit_the_graph_are_refused(tmp_path, tensor, changed
     burnpack.write(tmp_path / "bad.bpk", tensors, metadata=dict(pack.metadata))
     with pytest.raises(ModelError, match=f"^onnx: {message}$"):
         LoadedModel(str(tmp_path / "bad.bpk"), None, "mmap")
+
+
+def test_memory_is_given_back_after_a_pass_that_grew_the_worker_and_not_otherwise(tmp_path):
+    """The arena keeps what a pass needed; ordinary passes leave it below the bound, so they run
+    without shrinkage, and a pass that grows the worker past the bound is followed by a give-back."""
+    loaded = served(tmp_path, onnx_graphs.mlp())
+    model = loaded.model
+    for batch in range(1, 51):
+        loaded.infer(mlp_input(batch))
+    assert model.recoveries == 0
+    before = private_resident()
+    outputs = loaded.infer(mlp_input(400_000))  # some 150 MiB of intermediate arrays in the arena
+    assert outputs["y"].shape == (400_000, 8) and model.recoveries == 1
+    del outputs
+    assert private_resident() < before + onnx_model.RECOVER_GROWTH
+    loaded.infer(mlp_input(4))
+    assert model.recoveries == 1

@@ -1,15 +1,18 @@
-"""Texts served by the ``onnx`` model: tokenized in the worker, run in chunks, pooled as the
+"""Texts served by the ``onnx`` model: tokenized in the worker, run in planned passes, pooled as the
 file's sentence-transformers pooling says, against onnxruntime on the original graph."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 from onnx import TensorProto
 from support import onnx_texts
+from support.models import batch_outcomes
 
 from workerpool import burnpack
-from workerpool.models import ModelError, ModelInputError, texts
+from workerpool.models import ModelError, ModelInputError, text_passes, texts
 from workerpool.models.loaded import LoadedModel
 
 TEXTS = ["hello world", "the cat sat", "a", "", "text text text the world sat a hello",
@@ -53,19 +56,69 @@ def test_texts_of_several_requests_stacked_give_each_its_own_embeddings(tmp_path
     loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder(), "cls", False))
     assert loaded.batching
     requests = [TEXTS[:2], TEXTS[2:3], TEXTS[3:]]
-    stacked = loaded.infer_batch(requests)
+    stacked = batch_outcomes(loaded, requests)
     for request, outputs in zip(requests, stacked, strict=True):
         np.testing.assert_allclose(outputs["embedding"], loaded.infer(request)["embedding"], rtol=1e-6)
 
 
-def test_texts_longer_than_a_chunk_run_in_several_passes_with_the_same_answers(tmp_path):
+def test_more_texts_than_a_pass_holds_run_in_several_passes_with_the_same_answers(tmp_path):
     graph = onnx_texts.encoder()
     loaded = served(onnx_texts.converted(tmp_path / "st", graph))
     many = [" ".join(["hello", "world", "cat"][: 1 + i % 3] * (1 + i % 9)) for i in range(1000)]
-    assert sum(min(len(t.split()) + 2, onnx_texts.POSITIONS) for t in many) > 2 * texts.CHUNK_TOKENS
+    assert sum(min(len(t.split()) + 2, onnx_texts.POSITIONS) for t in many) > 2 * text_passes.PASS_TOKENS
     embedding = loaded.infer(many)["embedding"]
     np.testing.assert_allclose(embedding, onnx_texts.reference(graph, many, "mean", True),
                                rtol=1e-5, atol=1e-6)
+
+
+def counting_passes(loaded: LoadedModel) -> list[tuple[int, int]]:
+    """Record each pass the model's encoder is given: its rows and its tokens with padding."""
+    seen: list[tuple[int, int]] = []
+    encoder = loaded.model.text_encoder
+
+    def encode(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        seen.append((int(mask.sum()), ids.size))
+        return encoder.encode(ids, mask, types)
+    loaded.model.text_encoder = dataclasses.replace(encoder, encode=encode)
+    return seen
+
+
+def test_texts_of_very_different_lengths_run_in_passes_padded_within_the_bound(tmp_path):
+    graph = onnx_texts.encoder()
+    loaded = served(onnx_texts.converted(tmp_path / "st", graph))
+    passes = counting_passes(loaded)
+    many = [" ".join(["cat"] * (1 + i * 7 % 29)) for i in range(60)]  # 3 to 31 tokens
+    requests = [many[i:i + 4] for i in range(0, len(many), 4)]
+    outcomes = batch_outcomes(loaded, requests)
+    real, padded = sum(r for r, _ in passes), sum(p for _, p in passes)
+    assert real == sum(len(t.split()) + 2 for t in many)
+    assert padded <= (1 + text_passes.PADDING_SHARE) * real
+    assert 1 < len(passes) < len(many)  # several passes, and texts that share them
+    for request, outputs in zip(requests, outcomes, strict=True):
+        np.testing.assert_allclose(outputs["embedding"], onnx_texts.reference(graph, request, "mean", True),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_a_request_is_answered_when_its_passes_are_done_not_when_the_batch_is(tmp_path):
+    loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder()))
+    passes = counting_passes(loaded)
+    long, short = [" ".join(["cat"] * 29)] * 40, ["hello"]
+    answered = []
+    for index, outputs in loaded.infer_batch([long, short, long[:3]]):
+        answered.append((index, len(passes)))
+        assert outputs["embedding"].shape[0] == (1 if index == 1 else len(long) if index == 0 else 3)
+    assert answered[0] == (1, 1)  # the short text's pass runs first, and its request is answered
+    assert sorted(index for index, _ in answered) == [0, 1, 2]
+    assert answered[-1][1] == len(passes) > 2
+
+
+def test_a_batch_with_one_bad_request_answers_the_others(tmp_path):
+    loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder()))
+    good, bad, empty = ["hello world"], ["a text", 3], []
+    outcomes = batch_outcomes(loaded, [good, bad, good, empty])
+    assert isinstance(outcomes[1], ModelInputError) and isinstance(outcomes[3], ModelInputError)
+    for outputs in (outcomes[0], outcomes[2]):
+        np.testing.assert_allclose(outputs["embedding"], loaded.infer(good)["embedding"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("inputs", [[], ["a text", 3], [None]])

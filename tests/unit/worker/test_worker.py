@@ -15,6 +15,7 @@ from workerpool import models
 from workerpool.models.loaded import LoadedModel
 from workerpool.protocol import messages as protocol
 from workerpool.worker.main import handle_request
+from workerpool.worker.requests import in_client_order
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +259,10 @@ def test_an_unreadable_declaration_stops_the_model_from_loading(declaration):
     model = type("Odd", (), declaration)()
     with pytest.raises(models.ModelError, match="declares an unreadable signature"):
         models.Contract.of(model, "odd")
+
+
+def test_a_batchs_answers_go_as_they_come_but_each_clients_in_the_order_it_sent():
+    clients = [b"a", b"b", b"a", b"c", b"b"]
+    finished = iter([(3, "c0"), (2, "a1"), (4, "b1"), (1, "b0"), (0, "a0")])
+    assert list(in_client_order(clients, finished)) == [
+        (3, "c0"), (1, "b0"), (4, "b1"), (0, "a0"), (2, "a1")]
