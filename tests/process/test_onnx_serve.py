@@ -163,3 +163,21 @@ def test_a_pass_past_max_worker_memory_fails_alone_and_the_worker_keeps_serving(
             answer = client.request(small)
             assert answer.worker_pid == pid
             np.testing.assert_allclose(answer.outputs["y"], reference(graph, {"x": small})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_idle_worker_gives_back_what_its_last_pass_took(tmp_path):
+    """A pass over 40,000 rows leaves onnxruntime's arena holding some 6 MiB of intermediate
+    arrays, under the bound at which a pass gives it back at once; a second without a
+    request, the worker gives it back. (The arena keeps the region of its first pass, a small
+    one here.)"""
+    path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", onnx_graphs.mlp())
+    x = np.ones((40_000, 16), np.float32)
+    with Server(path, "--threads-per-worker", "1", "--max-message-size", "4MiB", workers=1) as server, \
+            workerpool.Client(server.endpoint) as client:
+        client.infer(x[:4])
+        rested = server.status()["workers"][0]["memory"]["anon"]
+        assert client.infer(x)["y"].shape == (40_000, 8)
+        grown = server.status()["workers"][0]["memory"]["anon"]
+        assert grown > rested + 4 * MiB
+        server.wait_for(lambda status: status["workers"][0]["memory"]["anon"] < rested + 2 * MiB,
+                        memory=True)

@@ -63,13 +63,14 @@ class Server(ServerProcess):
             pass
 
     def wait_for(self, predicate: Callable[[dict], Any], timeout: float = 30.0,
-                 interval: float = 0.05) -> dict:
-        """Poll the server's status until ``predicate(status)`` is truthy (no fixed sleeps)."""
+                 interval: float = 0.05, *, memory: bool = False) -> dict:
+        """Poll the server's status (with each process's memory when ``memory``) until
+        ``predicate(status)`` is truthy (no fixed sleeps)."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
             try:
-                last = control.call(self.control, "status", timeout=2.0, memory=False)
+                last = control.call(self.control, "status", timeout=2.0, memory=memory)
             except control.ControlError:
                 last = None
             if last is not None and predicate(last):

@@ -36,7 +36,7 @@ CONFIG_KEY = "workerpool.hf_config"  # config.json, as text
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 MAX_TOKENS = 65_536  # input_ids per request: its last_hidden_state alone is 1.5 KiB a token here
 CHUNK_TOKENS = 4096  # tokens of input_ids per pass: attention's memory grows with length squared
-PASS_OVERHEAD = 12.0  # what a pass costs beyond its tokens, in tokens (see text_passes)
+PASS_OVERHEAD = 16.0  # what a pass costs beyond its tokens, in tokens (see text_passes)
 
 
 class Bert(Model):

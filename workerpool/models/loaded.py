@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import burnpack
+from ..linux import release_free_memory
 from . import build_model, choose_model
 from .base import BuildOptions, ModelInputError
 from .contract import Contract, ModelOutputError
@@ -198,6 +199,15 @@ class LoadedModel:
             # Signals never raise here (the worker's stop signal only wakes its loop, the others
             # are ignored), so this swallows no request to leave: only what the model raised.
             return exc
+
+    def release_memory(self) -> None:
+        """Give back what serving left free, while the worker is idle: the model's own (an
+        ONNX session's arena) and the C heap's."""
+        give_back = getattr(self.model, "give_back", None)
+        if callable(give_back):
+            give_back()
+        else:
+            release_free_memory()
 
     def describe(self) -> dict[str, Any]:
         """What clients and the router learn about the model (``info`` and registration)."""

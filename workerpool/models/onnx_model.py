@@ -24,18 +24,22 @@ pool: the rank-3 float output ``last_hidden_state``, else the first one. They ar
 run and pooled as :mod:`.texts` does, in the passes :mod:`.text_passes` plans, fed in the dtypes
 the graph declares.
 
-What a pass needed is given back only when the worker has grown past a bound: after a pass
-that left the worker :data:`RECOVER_GROWTH` above where it settled, one more pass, on the
-first row (and token) of the same inputs, runs with the arena shrinkage run option, and the C
-heap is trimmed (:meth:`OnnxModel._give_back`). Ordinary passes (texts in passes of at most
-``PASS_TOKENS`` tokens, some 5 MiB of arena for all-MiniLM-L6-v2) never reach the bound and
-run without shrinkage: shrinking returns the arena's blocks to the C library after every
-pass, which the next pass takes again. Measured on a 4-layer, 384-wide encoder served by one
-worker (weights shared; 38 MiB USS idle), 24 texts of 502 tokens left +90 MiB with the default
-arena, +110 MiB with ``enable_cpu_mem_arena = False`` (glibc keeps what it frees), +42 MiB
-with shrinkage, +5 MiB with shrinkage and the trim; all-MiniLM-L6-v2's arena after one pass
-of 256 tokens holds about 5 MiB, of 1,024 tokens 24 MiB, of 4,096 tokens 159 MiB
-(``scripts/text_pass_cost.py --memory``).
+What a pass needed is given back off the common path (:meth:`OnnxModel.give_back`): after a
+pass that left the worker :data:`RECOVER_GROWTH` above where it last settled (long texts,
+large arrays), and when the worker has been idle for a second (``worker.main``). A give-back
+runs one more pass, on the first row (and token) of the last inputs, with the arena
+shrinkage run option, then trims the C heap. The arena never gives back the region of its
+first pass, so a text model runs its first pass on the empty text when it is built. Ordinary passes (texts in passes of at most
+``PASS_TOKENS`` tokens) stay below the bound and run without shrinkage, which would hand the
+arena's blocks back to the C library after every pass for the next pass to fault in again.
+Measured in one process with all-MiniLM-L6-v2, one thread: 100 batches of 8 one-sentence
+requests left the worker 7.5 MiB larger (arena and heap), 1.8 MiB after a give-back; the arena
+alone holds about 5 MiB after one pass of 256 tokens, 24 MiB after one of 1,024 and 159 MiB
+after one of 4,096. The memory pattern is off: onnxruntime plans one per input shape, and
+texts come in every shape (28 against 16 MiB kept after 150 passes of 8 sentences, the same
+CPU). Earlier, on a 4-layer, 384-wide encoder, 24 texts of 502 tokens left +90 MiB with the
+default arena, +110 MiB without one (glibc keeps what it frees), +5 MiB with shrinkage and the
+trim.
 
 A pass that runs out of memory (``--max-worker-memory``, or the machine's) fails as a
 ``MemoryError``, and what the arena took for it is given back (see ``_recover_memory``): the
@@ -91,7 +95,8 @@ TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the first two
 STATES = "last_hidden_state"  # the token states texts are pooled from, else the first rank-3 output
 DEFAULT_MAX_LENGTH = 512  # tokens kept per text when the file names no max_seq_length (BERT's)
 SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
-RECOVER_GROWTH = 16 * MiB  # private memory past where it settled that is given back
+RECOVER_GROWTH = 16 * MiB  # private memory past where it settled that a pass gives back
+GIVE_BACK_LEAST = 1 * MiB  # less than this past where it settled is not worth a give-back
 PASS_OVERHEAD = 8.0  # what a pass costs beyond its tokens, in tokens (see text_passes)
 
 
@@ -120,6 +125,7 @@ class OnnxModel:
         self.shrinking = onnxruntime.RunOptions()  # gives the arena back after the pass
         self.shrinking.add_run_config_entry(*SHRINK_ARENA)
         self.settled = private_resident()  # where private memory stood after the last give-back
+        self.smallest: dict[str, np.ndarray] | None = None  # what a give-back runs on
         self.recoveries = 0  # give-backs so far
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
@@ -175,6 +181,8 @@ class OnnxModel:
                                         self._encode, pooling_of(NAME, metadata[POOLING_KEY]),
                                         PASS_OVERHEAD)
         self.text_output_shape, self.text_output_dtype = text_outputs(_width(states[0].shape, metadata))
+        with contextlib.suppress(ModelInputError):  # such a graph refuses texts when they come
+            self.text_encoder([""])  # the arena's first region, which it never gives back, stays small
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | list[str]) -> dict[str, np.ndarray]:
         if isinstance(inputs, list) and not self.accepts_text:
@@ -199,22 +207,29 @@ class OnnxModel:
         if outputs is None:  # out of memory: recovered once the exception has let go of the pass
             self._recover_memory(inputs)
             raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request")
+        self.smallest = self._smallest(inputs)
         if private_resident() > self.settled + RECOVER_GROWTH:
-            self._give_back(inputs)
+            self.give_back()
         return outputs
 
-    def _give_back(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """Shrink the arena and trim the heap: the arena shrinks at the end of a pass run with
-        the shrinkage option, so one runs on the smallest part of ``inputs`` that the graph
-        takes (one along every named axis)."""
-        smallest = {name: array[tuple(slice(0, 1) if any(axis == a for a, _ in self.symbols[name])
-                                      else slice(None) for axis in range(array.ndim))]
-                    for name, array in inputs.items()}
+    def give_back(self) -> None:
+        """Shrink the arena and trim the heap, if the worker holds more than where it settled:
+        the arena shrinks at the end of a pass run with the shrinkage option, so one runs on
+        the smallest part of the last inputs (see :meth:`_smallest`)."""
+        if self.smallest is None or private_resident() <= self.settled + GIVE_BACK_LEAST:
+            return
         with contextlib.suppress(*self.failed, self.refused, MemoryError):
-            self.session.run(self.output_names[:1], smallest, self.shrinking)
+            self.session.run(self.output_names[:1], self.smallest, self.shrinking)
         release_free_memory()
         self.settled = private_resident()
         self.recoveries += 1
+
+    def _smallest(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copies of the first item of ``inputs`` along every named axis (a row and a token of
+        texts): what the graph takes, at almost no cost."""
+        return {name: array[tuple(slice(0, 1) if any(axis == named for named, _ in self.symbols[name])
+                                  else slice(None) for axis in range(array.ndim))].copy()
+                for name, array in inputs.items()}
 
     def _recover_memory(self, inputs: Mapping[str, np.ndarray]) -> None:
         """What the arena took for a pass that ran out of memory goes back: on the prepacked
@@ -222,7 +237,8 @@ class OnnxModel:
         over the bound); on views, where packing each weight needs memory beside the arena, by
         building the session again (or at the next request, if that fails too)."""
         if self.prepared is not None:
-            self._give_back(inputs)
+            self.smallest = self._smallest(inputs)
+            self.give_back()
             return
         self.session, self.initializers = None, {}  # the old arena goes before a new one
         release_free_memory()
@@ -375,6 +391,7 @@ def _options(threads: int | None, level: Any) -> Any:
     options.inter_op_num_threads = 1
     options.intra_op_num_threads = threads or 0
     options.log_severity_level = FATAL_ONLY
+    options.enable_mem_pattern = False  # a pattern, and its block, per input shape: texts vary
     return options
 
 

@@ -2,11 +2,11 @@
 
 A pass runs rows padded to its longest text, so its cost is about ``overhead + rows × longest``
 in tokens, ``overhead`` being what a pass costs beyond its tokens (running every operator on
-a small matrix is less efficient than on a large one). On a 2-core x86 VM, all-MiniLM-L6-v2 on
-onnxruntime with one thread costs about 0.31 ms per token in passes of 256 tokens or more and
-2-3 ms more per pass (so ``overhead`` is about 8 tokens); the numpy ``bert`` about 0.5 ms per
-token and 12 tokens of overhead (``scripts/text_pass_cost.py`` measures both). Padding costs as
-much as a real token, so a text only joins a pass when that saves more than the padding costs.
+a small matrix is less efficient than on a large one). On a 2-core x86 VM with one thread,
+all-MiniLM-L6-v2 on onnxruntime costs about 2.8 ms a pass and 0.31 ms a token (``overhead``
+about 9 tokens), the numpy ``bert`` 8.4 ms a pass and 0.5 ms a token (about 17 tokens), and a
+padding token costs as much as a real one (``scripts/text_pass_cost.py`` measures them). So a
+text only joins a pass when that saves more than the padding costs.
 
 :func:`plan_passes` sorts the texts by length and splits them into runs of neighbours with
 the least total cost (dynamic programming over the sorted lengths), where no pass pads more

@@ -1,7 +1,9 @@
 """A worker process: maps the weights itself, builds the model on the views, serves requests.
 
 This is the process's loop: register with the router, take its messages (requests are
-answered by ``requests.py``, inline), heartbeat, reload, leave. While the model runs,
+answered by ``requests.py``, inline), heartbeat, reload, leave. A worker idle for
+:data:`IDLE_RELEASE` gives back the memory serving left free (:meth:`LoadedModel.release_memory`):
+under load it keeps its working set, at rest it holds little more than when it started. While the model runs,
 libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker is
 never mistaken for a dead one.
 """
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
 BATCH_STRIDES = (b"2", b"3")  # frames per request in a BATCH: client, header, then its one array
+IDLE_RELEASE = 1.0  # seconds without a request after which a worker gives back what serving took
 
 
 class Worker:
@@ -127,6 +130,7 @@ class Worker:
         patience = interval * self.spec.liveness
         router_seen = last_beat = time.monotonic()
         leave_by: float | None = None
+        release_at: float | None = None  # when to give memory back, if no request comes first
         registered = self._register(router)
         watching = POLLIN
         while True:
@@ -142,6 +146,10 @@ class Worker:
                 router_seen = now
                 if self._on_router(router, router.recv_multipart(copy=False)):
                     last_beat = time.monotonic()
+                    release_at = last_beat + IDLE_RELEASE
+            elif release_at is not None and now >= release_at:  # idle: give back what serving took
+                release_at = None
+                self.loaded.release_memory()
             if self.reregister:
                 self.reregister = False
                 registered = False
