@@ -66,6 +66,7 @@ def main() -> int:
               f"{args.repeat} passes\n")
         print("| real tokens | batch | " + " | ".join(f"+{p:.0%} padding" for p in PADDING) + " |")
         print("| ---: | ---: | " + " | ".join("---:" for _ in PADDING) + " |")
+        unpadded: list[tuple[int, float]] = []  # (tokens, seconds) of the passes without padding
         for real in lengths:
             for rows in batches:
                 cells = []
@@ -73,7 +74,13 @@ def main() -> int:
                     length = real + int(round(real * padding))
                     seconds = pass_seconds(encode, rows, length, real, args.repeat)
                     cells.append(f"{seconds / (rows * real) * 1e6:.1f}")
+                    if not padding:
+                        unpadded.append((rows * real, seconds))
                 print(f"| {real} | {rows} | " + " | ".join(cells) + " |")
+    tokens, seconds = (np.array(column, float) for column in zip(*unpadded, strict=True))
+    per_token, per_pass = np.polyfit(tokens, seconds, 1, w=1 / seconds)  # relative errors: small passes count
+    print(f"\nfit of the passes without padding: {per_pass * 1e3:.2f} ms a pass + {per_token * 1e6:.0f} µs "
+          f"a token, so a pass costs {per_pass / per_token:.1f} tokens beyond its own (the rule's overhead)")
     return 0
 
 

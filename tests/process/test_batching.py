@@ -179,18 +179,18 @@ def test_a_reload_under_batched_load_keeps_each_client_on_one_side_of_it(tmp_pat
     assert {g for seen in generations.values() for g in seen} == {1, 2, 3}
 
 
-def test_a_batchs_short_texts_are_answered_before_its_long_ones_are_done(tmp_path, context):
-    """One batch (``--batch-wait``) of a request of 900 long texts, then one of a short text
-    from another client: the short text's pass runs first and its reply leaves at once."""
+def test_a_batchs_first_request_is_answered_before_the_rest_of_the_batch_is_done(tmp_path, context):
+    """One batch (``--batch-wait``) of a request of a short text, then one of 900 long texts
+    from another client: the first request's pass runs first and its reply leaves at once."""
     path = onnx_texts.converted(tmp_path / "st", onnx_texts.encoder())
-    long, short = [" ".join(["a"] * 29)] * 900, ["hello"]
+    short, long = ["hello"], [" ".join(["a"] * 29)] * 900
     with Server(path, "--max-batch", "1024", *WAIT, workers=1) as server, \
             dealer(context, server.endpoint) as first, dealer(context, server.endpoint) as second:
-        first.send_multipart(protocol.encode_request(1, long))
-        second.send_multipart(protocol.encode_request(2, short))
-        quick = collect(second, 1)
-        still_running = not first.poll(20)  # embedding 900 texts takes some 100 ms here
-        slow = collect(first, 1)
+        first.send_multipart(protocol.encode_request(1, short))
+        second.send_multipart(protocol.encode_request(2, long))
+        quick = collect(first, 1)
+        still_running = not second.poll(20)  # embedding 900 texts takes some 100 ms here
+        slow = collect(second, 1)
         worker = server.status(memory=False)["workers"][0]
     assert reply_header(quick[0])["status"] == "ok" and reply_header(slow[0])["status"] == "ok"
     assert still_running

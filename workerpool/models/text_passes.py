@@ -13,8 +13,10 @@ the least total cost (dynamic programming over the sorted lengths), where no pas
 than :data:`PADDING_SHARE` of its real tokens nor holds more than :data:`PASS_TOKENS` tokens.
 Past about 128 tokens a pass costs the same per token, while the memory it needs keeps growing
 (attention's with the square of the length): onnxruntime's arena keeps about 5 MiB after a
-pass of 256 tokens, 24 MiB after one of 1,024. Passes run shortest first, so the requests
-whose texts are short are answered first.
+pass of 256 tokens, 24 MiB after one of 1,024. Passes run in the order of their first text, so
+that the request that waited longest is answered first: shortest first would make the longest
+text of every batch wait for the whole batch (at 16 requests in flight, a p99 of 155-184 ms
+against 158-173 ms in the order they came).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ MAX_ROWS = 256  # texts in one pass: bounds the planning work per text
 
 def plan_passes(lengths: Sequence[int], overhead: float,
                 max_tokens: int = PASS_TOKENS) -> list[list[int]]:
-    """The indices of ``lengths`` (each text's tokens) grouped into passes, shortest first;
-    each pass pads to its longest, at most :data:`PADDING_SHARE` of its real tokens and at most
-    ``max_tokens`` in all (a text longer than that runs alone)."""
+    """The indices of ``lengths`` (each text's tokens) grouped into passes, in the order of
+    their first text; each pass pads to its longest, at most :data:`PADDING_SHARE` of its real
+    tokens and at most ``max_tokens`` in all (a text longer than that runs alone)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     sizes = [max(1, lengths[i]) for i in order]  # a pass pads an empty text to one token
     best = [0.0] * (len(order) + 1)  # best[j]: the least cost of the first j sorted texts
@@ -53,6 +55,6 @@ def plan_passes(lengths: Sequence[int], overhead: float,
     while end:
         passes.append(order[start[end]:end])
         end = start[end]
-    passes.reverse()
+    passes.sort(key=min)
     return passes
 

@@ -102,12 +102,12 @@ def test_texts_of_very_different_lengths_run_in_passes_padded_within_the_bound(t
 def test_a_request_is_answered_when_its_passes_are_done_not_when_the_batch_is(tmp_path):
     loaded = served(onnx_texts.converted(tmp_path / "st", onnx_texts.encoder()))
     passes = counting_passes(loaded)
-    long, short = [" ".join(["cat"] * 29)] * 40, ["hello"]
+    short, long = ["hello"], [" ".join(["cat"] * 29)] * 40
     answered = []
-    for index, outputs in loaded.infer_batch([long, short, long[:3]]):
+    for index, outputs in loaded.infer_batch([short, long, long[:3]]):
         answered.append((index, len(passes)))
-        assert outputs["embedding"].shape[0] == (1 if index == 1 else len(long) if index == 0 else 3)
-    assert answered[0] == (1, 1)  # the short text's pass runs first, and its request is answered
+        assert outputs["embedding"].shape[0] == [1, len(long), 3][index]
+    assert answered[0] == (0, 1)  # the first request's pass runs first, and it is answered then
     assert sorted(index for index, _ in answered) == [0, 1, 2]
     assert answered[-1][1] == len(passes) > 2
 
