@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,21 +29,30 @@ GUNICORN_CONF = os.path.join(APP_DIR, "compare_app", "gunicorn_conf.py")
 
 @contextlib.contextmanager
 def gunicorn_server(load: Load) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``gunicorn --preload`` on a loopback socket bound here and handed over, so the port is
-    known before it starts; yields the arbiter and the port, and stops its whole session."""
-    listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
-    port = listener.getsockname()[1]
-    command = [
-        sys.executable, "-m", "gunicorn", "--preload", "--workers", str(load.workers),
-        "--worker-class", "gthread", "--threads", str(load.gthreads), "--keep-alive", "30",
-        "--bind", f"fd://{listener.fileno()}", "--config", GUNICORN_CONF,
-        "--pythonpath", APP_DIR, "--log-level", "warning", "compare_app.app:application",
-    ]
+    """``gunicorn --preload`` serving ``compare_app`` (``listening_session``); yields the arbiter
+    and the port."""
+    def command(fd: int) -> list[str]:
+        return [sys.executable, "-m", "gunicorn", "--preload", "--workers", str(load.workers),
+                "--worker-class", "gthread", "--threads", str(load.gthreads), "--keep-alive", "30",
+                "--bind", f"fd://{fd}", "--config", GUNICORN_CONF,
+                "--pythonpath", APP_DIR, "--log-level", "warning", "compare_app.app:application"]
+
     env = {**os.environ, "COMPARE_MODEL": load.model, "COMPARE_THREADS": str(load.blas_threads)}
-    with open(os.path.join(load.directory, "gunicorn.log"), "wb") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                pass_fds=(listener.fileno(),), start_new_session=True)
-    listener.close()
+    with listening_session(command, env, os.path.join(load.directory, "gunicorn.log")) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def listening_session(command: Callable[[int], list[str]], env: Mapping[str, str],
+                      log_path: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A server in a session of its own, on a loopback socket bound here and handed over as the
+    file descriptor ``command(fd)`` names, so the port is known before it starts and connections
+    wait in the backlog until it accepts; yields the process and the port, and stops its whole
+    session. stdout and stderr go to ``log_path``."""
+    with socket.create_server(("127.0.0.1", 0), backlog=1024) as listener, open(log_path, "wb") as log:
+        port = listener.getsockname()[1]
+        proc = subprocess.Popen(command(listener.fileno()), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=log, env=env, pass_fds=(listener.fileno(),), start_new_session=True)
     try:
         yield proc, port
     finally:
@@ -61,9 +70,10 @@ def stop_session(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def http_request(body: bytes, method: str = "POST", path: str = "/") -> bytes:
+def http_request(body: bytes, method: str = "POST", path: str = "/",
+                 content_type: str = "application/octet-stream") -> bytes:
     return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode() + body
 
 
@@ -128,15 +138,17 @@ class Connection:
         return self.wait()
 
 
-def warm_gunicorn(proc: subprocess.Popen[bytes], port: int, request: bytes,
-                  workers: int) -> set[int]:
+def warm_gunicorn(proc: subprocess.Popen[bytes], port: int, request: bytes, workers: int,
+                  server: str = "gunicorn") -> set[int]:
     """Open ``2 * workers`` new connections at a time, one request each, until every worker has
-    answered one (each connection stays with the worker that accepted it); their pids."""
+    answered one (each connection stays with the worker that accepted it); their pids, from the
+    ``X-Worker-Pid`` header. Any server whose replies carry that header will do (``server``
+    names it in errors)."""
     seen: set[str] = set()
     deadline = time.monotonic() + WARMUP_TIMEOUT
     while len(seen) < workers:
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(seen)} of {workers} gunicorn workers answered "
+            raise RuntimeError(f"only {len(seen)} of {workers} {server} workers answered "
                                f"(exit code {proc.poll()})")
         connections = [Connection.open(port) for _ in range(2 * workers)]
         for connection in connections:

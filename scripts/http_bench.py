@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from bench import drive, load_average, scratch_run, warm_workerpool
 from compare import Load
@@ -33,7 +34,7 @@ from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
 
 LEVELS = (1, 16, 64)
-UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
+UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}  # as wrk prints a latency
 
 
 def wrk_script(path: str, body: bytes, headers: dict[str, str]) -> str:
@@ -48,18 +49,38 @@ def wrk_script(path: str, body: bytes, headers: dict[str, str]) -> str:
     return path
 
 
-def run_wrk(url: str, script: str, connections: int, seconds: float) -> dict[str, float]:
-    done = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", script, "--latency", url],
-                          capture_output=True, text=True, check=True)
-    out = done.stdout
+def run_wrk(url: str, script: str, connections: int, seconds: float) -> dict[str, Any]:
+    done = subprocess.run(wrk_command(url, script, connections, seconds), capture_output=True, text=True,
+                          check=True)
+    return wrk_figures(done.stdout)
+
+
+def wrk_command(url: str, script: str, connections: int, seconds: float,
+                timeout: float | None = None) -> list[str]:
+    """wrk on one thread with ``--latency``; ``timeout``: its per-request timeout (default 2 s)."""
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", script, "--latency", url]
+    return command if timeout is None else [*command, "--timeout", f"{timeout:g}s"]
+
+
+def wrk_figures(out: str) -> dict[str, Any]:
+    """What wrk printed: requests/s and their count, p50 and p99 latency (microseconds), the
+    answers that were not 2xx or 3xx, and the socket errors (timeouts among them); latencies
+    are 0 when no request completed."""
+
+    def found(pattern: str) -> re.Match[str]:
+        match = re.search(pattern, out, re.M)
+        if match is None:
+            raise RuntimeError(f"no {pattern!r} in wrk's output:\n{out}")
+        return match
 
     def latency(percent: str) -> float:
-        value, unit = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s)$", out, re.M).groups()
+        value, unit = found(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s|m|h)\s*$").groups()
         return float(value) * UNITS[unit]
 
     failed = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+    return {"rps": float(found(r"Requests/sec:\s+([\d.]+)").group(1)),
+            "requests": int(found(r"(\d+) requests in").group(1)),
             "p50_us": latency("50"), "p99_us": latency("99"),
             "failed": int(failed.group(1)) if failed else 0, "socket_errors": errors.group(1) if errors else ""}
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """What one encoder pass costs per real token, by batch size and padding: the figures behind
-the text models' batching rule (``workerpool.models.text_batches``).
+the text models' batching rule (``workerpool.models.text_passes``).
 
 A text model converted by ``workerpool convert`` (``onnx`` or ``bert``) is built in this process
 as a worker builds it, with ``--threads`` intra-op and BLAS threads, and its encoder is run on
 ``B`` rows of ``L`` tokens, of which ``real`` are tokens and the rest padding. Each cell is the
-median of ``--repeat`` passes after one warm-up, as microseconds per real token; the last
-column is the same rows run one by one without padding (what a lone request costs).
+median of ``--repeat`` passes after one warm-up, as microseconds per real token. Last, a line
+fitted to the passes without padding (weighted by their relative error) splits a pass's cost
+into what it costs per token and per pass: the per-pass part, in tokens, is the overhead the
+batching rule weighs padding against.
 
     python3 scripts/text_pass_cost.py minilm.bpk [--threads 1] [--repeat 7]
 """
@@ -21,15 +23,16 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from workerpool.runtime import default_cache_dir
 from workerpool.models.loaded import LoadedModel
+from workerpool.models.texts import Encoder
+from workerpool.runtime import default_cache_dir
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 LENGTHS = (16, 32, 64, 128, 256)
 PADDING = (0.0, 0.25, 0.5, 1.0)  # padding as a share of the real tokens
 
 
-def pass_seconds(encode, rows: int, length: int, real: int, repeat: int) -> float:
+def pass_seconds(encode: Encoder, rows: int, length: int, real: int, repeat: int) -> float:
     """Median seconds of one pass over ``rows`` rows of ``length`` tokens, ``real`` of them
     tokens and the rest padding."""
     ids = np.full((rows, length), 1000, np.int64)
@@ -54,14 +57,19 @@ def main() -> int:
     parser.add_argument("--cache-dir", default=default_cache_dir(),
                         help="where an onnx model's prepacked copy is kept, as serve's --cache-dir "
                         "(default: serve's default)")
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                        help="comma-separated real tokens per row (default: %(default)s)")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help="comma-separated rows per pass (default: %(default)s)")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     batches = [int(x) for x in args.batches.split(",")]
     with threadpool_limits(args.threads):
         loaded = LoadedModel(args.model, None, "mmap", threads=args.threads, cache_dir=args.cache_dir)
-        encode = getattr(loaded.model, "_encode_rows", None) or loaded.model._encode
+        encoder = getattr(loaded.model, "text_encoder", None)
+        if encoder is None:
+            sys.exit(f"text_pass_cost: {args.model} holds a {loaded.name} model that takes no texts")
+        encode = encoder.encode
         print(f"{loaded.name} {args.model}, {args.threads} thread(s); µs per real token, median of "
               f"{args.repeat} passes\n")
         print("| real tokens | batch | " + " | ".join(f"+{p:.0%} padding" for p in PADDING) + " |")
@@ -71,7 +79,7 @@ def main() -> int:
             for rows in batches:
                 cells = []
                 for padding in PADDING:
-                    length = real + int(round(real * padding))
+                    length = real + round(real * padding)
                     seconds = pass_seconds(encode, rows, length, real, args.repeat)
                     cells.append(f"{seconds / (rows * real) * 1e6:.1f}")
                     if not padding:

@@ -134,10 +134,11 @@ _POOL_SETTINGS = (
             "is a fresh interpreter (about 19 MiB, and it starts in a second or two). See [Fork or "
             "spawn](benchmarks.md#fork-or-spawn)"),
     Setting("--threads-per-worker", parse=values.positive_count, metavar="N",
-            help="threads for each worker's numpy BLAS and OpenMP pools (default: the CPUs this "
-            "process may use divided by --workers, at least 1)",
-            doc="threads for each worker's numpy BLAS and OpenMP pools (set with threadpoolctl); shown "
-            "in `status` and the start-up log. See [The CPU budget](benchmarks.md#the-cpu-budget)",
+            help="threads for each worker's numpy BLAS and OpenMP pools and onnxruntime session "
+            "(default: the CPUs this process may use divided by --workers, at least 1)",
+            doc="threads for each worker's numpy BLAS and OpenMP pools (set with threadpoolctl) and its "
+            "onnxruntime session's intra-op pool; shown in `status` and the start-up log. See [The CPU "
+            "budget](benchmarks.md#the-cpu-budget)",
             doc_default="CPUs available ÷ `--workers` (at least 1)"),
     Setting("--max-worker-memory", parse=values.positive_size, metavar="SIZE",
             help="recycle a worker whose private memory passes SIZE, after it answers; an allocation "

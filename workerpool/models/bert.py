@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import NotAJSONObject, json_object
 from .base import Model, ModelError, ModelInputError, require_tensor
 from .ops import gelu_float32
+from .texts import MAX_LENGTH_KEY as MAX_LENGTH_KEY  # where convert and the tests read it
 from .texts import (
     MEAN_NORMALIZED,
     TOKENIZER_KEY,
@@ -29,7 +30,6 @@ from .texts import (
     text_outputs,
     tokenizer,
 )
-from .texts import MAX_LENGTH_KEY as MAX_LENGTH_KEY  # where convert and the tests read it
 
 NAME = "bert"
 CONFIG_KEY = "workerpool.hf_config"  # config.json, as text

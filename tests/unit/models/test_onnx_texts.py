@@ -12,7 +12,7 @@ from support import onnx_texts
 from support.models import batch_outcomes
 
 from workerpool import burnpack
-from workerpool.models import ModelError, ModelInputError, text_passes, texts
+from workerpool.models import ModelError, ModelInputError, text_passes
 from workerpool.models.loaded import LoadedModel
 
 TEXTS = ["hello world", "the cat sat", "a", "", "text text text the world sat a hello",
