@@ -119,10 +119,10 @@ class LoadedModel:
                     waiting[k] -= done[k]
                     if not waiting[k]:
                         rows = slice(firsts[k], firsts[k + 1])
-                        outputs = {"embedding": embeddings[rows].copy(),
-                                   "tokens": np.array(lengths[rows], np.int32)}
+                        outcome = self._checked({"embedding": embeddings[rows].copy(),
+                                                 "tokens": np.array(lengths[rows], np.int32)}, len(members[k][1]))
                         answered.add(k)
-                        yield members[k][0], self._checked(outputs, len(members[k][1]))
+                        yield members[k][0], outcome
         except Exception as exc:  # noqa: BLE001 - the requests not answered yet run alone
             self._log_batch_failure(len(members) - len(answered), exc)
             del exc
@@ -199,6 +199,13 @@ class LoadedModel:
             # Signals never raise here (the worker's stop signal only wakes its loop, the others
             # are ignored), so this swallows no request to leave: only what the model raised.
             return exc
+
+    def settle(self) -> None:
+        """Once a message's replies are sent: a model that holds memory a pass grew it by gives
+        it back (an ONNX session's arena after long texts or large arrays)."""
+        settle = getattr(self.model, "settle", None)
+        if callable(settle):
+            settle()
 
     def release_memory(self) -> None:
         """Give back what serving left free, while the worker is idle: the model's own (an

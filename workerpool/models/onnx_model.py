@@ -24,14 +24,17 @@ pool: the rank-3 float output ``last_hidden_state``, else the first one. They ar
 run and pooled as :mod:`.texts` does, in the passes :mod:`.text_passes` plans, fed in the dtypes
 the graph declares.
 
-What a pass needed is given back off the common path (:meth:`OnnxModel.give_back`): after a
-pass that left the worker :data:`RECOVER_GROWTH` above where it last settled (long texts,
-large arrays), and when the worker has been idle for a second (``worker.main``). A give-back
-runs one more pass, on the first row (and token) of the last inputs, with the arena
-shrinkage run option, then trims the C heap. The arena never gives back the region of its
-first pass, so a text model runs its first pass on the empty text when it is built. Ordinary passes (texts in passes of at most
-``PASS_TOKENS`` tokens) stay below the bound and run without shrinkage, which would hand the
-arena's blocks back to the C library after every pass for the next pass to fault in again.
+What a pass needed is given back off the common path (:meth:`OnnxModel.give_back`): once a
+request whose pass left the worker :data:`RECOVER_GROWTH` above where it last settled (long
+texts, large arrays) is answered and its outputs let go of (:meth:`OnnxModel.settle`, before
+the worker checks ``--max-worker-memory``; outputs may sit in the arena), and when the worker
+has been idle for a second (``worker.main``). A give-back runs one more pass, on the first row
+(and token) of the last inputs, with the arena shrinkage run option, then trims the C heap; a
+graph of fixed shapes, whose smallest input is a whole request, only has the heap trimmed. The
+arena never gives back the region of its first pass, so a text model runs its first pass on
+the empty text when it is built. Ordinary passes (texts in passes of at most ``PASS_TOKENS``
+tokens) stay below the bound and run without shrinkage, which would hand the arena's blocks
+back to the C library after every pass for the next pass to fault in again.
 Measured in one process with all-MiniLM-L6-v2, one thread: 100 batches of 8 one-sentence
 requests left the worker 7.5 MiB larger (arena and heap), 1.8 MiB after a give-back; the arena
 alone holds about 5 MiB after one pass of 256 tokens, 24 MiB after one of 1,024 and 159 MiB
@@ -56,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NotAJSONObject, json_object
+from ..errors import NotAJSONObject, exception_text, json_object
 from ..linux import private_resident, release_free_memory
 from ..units import MiB
 from . import onnx_prepared
@@ -126,6 +129,7 @@ class OnnxModel:
         self.shrinking.add_run_config_entry(*SHRINK_ARENA)
         self.settled = private_resident()  # where private memory stood after the last give-back
         self.smallest: dict[str, np.ndarray] | None = None  # what a give-back runs on
+        self.grown = False  # a pass grew the worker past the bound: give back once it is answered
         self.recoveries = 0  # give-backs so far
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.input_shape = {arg.name: _shape(arg.shape) for arg in inputs}
@@ -181,8 +185,11 @@ class OnnxModel:
                                         self._encode, pooling_of(NAME, metadata[POOLING_KEY]),
                                         PASS_OVERHEAD)
         self.text_output_shape, self.text_output_dtype = text_outputs(_width(states[0].shape, metadata))
-        with contextlib.suppress(ModelInputError):  # such a graph refuses texts when they come
-            self.text_encoder([""])  # the arena's first region, which it never gives back, stays small
+        try:  # the arena's first region, which it never gives back, stays small
+            self.text_encoder([""])
+        except Exception as exc:  # noqa: BLE001 - such a graph fails texts when they come
+            log.warning("%s: a first pass on the empty text failed (%s); texts are tried as they come",
+                        NAME, exception_text(exc, named=True))
 
     def __call__(self, inputs: Mapping[str, np.ndarray] | list[str]) -> dict[str, np.ndarray]:
         if isinstance(inputs, list) and not self.accepts_text:
@@ -208,25 +215,36 @@ class OnnxModel:
             self._recover_memory(inputs)
             raise MemoryError(f"{NAME}: onnxruntime ran out of memory for this request")
         self.smallest = self._smallest(inputs)
-        if private_resident() > self.settled + RECOVER_GROWTH:
-            self.give_back()
+        self.grown = self.grown or private_resident() > self.settled + RECOVER_GROWTH
         return outputs
+
+    def settle(self) -> None:
+        """After a request whose pass grew the worker past :data:`RECOVER_GROWTH`, once its
+        outputs are let go of (they may sit in the arena): give back."""
+        if self.grown:
+            self.grown = False
+            self.give_back()
 
     def give_back(self) -> None:
         """Shrink the arena and trim the heap, if the worker holds more than where it settled:
         the arena shrinks at the end of a pass run with the shrinkage option, so one runs on
-        the smallest part of the last inputs (see :meth:`_smallest`)."""
-        if self.smallest is None or private_resident() <= self.settled + GIVE_BACK_LEAST:
+        the smallest part of the last inputs (see :meth:`_smallest`); a graph with no named
+        axis, or no session left after running out of memory, only has the heap trimmed."""
+        if private_resident() <= self.settled + GIVE_BACK_LEAST:
             return
-        with contextlib.suppress(*self.failed, self.refused, MemoryError):
-            self.session.run(self.output_names[:1], self.smallest, self.shrinking)
+        if self.smallest is not None and self.session is not None:
+            with contextlib.suppress(Exception):  # best effort: the arena stays as it is
+                self.session.run(self.output_names[:1], self.smallest, self.shrinking)
         release_free_memory()
         self.settled = private_resident()
         self.recoveries += 1
 
-    def _smallest(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _smallest(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Copies of the first item of ``inputs`` along every named axis (a row and a token of
-        texts): what the graph takes, at almost no cost."""
+        texts): what the graph takes, at almost no cost; None for a graph of fixed shapes,
+        whose smallest input is a whole request."""
+        if not any(self.symbols.values()):
+            return None
         return {name: array[tuple(slice(0, 1) if any(axis == named for named, _ in self.symbols[name])
                                   else slice(None) for axis in range(array.ndim))].copy()
                 for name, array in inputs.items()}

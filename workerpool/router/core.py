@@ -153,12 +153,10 @@ class Router:
 
     def _reply(self, worker: WorkerRecord, client: bytes, ok: bool, frames: list[zmq.Frame]) -> None:
         inflight = worker.inflight
-        # A batch's replies come as their passes end, each client's in the order sent.
-        index = next((k for k, pending in enumerate(inflight) if pending.client == client), None)
-        if index is None:  # already answered, e.g. shutting down
+        if not inflight or inflight[0].client != client:  # already answered, e.g. shutting down
             log.debug("late reply from worker %d dropped", worker.pid)
             return
-        inflight.pop(index)
+        inflight.pop(0)
         worker.served += 1
         worker.errors += not ok
         worker.failed_last = not ok

@@ -59,8 +59,8 @@ class Recovery:
         kills again when it runs alone is blamed, and never by a SIGKILL: deaths come from
         outside too, and a kill sweep takes a retry's worker as well as the first."""
         pending = inflight[0]
-        if len(inflight) > 1:
-            log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
+        if worker.sent > 1:  # what is left of a batch: its requests answered so far are not
+            log.warning("worker %d lost (%s) with %d requests of a batch in flight; retrying each "
                         "alone", worker.pid, why, len(inflight))
             self._retry_alone(inflight)
         elif pending.attempts < MAX_ATTEMPTS:
@@ -104,10 +104,10 @@ class Recovery:
         the requests of a batch that ran too long are retried alone."""
         inflight = self.take_inflight(worker)
         limit = f"--request-timeout {self.request_timeout:g}s"
-        if len(inflight) > 1:
+        if worker.sent > 1:  # none of a batch's requests is to blame for the time the others took
             self._retry_alone(inflight)
-            self.lose(worker.key, f"its batch of {len(inflight)} requests ran past {limit}; "
-                      "retrying each alone")
+            self.lose(worker.key, f"its batch of {worker.sent} requests ran past {limit}; retrying the "
+                      f"{len(inflight)} unanswered each alone")
             return
         pending = inflight[0]
         self.quarantine.killed(pending.client, pending.frames)

@@ -45,7 +45,8 @@ class WorkerRecord:
     batches: int = 0  # messages of requests sent to it, one forward pass each
     rows: int = 0  # rows of the batch axis in them
     batch_sizes: dict[int, int] = field(default_factory=dict)  # size_bucket(rows) -> batches
-    inflight: list[Pending] = field(default_factory=list)  # each client's answered in this order
+    inflight: list[Pending] = field(default_factory=list)  # answered in this order
+    sent: int = 0  # requests in the last message it was sent: a batch stays one as it is answered
     busy_since: float = 0.0
     batchable: bool = False  # what it runs now could have shared a pass
 
@@ -56,6 +57,7 @@ class WorkerRecord:
         self.state = WorkerState.BUSY
         self.busy_since = time.monotonic()
         self.inflight = batch
+        self.sent = len(batch)
         self.batches += 1
         self.rows += rows
         bucket = size_bucket(rows)

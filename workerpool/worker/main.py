@@ -34,7 +34,7 @@ from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
 from ..units import MS_PER_SECOND, KiB, format_size
-from .requests import handle_batch, handle_request, in_client_order
+from .requests import handle_batch, handle_request, in_batch_order
 from .spec import (
     CONTROL_SIGNALS,
     EXIT_FILE_CHANGED,
@@ -130,7 +130,7 @@ class Worker:
         patience = interval * self.spec.liveness
         router_seen = last_beat = time.monotonic()
         leave_by: float | None = None
-        release_at: float | None = None  # when to give memory back, if no request comes first
+        release_at: float | None = None  # the last reply: memory is given back once idle since
         registered = self._register(router)
         watching = POLLIN
         while True:
@@ -145,14 +145,12 @@ class Worker:
             if events.get(router, 0) & POLLIN:
                 router_seen = now
                 if self._on_router(router, router.recv_multipart(copy=False)):
-                    last_beat = time.monotonic()
-                    release_at = last_beat + IDLE_RELEASE
-            elif release_at is not None and now >= release_at:  # idle: give back what serving took
-                release_at = None
+                    last_beat = release_at = time.monotonic()
+            elif release_at is not None and now >= release_at + IDLE_RELEASE:
+                release_at = None  # idle: give back what serving took
                 self.loaded.release_memory()
             if self.reregister:
-                self.reregister = False
-                registered = False
+                self.reregister = registered = False
             if not registered:
                 registered = self._register(router)
             if events.get(wakeup):
@@ -190,17 +188,11 @@ class Worker:
         command = frames[0].bytes
         if command == protocol.REQUEST and len(frames) >= 2:
             self._answer(router, frames[1], handle_request(self.loaded, frames[2:]))
-            self._check_memory()
+            self._settle()
             return True
         if command == protocol.BATCH and len(frames) >= 2:
-            stride = frames[1].bytes
-            step = int(stride) if stride in BATCH_STRIDES else 0
-            if step and (len(frames) - 2) % step == 0:
-                batch = [frames[i:i + step] for i in range(2, len(frames), step)]
-                answers = handle_batch(self.loaded, [request[1:] for request in batch])
-                for index, answer in in_client_order([request[0].bytes for request in batch], answers):
-                    self._answer(router, batch[index][0], answer)
-                self._check_memory()
+            if self._answer_batch(router, frames):
+                self._settle()
                 return True
             log.error("worker %d: malformed BATCH of %d frames ignored", os.getpid(), len(frames))
         if command == protocol.RELOAD and len(frames) >= 2:
@@ -217,9 +209,27 @@ class Worker:
             raise Refused(reason)
         return False
 
+    def _answer_batch(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
+        """Answer a BATCH's requests, each as soon as it and those before it are (the router
+        takes a batch's replies in its order); False for a malformed BATCH."""
+        stride = frames[1].bytes
+        step = int(stride) if stride in BATCH_STRIDES else 0
+        if not step or (len(frames) - 2) % step:
+            return False
+        batch = [frames[i:i + step] for i in range(2, len(frames), step)]
+        for index, answer in in_batch_order(handle_batch(self.loaded, [request[1:] for request in batch])):
+            self._answer(router, batch[index][0], answer)
+        return True
+
     def _answer(self, router: zmq.Socket, client: Any, answer: tuple[bool, list[Any]]) -> None:
         ok, reply = answer
         _send_now(router, [protocol.REPLY, client, b"ok" if ok else b"err", *reply])
+
+    def _settle(self) -> None:
+        """Once a message's replies are sent and its outputs let go of: the model gives back
+        what a pass that grew the worker took, then the memory bound is checked."""
+        self.loaded.settle()
+        self._check_memory()
 
     def _leave(self, code: int, why: str) -> None:
         """Leave the pool once the router lets go (the first reason given is the exit code)."""

@@ -54,25 +54,25 @@ def handle_batch(loaded: LoadedModel,
             runnable.append((index, message))
         else:
             yield index, handle_request(loaded, frames)
+    unanswered = dict(enumerate(runnable))
     for k, outcome in loaded.infer_batch([message.payload() for _, message in runnable]):
-        index, message = runnable[k]
+        index, message = unanswered.pop(k)
         yield index, _answer(loaded, message.id, reply, outcome)
+    for index, message in unanswered.values():  # a model's bug, but no request goes unanswered
+        log.error("request %r of a batch got no answer from the model", message.id)
+        yield index, reply.error(message.id, "internal", "the model gave no answer for this request")
 
 
-def in_client_order(clients: Sequence[bytes], answers: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
-    """``answers`` (index, answer) as they come, except that each client's are given in the
-    order of its requests in ``clients``: the router matches a reply to the first request of
-    its client that it has in flight on this worker."""
-    queues: dict[bytes, list[int]] = {}
-    for index, client in enumerate(clients):
-        queues.setdefault(client, []).append(index)
+def in_batch_order(answers: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    """``answers`` (index, answer), each as soon as it and every one before it have come: the
+    router takes a batch's replies in the batch's order."""
     held: dict[int, Any] = {}
+    following = 0
     for index, answer in answers:
         held[index] = answer
-        queue = queues[clients[index]]
-        while queue and queue[0] in held:
-            first = queue.pop(0)
-            yield first, held.pop(first)
+        while following in held:
+            yield following, held.pop(following)
+            following += 1
 
 
 def _infer(

@@ -184,16 +184,38 @@ def test_tensors_that_do_not_fit_the_graph_are_refused(tmp_path, tensor, changed
 
 def test_memory_is_given_back_after_a_pass_that_grew_the_worker_and_not_otherwise(tmp_path):
     """The arena keeps what a pass needed; ordinary passes leave it below the bound, so they run
-    without shrinkage, and a pass that grows the worker past the bound is followed by a give-back."""
+    without shrinkage, and a pass that grows the worker past the bound is followed by a give-back
+    once its request is answered (the worker settles after sending the replies)."""
     loaded = served(tmp_path, onnx_graphs.mlp())
     model = loaded.model
     for batch in range(1, 51):
         loaded.infer(mlp_input(batch))
+        loaded.settle()
     assert model.recoveries == 0
     before = private_resident()
     outputs = loaded.infer(mlp_input(400_000))  # some 150 MiB of intermediate arrays in the arena
-    assert outputs["y"].shape == (400_000, 8) and model.recoveries == 1
+    assert outputs["y"].shape == (400_000, 8) and model.recoveries == 0  # not while they are held
     del outputs
+    loaded.settle()
+    assert model.recoveries == 1
     assert private_resident() < before + onnx_model.RECOVER_GROWTH
     loaded.infer(mlp_input(4))
+    loaded.settle()
     assert model.recoveries == 1
+
+
+def test_a_give_back_without_a_session_or_with_fixed_shapes_only_trims_the_heap(tmp_path):
+    """No session is left after running out of memory when building it again failed; a graph of
+    fixed shapes has no smaller input than a whole request, which it would run again."""
+    fixed = served(tmp_path, onnx_graphs.mlp(batch=2))
+    fixed.infer(mlp_input(2))
+    assert fixed.model.smallest is None
+    (tmp_path / "symbolic").mkdir()
+    loaded = served(tmp_path / "symbolic", onnx_graphs.mlp())
+    loaded.infer(mlp_input(3))
+    assert {name: a.shape for name, a in loaded.model.smallest.items()} == {"x": (1, 16)}
+    loaded.model.session = None
+    for model in (fixed.model, loaded.model):
+        model.settled = 0  # as if the worker had grown
+        model.give_back()
+        assert model.recoveries == 1

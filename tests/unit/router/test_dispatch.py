@@ -367,6 +367,17 @@ def test_a_batch_past_the_timeout_is_retried_request_by_request():
     assert [p.solo for p in pool.intake.queue.take_all()] == [True, True]
 
 
+def test_what_is_left_of_a_partly_answered_batch_past_the_timeout_is_retried_blaming_no_one():
+    """A worker answers a batch's requests as their passes end; the one left when the batch
+    runs out of time spent it waiting behind the others."""
+    pool = Pool(batching=BatchPolicy(max_rows=8), request_timeout=0.5)
+    worker = running_a_batch(pool, b"a", b"b")
+    worker.inflight.pop(0)  # the first request's reply came (Router._reply)
+    pool.recovery.time_out(worker)
+    assert pool.replies.errors() == {} and pool.lost == [1] and not pool.quarantine
+    assert [p.solo for p in pool.intake.queue.take_all()] == [True]
+
+
 def test_an_idle_worker_is_never_overdue():
     pool = Pool(request_timeout=0.5)
     worker = pool.worker(1)

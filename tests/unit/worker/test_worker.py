@@ -15,7 +15,7 @@ from workerpool import models
 from workerpool.models.loaded import LoadedModel
 from workerpool.protocol import messages as protocol
 from workerpool.worker.main import handle_request
-from workerpool.worker.requests import in_client_order
+from workerpool.worker.requests import handle_batch, in_batch_order
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +261,28 @@ def test_an_unreadable_declaration_stops_the_model_from_loading(declaration):
         models.Contract.of(model, "odd")
 
 
-def test_a_batchs_answers_go_as_they_come_but_each_clients_in_the_order_it_sent():
-    clients = [b"a", b"b", b"a", b"c", b"b"]
-    finished = iter([(3, "c0"), (2, "a1"), (4, "b1"), (1, "b0"), (0, "a0")])
-    assert list(in_client_order(clients, finished)) == [
-        (3, "c0"), (1, "b0"), (4, "b1"), (0, "a0"), (2, "a1")]
+def test_a_batchs_answers_go_as_soon_as_those_before_them_have():
+    finished = iter([(3, "d"), (0, "a"), (2, "c"), (4, "e"), (1, "b")])
+    assert list(in_batch_order(finished)) == [(0, "a"), (1, "b"), (2, "c"), (3, "d"), (4, "e")]
+    pulled = []
+
+    def answers():
+        for answer in [(0, "a"), (2, "c"), (1, "b")]:
+            pulled.append(answer[0])
+            yield answer
+    ordered = in_batch_order(answers())
+    assert next(ordered) == (0, "a") and pulled == [0]  # sent before the next answer is run
+    assert list(ordered) == [(1, "b"), (2, "c")]
+
+
+def test_a_batch_answers_every_request_even_one_the_model_left_out(loaded, monkeypatch):
+    x = np.ones((1, 16), np.float32)
+    frames = [protocol.encode_request(request_id, x)[1:] for request_id in range(3)]
+    original = loaded.infer_batch
+    monkeypatch.setattr(loaded, "infer_batch", lambda inputs: (answer for answer in original(inputs)
+                                                                if answer[0] != 1))
+    answers = dict(handle_batch(loaded, frames))
+    assert sorted(answers) == [0, 1, 2]
+    assert [answers[index][0] for index in range(3)] == [True, False, True]
+    error = protocol.decode_reply(answers[1][1])
+    assert error.id == 1 and error.header["error"]["code"] == "internal"
