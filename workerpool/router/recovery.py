@@ -59,8 +59,8 @@ class Recovery:
         kills again when it runs alone is blamed, and never by a SIGKILL: deaths come from
         outside too, and a kill sweep takes a retry's worker as well as the first."""
         pending = inflight[0]
-        if worker.sent > 1:  # what is left of a batch: its requests answered so far are not
-            log.warning("worker %d lost (%s) with %d requests of a batch in flight; retrying each "
+        if worker.sent > 1:  # a batch, some of it answered maybe: each request left goes alone
+            log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
                         "alone", worker.pid, why, len(inflight))
             self._retry_alone(inflight)
         elif pending.attempts < MAX_ATTEMPTS:
