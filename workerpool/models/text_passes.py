@@ -57,4 +57,3 @@ def plan_passes(lengths: Sequence[int], overhead: float,
         end = start[end]
     passes.sort(key=min)
     return passes
-

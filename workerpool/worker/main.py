@@ -1,11 +1,11 @@
 """A worker process: maps the weights itself, builds the model on the views, serves requests.
 
 This is the process's loop: register with the router, take its messages (requests are
-answered by ``requests.py``, inline), heartbeat, reload, leave. A worker idle for
-:data:`IDLE_RELEASE` gives back the memory serving left free (:meth:`LoadedModel.release_memory`):
-under load it keeps its working set, at rest it holds little more than when it started. While the model runs,
+answered by ``requests.py``, inline), heartbeat, reload, leave. While the model runs,
 libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker is
-never mistaken for a dead one.
+never mistaken for a dead one. A worker idle for :data:`IDLE_RELEASE` gives back the memory
+serving left free (:meth:`LoadedModel.release_memory`): under load it keeps its working set,
+at rest it holds little more than when it started.
 """
 
 from __future__ import annotations

@@ -56,8 +56,9 @@ def handle_batch(loaded: LoadedModel,
             yield index, handle_request(loaded, frames)
     unanswered = dict(enumerate(runnable))
     for k, outcome in loaded.infer_batch([message.payload() for _, message in runnable]):
-        index, message = unanswered.pop(k)
-        yield index, _answer(loaded, message.id, reply, outcome)
+        if k in unanswered:  # each once
+            index, message = unanswered.pop(k)
+            yield index, _answer(loaded, message.id, reply, outcome)
     for index, message in unanswered.values():  # a model's bug, but no request goes unanswered
         log.error("request %r of a batch got no answer from the model", message.id)
         yield index, reply.error(message.id, "internal", "the model gave no answer for this request")
