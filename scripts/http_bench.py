@@ -1,12 +1,14 @@
-"""The HTTP front door against the ZeroMQ client and gunicorn ``--preload``, same run, same model.
+"""The HTTP front door against the ZeroMQ client, gunicorn ``--preload`` and Mosec, same run,
+same model.
 
 One pool (``workerpool serve --http``, 2 workers, a 4 MiB ``mlp``, one-row float32 requests) is
 driven by wrk over keep-alive connections with binary KServe v2 bodies, and by the ZeroMQ
 client (``bench.drive``) on the same pool; ``gunicorn --preload`` (``compare_app``, gthread
-workers, keep-alive, the same BLAS budget) is driven by wrk with the same row as raw bytes.
-Each round runs the three in turn, the order rotating; the table gives the medians of the
-rounds at 1, 16 and 64 connections (requests in flight for the ZeroMQ client), and any answer
-that was not 200.
+workers, keep-alive, the same BLAS budget) and Mosec (``compare_app/mosec_app.py``: its Rust
+front, 2 Python workers, dynamic batching up to 16) are driven by wrk with the same row as raw
+bytes. Each round runs the servers in turn, the order rotating; the table gives the medians of
+the rounds at 1, 16 and 64 connections (requests in flight for the ZeroMQ client), and any
+answer that was not 200. Mosec runs where it is installed (``pip install mosec``).
 
     python3 -m pip install -e '.[http,compare]'   # and wrk: apt-get install wrk
     python3 scripts/http_bench.py [--rounds 3] [--seconds 5]
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -23,12 +26,13 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from bench import drive, load_average, scratch_run, warm_workerpool
 from compare import Load
-from compare_gunicorn import gunicorn_server
+from compare_gunicorn import APP_DIR, gunicorn_server, stop_session
 
 from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
@@ -68,7 +72,7 @@ def wrk_figures(out: str) -> dict[str, Any]:
     are 0 when no request completed."""
 
     def found(pattern: str) -> re.Match[str]:
-        match = re.search(pattern, out, re.M)
+        match = re.search(pattern, out, re.MULTILINE)
         if match is None:
             raise RuntimeError(f"no {pattern!r} in wrk's output:\n{out}")
         return match
@@ -122,6 +126,38 @@ def run_gunicorn(load: Load, scripts: dict[str, str], seconds: float) -> dict[st
         return {"gunicorn": [run_wrk(url, scripts["raw"], k, seconds) for k in LEVELS]}
 
 
+def run_mosec(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, list[dict]]:
+    port = free_port()
+    env = {**os.environ, "COMPARE_MODEL": load.model, "COMPARE_WORKERS": str(load.workers),
+           "COMPARE_THREADS": str(load.blas_threads), "COMPARE_MAX_BATCH": "16"}
+    command = [sys.executable, os.path.join(APP_DIR, "compare_app", "mosec_app.py"), "--port", str(port),
+               "--address", "127.0.0.1", "--log-level", "warning"]
+    with open(os.path.join(load.directory, "mosec.log"), "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}/inference"
+        wait_for_http(url, load.row.tobytes(), proc)
+        run_wrk(url, scripts["raw"], 16, 1)
+        return {"mosec": [run_wrk(url, scripts["raw"], k, seconds) for k in LEVELS]}
+    finally:
+        stop_session(proc)
+
+
+def wait_for_http(url: str, body: bytes, proc: subprocess.Popen[bytes], patience: float = 60.0) -> None:
+    """Until ``url`` answers a POST of ``body`` with 200 (the server has started its workers)."""
+    import urllib.error
+    import urllib.request
+
+    give_up = time.monotonic() + patience
+    while time.monotonic() < give_up and proc.poll() is None:
+        request = urllib.request.Request(url, data=body, method="POST")
+        with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(request, timeout=5) as reply:
+            if reply.status == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {patience:g}s")
+
+
 def free_port() -> int:
     import socket
 
@@ -150,18 +186,26 @@ def main() -> int:
                    "raw": wrk_script(os.path.join(scratch.directory, "raw.lua"), row.tobytes(),
                                      {"Content-Type": "application/octet-stream"})}
         runs: dict[str, list[list[dict]]] = {"http": [], "zmq": [], "gunicorn": []}
+        servers = [run_pool, run_gunicorn]
+        if importlib.util.find_spec("mosec") is not None:
+            servers.append(run_mosec)
+            runs["mosec"] = []
+        else:
+            print("mosec is not installed (pip install mosec): it is left out", file=sys.stderr)
         before = scratch.start_load
         for round_number in range(args.rounds):
-            order = [run_pool, run_gunicorn] if round_number % 2 == 0 else [run_gunicorn, run_pool]
-            for run in order:
+            rotation = round_number % len(servers)
+            for run in servers[rotation:] + servers[:rotation]:
                 for name, levels in run(load, scripts, args.seconds).items():
                     runs[name].append(levels)
         after = load_average()
     print(f"4 MiB mlp, 2 workers, one-row float32 requests; {args.rounds} rounds of {args.seconds:g} s per "
           f"level, medians; load average {before} before, {after} after\n")
+    mosec = "mosec" in runs
     print("| connections | HTTP (KServe v2, binary): req/s, p50, p99 | ZeroMQ client | gunicorn --preload "
-          "| HTTP ÷ gunicorn: req/s, p50 | HTTP ÷ ZeroMQ: req/s |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+          + ("| Mosec " if mosec else "") + "| HTTP ÷ gunicorn: req/s, p50 | HTTP ÷ ZeroMQ: req/s "
+          + ("| HTTP ÷ Mosec: req/s |" if mosec else "|"))
+    print("| ---: " * (6 + 2 * mosec) + "|")
     for index, k in enumerate(LEVELS):
         cells = {}
         for name in runs:
@@ -169,10 +213,13 @@ def main() -> int:
             cells[name] = (rps, p50, p99)
         text = {name: f"{rps:.0f}, {p50 / 1e3:.2f} ms, {p99 / 1e3:.2f} ms" for name, (rps, p50, p99) in cells.items()}
         print(f"| {k} | {text['http']} | {text['zmq']} | {text['gunicorn']} | "
-              f"{cells['http'][0] / cells['gunicorn'][0]:.2f}x, {cells['http'][1] / cells['gunicorn'][1]:.2f}x | "
-              f"{cells['http'][0] / cells['zmq'][0]:.2f}x |")
-    failed = {name: sum(level.get("failed", 0) for run in runs[name] for level in run) for name in ("http", "gunicorn")}
-    print(f"\nanswers other than 200: HTTP {failed['http']}, gunicorn {failed['gunicorn']}")
+              + (f"{text['mosec']} | " if mosec else "")
+              + f"{cells['http'][0] / cells['gunicorn'][0]:.2f}x, {cells['http'][1] / cells['gunicorn'][1]:.2f}x | "
+              f"{cells['http'][0] / cells['zmq'][0]:.2f}x |"
+              + (f" {cells['http'][0] / cells['mosec'][0]:.2f}x |" if mosec else ""))
+    failed = {name: sum(level.get("failed", 0) for run in runs[name] for level in run)
+              for name in runs if name != "zmq"}
+    print("\nanswers other than 200: " + ", ".join(f"{name} {count}" for name, count in failed.items()))
     return 0
 
 

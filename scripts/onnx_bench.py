@@ -50,7 +50,7 @@ from workerpool.protocol import messages as protocol
 from workerpool.units import MiB
 from workerpool.weights.convert import convert
 
-WORDS = "serving models from many processes that share one copy of their weights".split()
+WORDS = ["serving", "models", "from", "many", "processes", "that", "share", "one", "copy", "of", "their", "weights"]
 # From no tokens to several times the cut (256 tokens for all-MiniLM-L6-v2).
 ACCURACY_TEXTS = ["", " ", "a", "Hello world.", *SENTENCES, "🙂 ☃ ünïcödé", "x" * 500,
                   *(" ".join(WORDS * n) for n in (10, 21, 22, 40, 100))]

@@ -1,11 +1,45 @@
-"""Errors a client can receive, one class per error code on the wire; and what the package's
-other errors are told with: an exception quoted in a message, JSON that must hold an object.
+"""The one error taxonomy: every wire error code with its HTTP status (:class:`ErrorCode`),
+the error a client receives for each, one class per code; and what the package's other errors
+are told with: an exception quoted in a message, JSON that must hold an object.
+
+Worker, router, clients and the HTTP front door all speak these codes: a worker puts its
+error's code in the status frame of its reply, so the router counts errors without decoding them.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any
+
+
+class ErrorCode(enum.StrEnum):
+    """A wire error code; ``http_status`` is what the HTTP front door answers it with."""
+
+    BAD_REQUEST = "bad_request", 400
+    MODEL_NOT_FOUND = "model_not_found", 404
+    OVERLOADED = "overloaded", 429
+    SHUTTING_DOWN = "shutting_down", 503
+    DEADLINE_EXCEEDED = "deadline_exceeded", 504
+    REQUEST_TIMEOUT = "request_timeout", 504
+    WORKER_FAILED = "worker_failed", 500
+    INTERNAL = "internal", 500
+
+    http_status: int
+
+    def __new__(cls, value: str, http_status: int) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.http_status = http_status
+        return member
+
+    @classmethod
+    def read(cls, status: bytes) -> ErrorCode:
+        """The code of a worker's reply status frame that is not ``ok``; ``INTERNAL`` for one
+        this version does not know (a worker host is outside: its word is not trusted)."""
+        code = cls._value2member_map_.get(status.decode("ascii", "replace"))
+        return code if isinstance(code, ErrorCode) else cls.INTERNAL
+
 
 # Each wire error code and its class, filled in as the classes below name their codes.
 ERRORS_BY_CODE: dict[str, type[RemoteError]] = {}
@@ -18,9 +52,9 @@ class WorkerpoolError(Exception):
 class RemoteError(WorkerpoolError):
     """The server answered with an error; ``code`` is the wire error code."""
 
-    code = "internal"
+    code: str = ErrorCode.INTERNAL
 
-    def __init_subclass__(cls, *, code: str | None = None, **kwargs: object) -> None:
+    def __init_subclass__(cls, *, code: ErrorCode | None = None, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if code is not None:
             cls.code = code
@@ -32,31 +66,35 @@ class RemoteError(WorkerpoolError):
         self.worker_pid = worker_pid
 
 
-class BadRequest(RemoteError, code="bad_request"):
+class BadRequest(RemoteError, code=ErrorCode.BAD_REQUEST):
     """The request was malformed or does not fit the model's input: fix it before retrying."""
 
 
-class Overloaded(RemoteError, code="overloaded"):
+class Overloaded(RemoteError, code=ErrorCode.OVERLOADED):
     """The server's queue is full; retry later or add workers."""
 
 
-class DeadlineExceeded(RemoteError, code="deadline_exceeded"):
+class DeadlineExceeded(RemoteError, code=ErrorCode.DEADLINE_EXCEEDED):
     """The request's deadline passed before a worker could take it."""
 
 
-class WorkerFailed(RemoteError, code="worker_failed"):
+class ModelNotFound(RemoteError, code=ErrorCode.MODEL_NOT_FOUND):
+    """No model of that name, or not that version, is served there."""
+
+
+class WorkerFailed(RemoteError, code=ErrorCode.WORKER_FAILED):
     """The worker running the request died, and so did the one retry."""
 
 
-class RequestTimeout(RemoteError, code="request_timeout"):
+class RequestTimeout(RemoteError, code=ErrorCode.REQUEST_TIMEOUT):
     """The request ran past the server's --request-timeout; its worker was replaced."""
 
 
-class ShuttingDown(RemoteError, code="shutting_down"):
+class ShuttingDown(RemoteError, code=ErrorCode.SHUTTING_DOWN):
     """The server is stopping and takes no new requests."""
 
 
-class InternalError(RemoteError, code="internal"):
+class InternalError(RemoteError, code=ErrorCode.INTERNAL):
     """The model or the server failed unexpectedly while handling a valid request."""
 
 

@@ -158,8 +158,8 @@ def test_texts_by_kserve_bytes_and_openai_embeddings_give_the_zeromq_clients_ans
         sdk.embeddings.create(model="minibert", input=[[1, 2, 3]])
     with pytest.raises(openai.BadRequestError, match="1 to 1024 texts"):
         sdk.embeddings.create(model="minibert", input=["hello"] * 1025)
-    with pytest.raises(openai.BadRequestError, match=r"over the 65536-byte limit \(texts travel in it: send fewer or shorter\)"):
-        sdk.embeddings.create(model="minibert", input=["hello " * 20_000])
+    long = sdk.embeddings.create(model="minibert", input=["hello " * 20_000])  # the worker reads the body:
+    assert long.usage.prompt_tokens > 0  # no header limit on texts, the tokenizer cuts them
     with pytest.raises(openai.BadRequestError, match="gives 8 dimensions"):
         sdk.embeddings.create(model="minibert", input="hello", dimensions=3)
     alone = sdk.embeddings.create(model="minibert", input="").data[0].embedding

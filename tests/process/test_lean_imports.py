@@ -1,5 +1,6 @@
-"""The supervisor and the workers never load asyncio or ssl (the supervisor does for
-``--http``, whose front door is asyncio's: it imports ``workerpool.gateway`` only then).
+"""The supervisor and the workers never load asyncio or ssl; with ``--http`` the supervisor
+loads httptools and prometheus_client (whose exposition module imports ssl), never asyncio: its
+front door runs on the supervisor's own loop (it imports ``workerpool.gateway`` only then).
 
 Either would cost every process of the pool some MiB (asyncio imports ssl, which maps OpenSSL)
 for nothing: neither speaks TLS or runs an event loop of asyncio's. Checked in a fresh
@@ -34,7 +35,8 @@ def test_supervisor_and_workers_load_neither_asyncio_nor_ssl() -> None:
 
 
 # What a running supervisor needs only for --http, or for other models, or never.
-NOT_WITHOUT_HTTP = ["aiohttp", "asyncio", "ssl", "prometheus_client", "http", "uvloop"]
+NOT_WITHOUT_HTTP = ["httptools", "prometheus_client", "http", "ssl"]
+NEVER = ["aiohttp", "asyncio", "uvloop"]
 NOT_FOR_AN_MLP = ["onnxruntime", "onnx", "tokenizers", "safetensors", "torch"]
 
 
@@ -46,7 +48,7 @@ def test_a_running_supervisor_imports_only_what_it_serves_with(small_model) -> N
     with Server(small_model, "--http", f"127.0.0.1:{free_port()}", workers=1) as server:
         with_http = set(server.status()["supervisor_imports"])
     assert {"workerpool", "zmq", "numpy"} <= plain  # numpy: the template it forks shares it
-    unneeded = set(NOT_WITHOUT_HTTP + NOT_FOR_AN_MLP)
+    unneeded = set(NOT_WITHOUT_HTTP + NEVER + NOT_FOR_AN_MLP)
     assert plain.isdisjoint(unneeded), plain & unneeded
-    assert {"aiohttp", "asyncio", "prometheus_client"} <= with_http  # the front door's, then only
-    assert with_http.isdisjoint(NOT_FOR_AN_MLP), with_http & set(NOT_FOR_AN_MLP)
+    assert {"httptools", "prometheus_client"} <= with_http  # the front door's, then only
+    assert with_http.isdisjoint(NEVER + NOT_FOR_AN_MLP), with_http & set(NEVER + NOT_FOR_AN_MLP)

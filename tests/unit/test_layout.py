@@ -24,6 +24,7 @@ LAYERS: list[dict[str, list[str]]] = [
     {"burnpack": ["workerpool.burnpack"]},
     {"protocol": ["workerpool.protocol"]},
     {"models": ["workerpool.models"]},
+    {"codecs": ["workerpool.codecs"]},
     {"clients": ["workerpool.client", "workerpool.control", "workerpool.control.client",
                  "workerpool.control.status"]},
     {"worker spec": ["workerpool.worker", "workerpool.worker.spec"]},

@@ -53,9 +53,9 @@ TUNED_MODELS: Mapping[
 
 __all__ = [
     "BUILTIN_MODELS",
+    "MODEL_KEY",
     "TUNED_MODELS",
     "BuildOptions",
-    "MODEL_KEY",
     "BurnMnist",
     "Contract",
     "Factory",

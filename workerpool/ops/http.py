@@ -2,24 +2,20 @@
 
 - ``/metrics``: the Prometheus text format, made by ``prometheus_client`` from a snapshot of
   the pool (counts the router keeps) and the processes' memory.
-- ``/healthz``: 200 while the supervisor's loop turns (it answered within ``LOOP_PATIENCE``).
+- ``/healthz``: 200 while the supervisor's loop turns (the front door answers on that loop).
 - ``/readyz``: 200 while a worker serves the current weights and the server is not draining;
   503 with a one-line reason otherwise (the same test as ``workerpool status --ready``).
 
-:class:`OpsAnswers` is called off the router's loop (the HTTP front door runs it on a thread of
-its executor), so a scrape never waits in the loop: it asks the loop for a snapshot through a
-pipe (the loop answers between two events, which costs it a status document), then reads
-memory itself, as ``status`` does.
+They are answered on the supervisor's loop, between two events. Reading the processes' memory
+(parsing smaps) is the one part that costs: it is read again at most every ``MEMORY_MAX_AGE``
+seconds, or when the processes changed.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -31,67 +27,13 @@ from prometheus_client.core import (
 )
 
 from ..control.status import WorkerState, unready
-from ..linux import drain_pipe
-from ..supervisor.loop import Loop
 from . import metrics
 
 log = logging.getLogger(__name__)
 
-LOOP_PATIENCE = 2.0  # seconds the loop may take to hand over a snapshot before it counts as stuck
 MEMORY_MAX_AGE = 10.0  # seconds a memory reading serves scrapes before it is read again
 Snapshot = dict[str, Any]
-
-
-class Snapshots:
-    """The HTTP thread asks, the supervisor's loop answers between two events."""
-
-    def __init__(self, loop: Loop, produce: Callable[[], Snapshot]) -> None:
-        self._produce = produce
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-        self._waiting: list[Future[Snapshot]] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        loop.read(self._read, self._answer)
-
-    def ask(self) -> Snapshot | None:
-        """The pool's state now, or None when the loop did not answer within ``LOOP_PATIENCE``."""
-        answer: Future[Snapshot] = Future()
-        with self._lock:  # held while writing: close() cannot close the pipe under us
-            if self._closed:
-                return None
-            self._waiting.append(answer)
-            try:
-                os.write(self._write, b"?")
-            except BlockingIOError:  # the loop has many wake-ups to read already
-                pass
-        try:
-            return answer.result(LOOP_PATIENCE)
-        except Exception:  # noqa: BLE001 - timed out, or the snapshot failed (logged by the loop)
-            return None
-
-    def _answer(self) -> None:
-        drain_pipe(self._read)
-        with self._lock:
-            waiting, self._waiting = self._waiting, []
-        if not waiting:
-            return
-        try:
-            snapshot = self._produce()
-        except Exception as exc:  # a scrape's failure is the scrape's, not the loop's
-            log.exception("snapshot for the operations endpoint failed")
-            for answer in waiting:
-                answer.set_exception(exc)
-            return
-        for answer in waiting:
-            answer.set_result(snapshot)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            os.close(self._read)
-            os.close(self._write)
+Snapshots = Callable[[], Snapshot]
 
 
 class PoolCollector:
@@ -101,12 +43,9 @@ class PoolCollector:
         self.snapshots = snapshots
         self.path = path
         self._memory_read: tuple[float, list[int], metrics.PoolMemory] | None = None
-        self._memory_lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self.snapshots.ask()
-        if snapshot is None:
-            raise LoopStuck
+        snapshot = self.snapshots()
         status = snapshot["status"]
         yield _labelled(CounterMetricFamily, "workerpool_requests",
                         "Requests answered, by result code ('ok' or the error code).", "code",
@@ -143,15 +82,14 @@ class PoolCollector:
 
     def _read_memory(self, snapshot: Snapshot) -> metrics.PoolMemory:
         """The processes' memory, read again only every ``MEMORY_MAX_AGE`` seconds (or when the
-        processes changed): parsing smaps holds the GIL the router's loop needs too."""
+        processes changed): parsing smaps holds up the loop."""
         pids = sorted(snapshot["pids"])
-        with self._memory_lock:
-            now = time.monotonic()
-            cached = self._memory_read
-            if cached is None or now - cached[0] > MEMORY_MAX_AGE or cached[1] != pids:
-                memory = metrics.pool_memory(pids, self.path, snapshot["helpers"])
-                self._memory_read = cached = (now, pids, memory)
-            return cached[2]
+        now = time.monotonic()
+        cached = self._memory_read
+        if cached is None or now - cached[0] > MEMORY_MAX_AGE or cached[1] != pids:
+            memory = metrics.pool_memory(pids, self.path, snapshot["helpers"])
+            self._memory_read = cached = (now, pids, memory)
+        return cached[2]
 
     def _memory(self, status: dict[str, Any], snapshot: Snapshot) -> Iterable[Metric]:
         memory = self._read_memory(snapshot)
@@ -192,12 +130,8 @@ def _histogram(name: str, text: str, copy: tuple[tuple[float, ...], list[int], f
     return HistogramMetricFamily(name, text, buckets=buckets, sum_value=total)
 
 
-class LoopStuck(Exception):
-    """The supervisor's loop did not hand over a snapshot in time."""
-
-
 class OpsAnswers:
-    """Each operations route's status, content type and body (blocking: call it off the loop)."""
+    """Each operations route's status, content type and body."""
 
     def __init__(self, snapshots: Snapshots, path: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -206,16 +140,11 @@ class OpsAnswers:
 
     def answer(self, path: str) -> tuple[int, str, bytes]:
         if path == "/metrics":
-            try:
-                return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
-            except LoopStuck:
-                return _text(503, f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s")
-        snapshot = self.snapshots.ask()
-        if snapshot is None:
-            reason: str | None = f"the supervisor's loop did not answer within {LOOP_PATIENCE:g}s"
-        else:
-            reason = unready(snapshot["status"]) if path == "/readyz" else None
-        return _text(503, reason) if reason else _text(200, "ready" if path == "/readyz" else "ok")
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        if path == "/readyz":
+            reason = unready(self.snapshots()["status"])
+            return _text(503, reason) if reason else _text(200, "ready")
+        return _text(200, "ok")
 
 
 def _text(status: int, body: str) -> tuple[int, str, bytes]:

@@ -14,7 +14,6 @@ import math
 import os
 import re
 import resource
-import select
 import shutil
 import signal
 import socket
@@ -32,7 +31,6 @@ from ..control.server import ControlServer
 from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
-from ..router.local import LocalClients
 from ..router.registry import WorkerRecord
 from ..router.sockets import bind_sockets
 from ..supervisor.core import Supervisor
@@ -67,6 +65,7 @@ class ServingRole:
         self.switch_failure: str | None = None  # why a worker could not switch to the newest weights
         self.commands = ControlCommands(self)
         self.http_url: str | None = None
+        self._http: Any = None  # the HTTP front door's server, with --http
 
     @property
     def router(self) -> Router:
@@ -105,10 +104,11 @@ class ServingRole:
         self.http_url = self._open_http(pool, cleanup) if self.config.http else None
 
     def _open_http(self, pool: Supervisor, cleanup: ExitStack) -> str:
-        """The HTTP front door: aiohttp on a thread of this process, handing requests to the
-        router without a socket between them (imported only when asked for)."""
-        from ..gateway.front import FrontSettings, HttpFront
-        from ..ops.http import OpsAnswers, Snapshots, parse_address
+        """The HTTP front door, on this loop beside the router's sockets, handing requests to
+        the router without a socket between them (imported only when asked for)."""
+        from ..gateway.routes import Routes
+        from ..gateway.server import FrontSettings, HttpServer
+        from ..ops.http import OpsAnswers, parse_address
 
         config = self.config
         assert config.http is not None
@@ -117,41 +117,31 @@ class ServingRole:
         except ValueError as exc:
             raise StartupError(f"--http: {exc}") from exc
         settings = FrontSettings(
-            model_name=config.model_name or _model_name(config.path), max_body=self.max_message_size,
-            max_buffered=config.max_queue_bytes, max_connections=self.connections.limit,
+            max_body=self.max_message_size, max_buffered=config.max_queue_bytes,
+            max_connections=self.connections.limit,
             max_refused=min(MAX_REFUSED_WAITING, self.connections.ceiling - self.connections.limit),
-            request_timeout=config.request_timeout, client_timeout=config.http_timeout,
-            token=_token(config), tls=_tls(config))
+            client_timeout=config.http_timeout, tls=_tls(config))
         try:
             sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                         backlog=HTTP_BACKLOG)
         except OSError as exc:
             raise StartupError(f"cannot serve --http {config.http}: {exc}") from exc
-        cleanup.callback(sock.close)
-        snapshots = Snapshots(pool.loop, self._snapshot)
-        cleanup.callback(snapshots.close)
-        local = LocalClients(self.router.intake)
-        cleanup.callback(local.close)
-        pool.loop.read(local.wakeup, local.take)
-        front = HttpFront(sock, settings, OpsAnswers(snapshots, config.path).answer, local, self._describe)
-        front.start()
-        cleanup.callback(front.stop, lambda seconds: self._refuse_local(local, seconds))
+        model_name = config.model_name or _model_name(config.path)
+        routes = Routes(model_name, self._describe, OpsAnswers(self._snapshot, config.path).answer,
+                        token=_token(config))
+        server = HttpServer(pool.loop, sock, settings, routes, self.router.intake)
+        cleanup.callback(server.close)
+        self._http = server
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
         texts = models.takes_text(self.pool.watcher.current.signature)
         log.info("HTTP on %s: KServe v2 at /v2/models/%s%s, /metrics, /healthz, /readyz", url,
-                 settings.model_name, ", OpenAI at /v1/embeddings" if texts else "")
+                 model_name, ", OpenAI at /v1/embeddings" if texts else "")
         return url
 
     def _describe(self) -> tuple[dict[str, Any], int]:
-        """The served model's signature and generation, for the HTTP front door's thread."""
+        """The served model's signature and generation, for the HTTP front door."""
         current = self.pool.watcher.current
         return {**current.signature, "model": current.model}, current.generation
-
-    def _refuse_local(self, local: LocalClients, seconds: float) -> None:
-        """At exit, while the HTTP front door finishes: answer what it still hands over."""
-        self.router.stop_accepting()
-        select.select([local.wakeup], [], [], seconds)
-        local.take()
 
     def _snapshot(self) -> dict[str, Any]:
         """What a scrape reads, taken between two events of the loop."""
@@ -262,6 +252,8 @@ class ServingRole:
     def _duties(self) -> None:
         self.router.tick()
         self.connections.sweep()
+        if self._http is not None:
+            self._http.sweep()
         self.commands.answer_waiting()
 
     # The supervisor's side.

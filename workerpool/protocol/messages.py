@@ -72,6 +72,7 @@ class Message:
     header: dict[str, Any]
     arrays: list[np.ndarray] = field(default_factory=list)
     names: list[str | None] = field(default_factory=list)
+    body: Any = None  # an HTTP request's body, as its front door received it (``"http"`` in the header)
 
     @property
     def id(self) -> Any:
@@ -250,7 +251,7 @@ def encode_request(
     descriptors, buffers = pack_arrays(None if text else payload)
     header: dict[str, Any] = {"v": VERSION, "id": request_id, "method": method, "arrays": descriptors}
     if text:
-        header["text"] = _checked_text(list(cast(Sequence[str], payload)))
+        header["text"] = checked_text(list(cast(Sequence[str], payload)))
     if deadline_ms is not None:
         header["deadline_ms"] = deadline_ms
     encoded = encode_header(header)
@@ -278,9 +279,11 @@ def decode_request(frames: Sequence[Any]) -> Message:
         )
     try:
         deadline_of(header)
+        if "http" in header:
+            return _http_request(header, frames)
         arrays, names = unpack_arrays(header.get("arrays", []), frames[1:])
         if "text" in header:
-            _checked_text(header["text"])
+            checked_text(header["text"])
             if arrays:
                 raise ProtocolError("a request carries texts or arrays, not both")
     except ProtocolError as exc:
@@ -288,12 +291,22 @@ def decode_request(frames: Sequence[Any]) -> Message:
     return Message(header, arrays, names)
 
 
+def _http_request(header: dict[str, Any], frames: Sequence[Any]) -> Message:
+    """A request the HTTP front door passed on: its header says how to read the one body frame
+    (``workerpool.codecs.http_call``), which the worker decodes."""
+    if not isinstance(header["http"], dict) or len(frames) != 2 or header.get("arrays", []) != [] \
+            or "text" in header:
+        raise ProtocolError("an HTTP request is a header whose 'http' is an object, then its body frame")
+    return Message(header, body=frames[1])
+
+
 def is_text(payload: Any) -> bool:
     """Whether ``payload`` is texts: a list or tuple whose items are all strings."""
     return isinstance(payload, list | tuple) and all(isinstance(item, str) for item in payload)
 
 
-def _checked_text(text: Any) -> list[str]:
+def checked_text(text: Any) -> list[str]:
+    """``text`` when it is 1 to ``MAX_TEXTS`` valid Unicode strings; else ``ProtocolError``."""
     if not isinstance(text, list) or not 0 < len(text) <= MAX_TEXTS \
             or not all(isinstance(item, str) for item in text):
         raise ProtocolError(f"'text' must be a list of 1 to {MAX_TEXTS} strings")

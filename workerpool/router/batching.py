@@ -28,6 +28,7 @@ OUTLIER_FACTOR = 4.0  # a run is counted as at most this many times the average
 
 
 TEXT_KEY = ("text",)
+HTTP_KEY = ("http",)  # HTTP requests' bodies are the worker's to read: they batch by count
 
 
 class BatchShape(NamedTuple):
@@ -54,10 +55,13 @@ class BatchPolicy:
 
     def shape_of(self, header: dict[str, Any] | None, frames: int) -> BatchShape | None:
         """The batch shape of an ``infer`` request of one array (``frames`` 2: the header and
-        the array) or of texts (``frames`` 1), None for any other request (it goes alone).
-        Only the header is read: the worker validates the request itself."""
+        the array), of texts (``frames`` 1) or from the HTTP front door (the header and the
+        body, a row each: the worker groups them by what it decodes), None for any other
+        request (it goes alone). Only the header is read: the worker validates the request."""
         if header is None or header.get("method") != protocol.METHOD_INFER:
             return None
+        if "http" in header:
+            return BatchShape(HTTP_KEY, 1) if frames == 2 else None
         if "text" in header:
             text = header["text"]
             if not self.text or frames != 1 or not isinstance(text, list) or not text:

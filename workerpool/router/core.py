@@ -22,6 +22,7 @@ import zmq
 
 from .. import models
 from ..config.pool import HEARTBEAT_SECONDS, LIVENESS_BEATS
+from ..errors import ErrorCode
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, receive_batch, send_parts
 from .batching import BatchPolicy
@@ -139,7 +140,7 @@ class Router:
         if worker is not None:
             worker.last_seen = time.monotonic()
         if command == protocol.REPLY and worker is not None and len(frames) >= 4:
-            self._reply(worker, frames[2].bytes, frames[3].bytes == b"ok", frames[4:])
+            self._reply(worker, frames[2].bytes, frames[3].bytes, frames[4:])
         elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
             self._reloaded(worker, frames[2])
         elif command == protocol.READY:
@@ -151,18 +152,19 @@ class Router:
         elif command != protocol.HEARTBEAT:
             log.warning("unexpected %r message from worker %r ignored", command[:16], address)
 
-    def _reply(self, worker: WorkerRecord, client: bytes, ok: bool, frames: list[zmq.Frame]) -> None:
+    def _reply(self, worker: WorkerRecord, client: bytes, status: bytes, frames: list[zmq.Frame]) -> None:
         inflight = worker.inflight
         if not inflight or inflight[0].client != client:  # already answered, e.g. shutting down
             log.debug("late reply from worker %d dropped", worker.pid)
             return
         inflight.pop(0)
+        ok = status == b"ok"
         worker.served += 1
         worker.errors += not ok
         worker.failed_last = not ok
         now = time.monotonic()
         self.stats.run_times.observe(now - worker.busy_since)
-        self.intake.outcomes["ok" if ok else _error_code(frames)] += 1
+        self.intake.outcomes["ok" if ok else ErrorCode.read(status)] += 1
         self.rollout.answered(client, worker.generation)
         self.intake.send(client, frames)
         if not inflight:
@@ -271,11 +273,3 @@ def _batching_for(signature: dict[str, Any], policy: BatchPolicy) -> BatchPolicy
     policy.text = models.takes_text(signature)
     return policy
 
-
-def _error_code(frames: list[Any]) -> str:
-    """The code of a worker's error reply (``internal`` when it cannot be read)."""
-    try:
-        code = protocol.decode_header(frames[0]).get("error", {}).get("code")
-    except (protocol.ProtocolError, AttributeError, IndexError):
-        code = None
-    return code if isinstance(code, str) and code.isidentifier() and len(code) <= 32 else "internal"

@@ -18,8 +18,8 @@ pipelines thousands of requests cannot starve the others:
   request is. The newest go because the oldest have waited longest and are served next.
   Finding the biggest holder scans the clients, but only when a limit is reached.
 
-The HTTP front door runs in this process (``local.py``): it hands requests in without a socket,
-each HTTP connection a client of its own (a key that begins with this process's secret
+The HTTP front door runs on this process's loop (``gateway/server.py``): it hands requests in
+without a socket, each HTTP connection a client of its own (a key that begins with this process's secret
 :attr:`Intake.local_key`, which no ZeroMQ peer can know), and its replies go back the same way.
 
 Replies are sent without blocking: libzmq holds up to the socket's SNDHWM replies (1000 by
@@ -273,7 +273,7 @@ class Intake:
                  max_queue_bytes: int | None, dispatch: Callable[[Pending], bool]) -> None:
         self.socket = sock
         self.local_key = os.urandom(LOCAL_KEY_BYTES)
-        self.deliver_local: Callable[[list[Any]], None] | None = None  # set by the HTTP front door
+        self.deliver_local: Callable[[bytes, list[Any]], None] | None = None  # set by the HTTP front door
         self.connections: ConnectionLimit | None = None  # set by the serve role
         self.max_message_size = max_message_size
         self.dispatch = dispatch
@@ -308,6 +308,12 @@ class Intake:
         self.reply_error(frames[0].bytes, request_id, "bad_request",
                          f"a message of {count - 1} frames: a request is at most {protocol.MAX_ARRAYS + 2} "
                          f"(a delimiter, a header and {protocol.MAX_ARRAYS} arrays)")
+
+    def admit_local(self, lane: bytes, frames: list[Any], size: int) -> None:
+        """Take a request from the HTTP front door, in this process: ``lane`` (one HTTP
+        connection, which begins with :attr:`local_key`) is a client of its own."""
+        self.read += 1
+        self.admit(lane, frames, size)
 
     def admit(self, client: bytes, frames: list[Any], size: int) -> None:
         """Take a request (header frame, then array frames) of ``size`` bytes from ``client``."""
@@ -373,7 +379,7 @@ class Intake:
 
     def send(self, client: bytes, frames: list[Any]) -> None:
         if client[:LOCAL_KEY_BYTES] == self.local_key and self.deliver_local is not None:
-            self.deliver_local(frames)
+            self.deliver_local(client, frames)
             return
         try:
             send_parts(self.socket, [client, b"", *frames], NOBLOCK)

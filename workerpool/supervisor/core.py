@@ -9,6 +9,7 @@ never subclassed.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -78,6 +79,8 @@ class Supervisor:
             self.starter.open(self.loop)  # first: a template is forked before any thread
             cleanup.callback(self.starter.close)  # in case the role cannot open; else _kill_all
             self.role.open(self, cleanup)
+            gc.collect()
+            gc.freeze()  # what starting made lives on: collections in the loop never traverse it again
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self.signals.take())
             log.info("starting %s for %s (model %s, %s, %s, %d BLAS thread%s each)",

@@ -31,18 +31,44 @@ class Loop:
         self.idle_timeout = idle_timeout
         self._poller = zmq.Poller()
         self._readers: dict[Any, Callable[[], None]] = {}
+        self._writers: dict[Any, Callable[[], None]] = {}
         self._duties: list[Callable[[], None]] = []
         self._urgent: list[Callable[[], bool]] = []
         self._due: list[Callable[[], float | None]] = []
         self._next_duties = 0.0
 
     def read(self, source: Any, handler: Callable[[], None]) -> None:
-        """Call ``handler`` whenever ``source`` (a socket or a file descriptor) is readable."""
-        self._readers[source] = handler
-        self._poller.register(source, zmq.POLLIN)
+        """Call ``handler`` whenever ``source`` (a ZeroMQ socket, a socket or a file descriptor)
+        is readable."""
+        self._readers[_key(source)] = handler
+        self._register(source)
+
+    def write(self, source: Any, handler: Callable[[], None] | None) -> None:
+        """Call ``handler`` whenever ``source`` is writable; None: no longer."""
+        if handler is None:
+            if self._writers.pop(_key(source), None) is not None:
+                self._register(source)
+            return
+        self._writers[_key(source)] = handler
+        self._register(source)
+
+    def pause(self, source: Any) -> None:
+        """Stop reading ``source`` (writing to it goes on); ``read`` starts again."""
+        if self._readers.pop(_key(source), None) is not None:
+            self._register(source)
 
     def forget(self, source: Any) -> None:
-        if self._readers.pop(source, None) is not None:
+        """Stop watching ``source``; before it is closed, so that its descriptor is free for reuse."""
+        self._readers.pop(_key(source), None)
+        self._writers.pop(_key(source), None)
+        self._register(source)
+
+    def _register(self, source: Any) -> None:
+        source = _key(source)
+        events = (zmq.POLLIN if source in self._readers else 0) | (zmq.POLLOUT if source in self._writers else 0)
+        if events:
+            self._poller.register(source, events)
+        elif source in self._poller:
             self._poller.unregister(source)
 
     def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None,
@@ -62,15 +88,24 @@ class Loop:
         due = min((at for at in (check() for check in self._due) if at is not None), default=None)
         if due is not None:
             timeout = max(0.0, min(timeout, due - time.monotonic()))
-        for source, _ in self._poller.poll(math.ceil(timeout * MS_PER_SECOND)):
-            handler = self._readers.get(source)
-            if handler is not None:
-                _survive(handler)
+        for source, events in self._poller.poll(math.ceil(timeout * MS_PER_SECOND)):
+            reader = self._readers.get(source)
+            if reader is not None and events & ~zmq.POLLOUT:  # readable, or an error the reader hears
+                _survive(reader)
+            if events & zmq.POLLOUT or (reader is None and events & zmq.POLLERR):  # a paused one's error too
+                writer = self._writers.get(source)
+                if writer is not None:
+                    _survive(writer)
         now = time.monotonic()
         if now >= self._next_duties or (due is not None and now >= due):
             self._next_duties = now + DUTY_INTERVAL
             for duty in self._duties:
                 _survive(duty)
+
+
+def _key(source: Any) -> Any:
+    """What the poll reports ``source`` as: a ZeroMQ socket itself, anything else by its descriptor."""
+    return source if isinstance(source, zmq.Socket | int) else source.fileno()
 
 
 def _survive(call: Callable[[], None]) -> None:

@@ -34,7 +34,7 @@ from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
 from ..units import MS_PER_SECOND, KiB, format_size
-from .requests import handle_batch, handle_request, in_batch_order
+from .requests import Answer, handle_batch, handle_request, in_batch_order
 from .spec import (
     CONTROL_SIGNALS,
     EXIT_FILE_CHANGED,
@@ -221,9 +221,9 @@ class Worker:
             self._answer(router, batch[index][0], answer)
         return True
 
-    def _answer(self, router: zmq.Socket, client: Any, answer: tuple[bool, list[Any]]) -> None:
-        ok, reply = answer
-        _send_now(router, [protocol.REPLY, client, b"ok" if ok else b"err", *reply])
+    def _answer(self, router: zmq.Socket, client: Any, answer: Answer) -> None:
+        status, reply = answer
+        _send_now(router, [protocol.REPLY, client, status, *reply])
 
     def _settle(self) -> None:
         """Once a message's replies are sent and its outputs let go of: the model gives back

@@ -1,9 +1,14 @@
 """Answering requests inside a worker: decode, run the model, encode the reply.
 
-The router gives a worker one request, or a batch of compatible ones, at a time and it runs
-inline: no thread hand-off on the hot path. A batch is validated request by request, run in
-the passes the model's batching forms and answered request by request, each as soon as its
-pass is done. Every failure becomes an error reply, never an exception.
+The router gives a worker one request, or a batch of them, at a time and it runs inline: no
+thread hand-off on the hot path. A batch is validated request by request, run in the passes
+the model's batching forms (which groups the requests that fit together) and answered request
+by request, each as soon as its pass is done. An HTTP request's body is decoded and its
+response body encoded here too (``codecs.http_call``), not in the supervisor. Every failure
+becomes an error reply, never an exception.
+
+An answer is the reply's status (``b"ok"`` or the error code, which the router counts without
+decoding the reply) and its frames.
 """
 
 from __future__ import annotations
@@ -14,54 +19,69 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import models
-from ..errors import exception_text
+from ..codecs.http_call import HttpCall, decode_call
+from ..codecs.view import ModelView, view_of
+from ..errors import ErrorCode, RemoteError, exception_text
 from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 
 log = logging.getLogger(__name__)
 
+OK = b"ok"
+Answer = tuple[bytes, list[Any]]
+Decoded = protocol.Message | HttpCall  # what the model can run
 
-def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> tuple[bool, list[Any]]:
+
+def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> Answer:
     """Run one request; every failure becomes an error reply, never an exception: no message,
     and nothing the model raises or returns, takes the worker down."""
-    reply = _Replies(loaded.generation)
+    reply = _Replies(loaded)
+    decoded = _decoded(reply, frames)
+    if not isinstance(decoded, protocol.Message | HttpCall):
+        return decoded
+    if isinstance(decoded, protocol.Message) and decoded.header["method"] == protocol.METHOD_INFO:
+        return reply.ok(decoded.id, None, info=loaded.describe())
+    return reply.answer(decoded, loaded.outcome(decoded.payload if isinstance(decoded, HttpCall)
+                                                else decoded.payload()))
+
+
+def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> Iterator[tuple[int, Answer]]:
+    """Answer each request of a batch as :func:`handle_request` would, as soon as its answer is
+    known: the index of the request and its answer. The ``infer`` requests run in the passes
+    :meth:`LoadedModel.infer_batch` forms."""
+    runnable: list[tuple[int, Decoded]] = []
+    reply = _Replies(loaded)
+    for index, frames in enumerate(requests):
+        decoded = _decoded(reply, frames)
+        if isinstance(decoded, HttpCall) or (isinstance(decoded, protocol.Message)
+                                             and decoded.header["method"] == protocol.METHOD_INFER):
+            runnable.append((index, decoded))
+        else:
+            yield index, handle_request(loaded, frames) if isinstance(decoded, protocol.Message) else decoded
+    unanswered = dict(enumerate(runnable))
+    payloads = [one.payload if isinstance(one, HttpCall) else one.payload() for _, one in runnable]
+    for k, outcome in loaded.infer_batch(payloads):
+        if k in unanswered:  # each once
+            index, decoded = unanswered.pop(k)
+            yield index, reply.answer(decoded, outcome)
+    for index, decoded in unanswered.values():  # a model's bug, but no request goes unanswered
+        log.error("request %r of a batch got no answer from the model", decoded.id)
+        yield index, reply.error(decoded.id, ErrorCode.INTERNAL, "the model gave no answer for this request")
+
+
+def _decoded(reply: _Replies, frames: Sequence[Any]) -> Decoded | Answer:
+    """The request in ``frames``, an HTTP one's body read against the model; or the error
+    answer when it cannot be."""
     try:
         message = protocol.decode_request(frames)
+        return decode_call(message, reply.view) if message.body is not None else message
     except protocol.ProtocolError as exc:
-        return reply.error(exc.request_id, "bad_request", str(exc))
+        return reply.error(exc.request_id, ErrorCode.BAD_REQUEST, str(exc))
+    except RemoteError as exc:  # an HTTP body that does not fit the model
+        return reply.error(message.id, ErrorCode.read(exc.code.encode()), exc.message)
     except Exception as exc:  # out of memory while decoding, say: the worker stays
         log.exception("request could not be decoded")
-        return reply.error(None, "internal", exception_text(exc, named=True, folded=False))
-    if message.header["method"] == protocol.METHOD_INFO:
-        return reply.ok(message.id, None, info=loaded.describe())
-    return _infer(loaded, message, reply)
-
-
-def handle_batch(loaded: LoadedModel,
-                 requests: Sequence[Sequence[Any]]) -> Iterator[tuple[int, tuple[bool, list[Any]]]]:
-    """Answer each request of a batch as :func:`handle_request` would, as soon as its answer is
-    known: the index of the request and its reply. The ones that decode as ``infer`` requests
-    run in the passes :meth:`LoadedModel.infer_batch` forms."""
-    runnable: list[tuple[int, protocol.Message]] = []
-    reply = _Replies(loaded.generation)
-    for index, frames in enumerate(requests):
-        try:
-            message = protocol.decode_request(frames)
-        except Exception:  # noqa: BLE001 - handle_request answers it alone, as any request
-            yield index, handle_request(loaded, frames)
-            continue
-        if message.header["method"] == protocol.METHOD_INFER:
-            runnable.append((index, message))
-        else:
-            yield index, handle_request(loaded, frames)
-    unanswered = dict(enumerate(runnable))
-    for k, outcome in loaded.infer_batch([message.payload() for _, message in runnable]):
-        if k in unanswered:  # each once
-            index, message = unanswered.pop(k)
-            yield index, _answer(loaded, message.id, reply, outcome)
-    for index, message in unanswered.values():  # a model's bug, but no request goes unanswered
-        log.error("request %r of a batch got no answer from the model", message.id)
-        yield index, reply.error(message.id, "internal", "the model gave no answer for this request")
+        return reply.error(None, ErrorCode.INTERNAL, exception_text(exc, named=True, folded=False))
 
 
 def in_batch_order(answers: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
@@ -76,43 +96,58 @@ def in_batch_order(answers: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, An
             following += 1
 
 
-def _infer(
-    loaded: LoadedModel, message: protocol.Message, reply: _Replies
-) -> tuple[bool, list[Any]]:
-    """Run the model on a decoded request: input and output checked, whatever it raises caught."""
-    return _answer(loaded, message.id, reply, loaded.outcome(message.payload()))
-
-
-def _answer(loaded: LoadedModel, request_id: Any, reply: _Replies, outcome: Any) -> tuple[bool, list[Any]]:
-    """The reply for what the model returned or raised (see :meth:`LoadedModel.outcome`)."""
-    if isinstance(outcome, models.ModelInputError):
-        return reply.error(request_id, "bad_request", str(outcome))
-    if isinstance(outcome, models.ModelOutputError):
-        return reply.error(request_id, "internal", _misfit(loaded, str(outcome)))
-    if isinstance(outcome, BaseException):
-        return reply.error(request_id, "internal", _model_failed(request_id, outcome))
-    try:
-        return reply.ok(request_id, outcome)
-    except protocol.ProtocolError as exc:  # an undeclared output that cannot cross the wire
-        problem = f"model {loaded.name}'s output cannot be sent: {exc}"
-        return reply.error(request_id, "internal", _misfit(loaded, problem))
-
-
 class _Replies:
     """Replies that name this worker and the generation it serves."""
 
-    def __init__(self, generation: int) -> None:
-        self.pid, self.generation = os.getpid(), generation
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.pid, self.generation = os.getpid(), loaded.generation
 
-    def ok(self, request_id: Any, outputs: Any, **extra: Any) -> tuple[bool, list[Any]]:
-        return True, protocol.encode_reply(
+    def view(self, name: str) -> ModelView:
+        """The model as the HTTP protocols describe it, served as ``name``."""
+        return _view(self.loaded, name)
+
+    def ok(self, request_id: Any, outputs: Any, **extra: Any) -> Answer:
+        return OK, protocol.encode_reply(
             request_id, outputs, worker_pid=self.pid, generation=self.generation, **extra
         )
 
-    def error(self, request_id: Any, code: str, message: str) -> tuple[bool, list[Any]]:
-        return False, protocol.encode_error(
+    def error(self, request_id: Any, code: ErrorCode, message: str) -> Answer:
+        return code.encode(), protocol.encode_error(
             request_id, code, message, worker_pid=self.pid, generation=self.generation
         )
+
+    def answer(self, decoded: Decoded, outcome: Any) -> Answer:
+        """The reply for what the model returned or raised (see :meth:`LoadedModel.outcome`)."""
+        loaded, request_id = self.loaded, decoded.id
+        if isinstance(outcome, models.ModelInputError):
+            return self.error(request_id, ErrorCode.BAD_REQUEST, str(outcome))
+        if isinstance(outcome, models.ModelOutputError):
+            return self.error(request_id, ErrorCode.INTERNAL, _misfit(loaded, str(outcome)))
+        if isinstance(outcome, BaseException):
+            return self.error(request_id, ErrorCode.INTERNAL, _model_failed(request_id, outcome))
+        try:
+            if isinstance(decoded, HttpCall):
+                return OK, decoded.reply(outcome, worker_pid=self.pid, generation=self.generation)
+            return self.ok(request_id, outcome)
+        except RemoteError as exc:  # outputs the HTTP client asked for in a form that cannot carry them
+            return self.error(request_id, ErrorCode.read(exc.code.encode()), exc.message)
+        except protocol.ProtocolError as exc:  # an undeclared output that cannot cross the wire
+            problem = f"model {loaded.name}'s output cannot be sent: {exc}"
+            return self.error(request_id, ErrorCode.INTERNAL, _misfit(loaded, problem))
+
+
+_VIEWS: dict[tuple[int, int, str], ModelView] = {}
+
+
+def _view(loaded: LoadedModel, name: str) -> ModelView:
+    """The view of ``loaded`` served as ``name``, built once per model and generation."""
+    key = (id(loaded), loaded.generation, name)
+    view = _VIEWS.get(key)
+    if view is None:
+        _VIEWS.clear()  # a worker serves one model: an older key is a model it let go of
+        view = _VIEWS[key] = view_of(name, loaded.describe(), loaded.generation)
+    return view
 
 
 def _misfit(loaded: LoadedModel, problem: str) -> str:

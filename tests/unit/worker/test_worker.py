@@ -39,9 +39,11 @@ def exchange(pair, loaded: LoadedModel, frames: list) -> tuple[bool, protocol.Me
     """Send request frames to the worker side, run them, send the reply back, decode it."""
     client, worker = pair
     client.send_multipart(frames[1:])  # without the DEALER's empty delimiter
-    ok, reply = handle_request(loaded, worker.recv_multipart(copy=False))
+    status, reply = handle_request(loaded, worker.recv_multipart(copy=False))
     worker.send_multipart(reply)
-    return ok, protocol.decode_reply(client.recv_multipart())
+    decoded = protocol.decode_reply(client.recv_multipart())
+    assert status == (b"ok" if decoded.header["status"] == "ok" else decoded.header["error"]["code"].encode())
+    return status == b"ok", decoded
 
 
 def test_an_inference_matches_the_model(pair, loaded):
@@ -283,6 +285,6 @@ def test_a_batch_answers_every_request_even_one_the_model_left_out(loaded, monke
                                                                 if answer[0] != 1))
     answers = dict(handle_batch(loaded, frames))
     assert sorted(answers) == [0, 1, 2]
-    assert [answers[index][0] for index in range(3)] == [True, False, True]
+    assert [answers[index][0] for index in range(3)] == [b"ok", b"internal", b"ok"]
     error = protocol.decode_reply(answers[1][1])
     assert error.id == 1 and error.header["error"]["code"] == "internal"

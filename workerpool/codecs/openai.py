@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadRequest
-from .dataplane import Answer, ModelNotFound, ModelView
+from ..errors import BadRequest, ModelNotFound
 from .kserve import json_object
+from .view import Answer, ModelView
 
 ENCODINGS = ("float", "base64")
 
 
-def decode_embeddings(body: bytes, view: ModelView) -> tuple[list[str], str]:
+def decode_embeddings(body: bytes | memoryview, view: ModelView) -> tuple[list[str], str]:
     """The texts and the encoding format asked for."""
     document = json_object(body)
     model = document.get("model")

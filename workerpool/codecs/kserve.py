@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
-from ..protocol.messages import MAX_ARRAYS, MAX_RANK, strict_json
-from .dataplane import TEXT, Answer, ModelView, Tensor
+from ..models.contract import TEXT
+from ..protocol.messages import MAX_ARRAYS, MAX_EXTENT, MAX_RANK, extent, strict_json
+from .view import Answer, ModelView, Tensor
 
 DATATYPES = {"BOOL": "|b1", "UINT8": "|u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
              "INT8": "|i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
@@ -28,6 +29,7 @@ BYTES = "BYTES"
 NUMPY_TO_DATATYPE = {code: name for name, code in DATATYPES.items()}
 ELEMENT_LENGTH = struct.Struct("<I")
 EXTENSIONS = ["binary_tensor_data", "parameters"]
+MAX_TIMEOUT_US = 10**15  # about 31 years: beyond it a timeout is no timeout, and a float loses it
 
 
 @dataclass
@@ -56,7 +58,7 @@ def model_metadata(view: ModelView) -> dict[str, Any]:
             "inputs": [described(t) for t in view.inputs], "outputs": [described(t) for t in view.outputs]}
 
 
-def decode_infer(body: bytes, header_length: int | None, view: ModelView) -> InferRequest:
+def decode_infer(body: bytes | memoryview, header_length: int | None, view: ModelView) -> InferRequest:
     """The request in ``body``; ``BadRequest`` says what is wrong with it."""
     if header_length is None:
         header_length = len(body)
@@ -100,6 +102,8 @@ def _tensor(entry: dict[str, Any], binary: memoryview, view: ModelView) -> tuple
     declared = view.input(name)
     if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(type(d) is int and d >= 0 for d in shape):
         raise BadRequest(f"input {name!r}: 'shape' must be a list of at most {MAX_RANK} sizes >= 0")
+    if extent(shape, 1) > MAX_EXTENT:  # before any product: a hostile shape overflows int64
+        raise BadRequest(f"input {name!r}: shape {shape} spans more than {MAX_EXTENT} elements")
     count = math.prod(shape)
     size = _object(entry.get("parameters", {}), f"input {name!r}'s parameters").get("binary_data_size")
     if size is not None and (type(size) is not int or not 0 <= size <= len(binary)):
@@ -240,6 +244,6 @@ def _timeout(parameters: Mapping[str, Any]) -> float | None:
     value = parameters.get("timeout")
     if value is None:
         return None
-    if type(value) is not int or value < 0:
-        raise BadRequest("parameter 'timeout' must be a whole number of microseconds >= 0")
+    if type(value) is not int or not 0 <= value <= MAX_TIMEOUT_US:
+        raise BadRequest(f"parameter 'timeout' must be a whole number of microseconds from 0 to {MAX_TIMEOUT_US}")
     return value / 1e6

@@ -1,0 +1,140 @@
+"""The HTTP protocols' bodies, read and written as the worker does: KServe v2 (JSON and binary
+tensors), OpenAI embeddings, and the frames an HTTP request and its answer cross the router in."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import numpy as np
+import pytest
+
+from workerpool.codecs import kserve, openai
+from workerpool.codecs.http_call import KSERVE, OPENAI, decode_call, read_reply, request_frames
+from workerpool.codecs.view import Answer, view_of
+from workerpool.errors import BadRequest, DeadlineExceeded, ErrorCode, ModelNotFound
+from workerpool.protocol import messages as protocol
+
+MLP = view_of("mlp", {"model": "mlp", "inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
+                      "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 2]}]}, 3)
+TEXTS = view_of("bert", {"model": "bert", "inputs": [{"name": None, "dtype": "text", "shape": [None]}],
+                         "outputs": [{"name": "embedding", "dtype": "<f4", "shape": [None, 8]},
+                                     {"name": "tokens", "dtype": "<i4", "shape": [None]}]}, 1)
+
+
+def binary(x: np.ndarray, **document) -> tuple[bytes, int]:
+    head = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}], **document}).encode()
+    return head + x.tobytes(), len(head)
+
+
+def test_json_and_binary_tensors_give_the_same_array() -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    as_json = json.dumps({"id": "a", "inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32",
+                                                 "data": x.ravel().tolist()}]}).encode()
+    from_json = kserve.decode_infer(as_json, None, MLP)
+    body, head = binary(x)
+    from_binary = kserve.decode_infer(body, head, MLP)
+    np.testing.assert_array_equal(from_json.inputs["input"], x)
+    np.testing.assert_array_equal(from_binary.inputs["input"], x)
+    assert from_json.id == "a"
+
+
+@pytest.mark.parametrize("document, words", [
+    ({"inputs": [{"name": "input", "shape": [2**62, 2**62, 0], "datatype": "FP32", "data": []}]}, "spans more than"),
+    ({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4}],
+      "parameters": {"timeout": int("9" * 400)}}, "'timeout'"),
+    ({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP64", "data": [0] * 4}]}, "takes FP32"),
+    ({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4}]}, "no input 'x'"),
+    ({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0] * 3}]}, "'data' has 3"),
+    ({"inputs": []}, "1 to 64 tensors"),
+    ({"inputs": [{"name": "input", "shape": [-1], "datatype": "FP32", "data": []}]}, "sizes >= 0"),
+])
+def test_bad_values_are_a_bad_request_never_an_overflow(document, words) -> None:
+    with pytest.raises(BadRequest, match=words):
+        kserve.decode_infer(json.dumps(document).encode(), None, MLP)
+
+
+def test_binary_sizes_are_checked_before_anything_is_allocated() -> None:
+    body, head = binary(np.ones((1, 4), np.float32))
+    with pytest.raises(BadRequest, match="not a size within"):
+        kserve.decode_infer(body[:-4], head, MLP)
+    with pytest.raises(BadRequest, match="past the body"):
+        kserve.decode_infer(body, len(body) + 1, MLP)
+    with pytest.raises(BadRequest, match="4 bytes of binary data follow"):
+        kserve.decode_infer(body + b"more", head, MLP)
+
+
+def test_outputs_are_written_as_asked() -> None:
+    request = kserve.decode_infer(json.dumps({"id": 7, "inputs": [{"name": "input", "shape": [1, 4],
+                                  "datatype": "FP32", "data": [0] * 4}],
+                                  "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}).encode(),
+                                  None, MLP)
+    y = np.array([[1.5, -2.0]], np.float32)
+    body, head = kserve.encode_infer(request, MLP, Answer({"output": y}, 3, 42))
+    document = json.loads(body[:head])
+    assert document["id"] == 7 and document["model_version"] == "3"
+    assert document["parameters"] == {"worker_pid": 42}
+    np.testing.assert_array_equal(np.frombuffer(body[head:], np.float32), y.ravel())
+    request.outputs = {}
+    with pytest.raises(BadRequest, match="NaN or infinity"):
+        kserve.encode_infer(request, MLP, Answer({"output": np.array([np.nan], np.float32)}, 3, None))
+
+
+def test_openai_bodies_in_and_out() -> None:
+    texts, encoding = openai.decode_embeddings(b'{"model": "bert", "input": "hi", "encoding_format": "base64"}', TEXTS)
+    assert (texts, encoding) == (["hi"], "base64")
+    with pytest.raises(ModelNotFound, match="does not exist"):
+        openai.decode_embeddings(b'{"model": "gpt", "input": "hi"}', TEXTS)
+    with pytest.raises(BadRequest, match="takes no texts"):
+        openai.decode_embeddings(b'{"input": "hi"}', MLP)
+    rows = np.arange(16, dtype=np.float32).reshape(2, 8)
+    body = json.loads(openai.encode_embeddings(TEXTS, Answer({"embedding": rows, "tokens": np.array([3, 4])}, 1, 1),
+                                               "base64"))
+    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(body["data"][1]["embedding"]), "<f4"), rows[1])
+
+
+def request_message(api: str, body: bytes, *, head: int | None = None) -> protocol.Message:
+    return protocol.decode_request(request_frames(5, api, "mlp" if api == KSERVE else "bert", body,
+                                                  head=head, deadline=2.0))
+
+
+def test_an_http_request_crosses_the_router_and_its_answer_comes_back() -> None:
+    x = np.ones((2, 4), np.float32)
+    body, head = binary(x, outputs=[{"name": "output", "parameters": {"binary_data": True}}])
+    message = request_message(KSERVE, body, head=head)
+    assert message.header["deadline_ms"] == 2000.0 and bytes(message.body) == body
+    call = decode_call(message, lambda name: MLP)
+    np.testing.assert_array_equal(call.payload, x)
+    reply = read_reply(call.reply(np.zeros((2, 2), np.float32), worker_pid=9, generation=3))
+    assert reply.code is None and reply.content_type == "application/octet-stream"
+    assert json.loads(reply.body[:reply.head])["outputs"][0]["shape"] == [2, 2]
+    error = read_reply(protocol.encode_error(5, ErrorCode.OVERLOADED, "full"))
+    assert (error.code, error.message) == (ErrorCode.OVERLOADED, "full")
+
+
+def test_texts_are_bounded_and_a_passed_timeout_is_answered_without_running() -> None:
+    with pytest.raises(BadRequest, match="1 to 1024 texts, not 1025"):
+        decode_call(request_message(OPENAI, json.dumps({"input": ["a"] * 1025}).encode()), lambda name: TEXTS)
+    with pytest.raises(BadRequest, match="lone surrogate"):
+        decode_call(request_message(OPENAI, b'{"input": ["\\ud800"]}'), lambda name: TEXTS)
+    late = request_frames(1, KSERVE, "mlp", json.dumps({"inputs": [{"name": "input", "shape": [1, 4],
+                          "datatype": "FP32", "data": [0] * 4}], "parameters": {"timeout": 1000}}).encode(),
+                          head=None, deadline=None)
+    header = json.loads(late[0])
+    header["http"]["at"] = time.time() - 1.0
+    with pytest.raises(DeadlineExceeded, match="parameters.timeout"):
+        decode_call(protocol.decode_request([json.dumps(header).encode(), late[1]]), lambda name: MLP)
+
+
+@pytest.mark.parametrize("http", [[], {"api": "soap", "model": "m", "head": None, "at": 0},
+                                  {"api": "kserve", "model": 1, "head": None, "at": 0},
+                                  {"api": "kserve", "model": "m", "head": "12", "at": 0}])
+def test_a_malformed_http_header_is_a_bad_request(http) -> None:
+    frames = [json.dumps({"v": 1, "id": 1, "method": "infer", "http": http}).encode(), b"{}"]
+    with pytest.raises((BadRequest, protocol.ProtocolError)):
+        decode_call(protocol.decode_request(frames), lambda name: MLP)
+    with pytest.raises(protocol.ProtocolError, match="body frame"):
+        protocol.decode_request(frames[:1])

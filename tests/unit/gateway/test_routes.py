@@ -1,0 +1,104 @@
+"""The front door's decisions without a socket: a request in, a response or a call to the router out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workerpool.errors import ErrorCode
+from workerpool.gateway.http11 import Refusal, Request
+from workerpool.gateway.routes import Forward, Reply, Routes
+from workerpool.protocol import messages as protocol
+
+SIGNATURE = {"model": "mlp", "inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
+             "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 2]}]}
+
+
+def routes(token: bytes | None = None) -> Routes:
+    return Routes("mlp", lambda: (SIGNATURE, 2), lambda path: (200, "text/plain", path.encode()), token=token)
+
+
+def request(method: str, path: str, body: bytes = b"", **headers: str) -> Request:
+    return Request(method, path, {k.replace("_", "-").lower(): v for k, v in headers.items()}, True, body)
+
+
+def answered(decision: Reply | Forward) -> tuple[int, dict]:
+    assert isinstance(decision, Reply)
+    return decision.status, json.loads(decision.body)
+
+
+def test_description_and_probes_are_answered_here() -> None:
+    status, metadata = answered(routes().answer(request("GET", "/v2/models/mlp")))
+    assert status == 200 and metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 4]}]
+    assert metadata["versions"] == ["2"]
+    assert answered(routes().answer(request("GET", "/v2/models/mlp/versions/1")))[0] == 404
+    assert answered(routes().answer(request("GET", "/v2/models/other")))[0] == 404
+    probe = routes().answer(request("GET", "/v2/health/ready"))
+    assert isinstance(probe, Reply) and probe.body == b"/readyz"
+    wrong = routes().answer(request("GET", "/v2/models/mlp/infer"))
+    assert isinstance(wrong, Reply) and wrong.status == 405 and wrong.headers == {"Allow": "POST"}
+
+
+def test_an_inference_goes_to_the_router_with_its_body_unread() -> None:
+    decision = routes().answer(request("POST", "/v2/models/mlp/infer", b"{raw}", inference_header_content_length="3",
+                                       timeout="1.5"))
+    assert isinstance(decision, Forward) and not decision.openai
+    header = protocol.decode_header(decision.frames[0])
+    assert header["http"]["head"] == 3 and header["deadline_ms"] == 1500.0 and decision.frames[1] == b"{raw}"
+    embeddings = routes().answer(request("POST", "/v1/embeddings", b"{}"))
+    assert isinstance(embeddings, Forward) and embeddings.openai
+
+
+@pytest.mark.parametrize("headers, words", [
+    ({"inference_header_content_length": "²"}, "is not a size"),
+    ({"inference_header_content_length": "9" * 4000}, "is not a size"),
+    ({"inference_header_content_length": "-1"}, "is not a size"),
+    ({"timeout": "1e306"}, "Timeout header"),
+    ({"timeout": "nan"}, "Timeout header"),
+    ({"timeout": "inf"}, "Timeout header"),
+    ({"timeout": "soon"}, "Timeout header"),
+])
+def test_header_values_that_overflow_are_a_json_400(headers, words) -> None:
+    status, body = answered(routes().answer(request("POST", "/v2/models/mlp/infer", b"{}", **headers)))
+    assert status == 400 and words in body["error"]
+
+
+def test_a_token_guards_all_but_the_probes_and_refuses_any_other_credential() -> None:
+    guarded = routes(b"s3cret")
+    for credential in ("Bearer s3creT", "Bearer s3cr\u00e9t", "Basic s3cret", "Bearer", ""):
+        decision = guarded.answer(request("GET", "/v2/models/mlp", authorization=credential))
+        assert isinstance(decision, Reply) and decision.status == 401, credential
+        assert decision.headers == {"WWW-Authenticate": "Bearer"}
+    assert isinstance(guarded.answer(request("GET", "/v2/models/mlp", authorization="Bearer s3cret")), Reply)
+    assert guarded.answer(request("GET", "/healthz")).status == 200  # type: ignore[union-attr]
+
+
+def test_heads_that_cannot_carry_a_body_are_refused_before_it_is_read() -> None:
+    with pytest.raises(Refusal) as no_length:
+        routes().admit(request("POST", "/v2/models/mlp/infer"))
+    assert no_length.value.status == 411
+    with pytest.raises(Refusal) as gzip:
+        routes().admit(request("POST", "/v1/embeddings", content_length="3", content_encoding="gzip"))
+    assert gzip.value.status == 415
+    routes().admit(request("GET", "/v2/models/mlp"))
+
+
+@pytest.mark.parametrize("code, status, openai_type", [
+    (ErrorCode.BAD_REQUEST, 400, "invalid_request_error"), (ErrorCode.MODEL_NOT_FOUND, 404, "invalid_request_error"),
+    (ErrorCode.OVERLOADED, 429, "invalid_request_error"), (ErrorCode.SHUTTING_DOWN, 503, "server_error"),
+    (ErrorCode.DEADLINE_EXCEEDED, 504, "server_error"), (ErrorCode.WORKER_FAILED, 500, "server_error"),
+])
+def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type) -> None:
+    frames = protocol.encode_error(1, code, "why")
+    kserve = routes().answer_forwarded(Forward([], False), frames)
+    openai = routes().answer_forwarded(Forward([], True), frames)
+    assert kserve.status == openai.status == status
+    assert json.loads(openai.body)["error"]["type"] == openai_type
+    assert ("why" in json.loads(kserve.body)["error"]) and kserve.close == (code == ErrorCode.SHUTTING_DOWN)
+    assert ("Retry-After" in kserve.headers) == (status in (429, 503))
+
+
+def test_a_malformed_reply_is_a_500_not_a_crash() -> None:
+    reply = routes().answer_forwarded(Forward([], False), [b"not json"])
+    assert reply.status == 500 and "malformed reply" in json.loads(reply.body)["error"]

@@ -1,0 +1,222 @@
+"""What the front door answers, socket-free: a request in, a response or a call to the router out.
+
+- Routes: the Open Inference Protocol's (``/v2/...``), OpenAI's ``/v1/embeddings`` and
+  ``/v1/models``, and the operations endpoint's (``/metrics``, ``/healthz``, ``/readyz``).
+- The model's description is answered here from the signature the supervisor holds; an
+  inference is passed to the router with its body unread (``codecs.http_call``): the worker
+  decodes it, and its reply comes back as the response body.
+- With a token, every route but the probes and ``/metrics`` needs ``Authorization: Bearer
+  TOKEN``, compared in constant time.
+- Every error is JSON: ``{"error": message}`` on KServe's routes, OpenAI's error object on
+  ``/v1``, with the status of its code in the error taxonomy.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from ..codecs import kserve, openai
+from ..codecs.http_call import KSERVE, OPENAI, HttpReply, read_reply, request_frames
+from ..codecs.view import ModelView, view_of
+from ..errors import ErrorCode
+from ..protocol import messages as protocol
+from .http11 import Refusal, Request
+
+RETRY_AFTER = "1"
+MAX_TIMEOUT_SECONDS = 1e9  # a Timeout header past this (some 31 years) is refused, not rounded to infinity
+MAX_SIZE_DIGITS = 18  # Inference-Header-Content-Length: more digits than any body could need
+MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+ROUTES = [(re.compile(pattern + "$"), method, name) for pattern, method, name in [
+    (r"/v2/health/live", "GET", "live"), (r"/v2/health/ready", "GET", "ready"),
+    (r"/v2", "GET", "server"), (MODEL, "GET", "model"), (MODEL + "/ready", "GET", "model_ready"),
+    (MODEL + "/infer", "POST", "infer"), (r"/v1/embeddings", "POST", "embeddings"),
+    (r"/v1/models", "GET", "models"),
+    (r"/metrics", "GET", "ops"), (r"/healthz", "GET", "ops"), (r"/readyz", "GET", "ops"),
+]]
+OPEN_ROUTES = {"live", "ready", "ops"}  # probes and metrics need no token
+BODY_ROUTES = {"infer", "embeddings"}
+OPS_PATHS = {"live": "/healthz", "ready": "/readyz"}
+OpsAnswer = Callable[[str], tuple[int, str, bytes]]
+Describe = Callable[[], tuple[Mapping[str, Any], int]]
+
+
+@dataclass
+class Reply:
+    """A response to write: its status, body and headers; ``close`` ends the connection after it."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False
+
+
+@dataclass(frozen=True)
+class Forward:
+    """An inference for the router: the frames to hand it, and the API its answer is written in."""
+
+    frames: list[Any]
+    openai: bool
+
+
+class Routes:
+    """The routes over the served model, named ``model_name``; ``describe`` gives its signature
+    and generation as the supervisor knows them, ``ops`` the operations routes' answers."""
+
+    def __init__(self, model_name: str, describe: Describe, ops: OpsAnswer, *, token: bytes | None) -> None:
+        self.model_name = model_name
+        self.token = token
+        self._describe = describe
+        self._ops = ops
+        self._view: ModelView | None = None
+        self._ids = 0
+
+    def admit(self, request: Request) -> None:
+        """Refuse a head whose body may not be read: no length, or a coding we do not take."""
+        if not request.path.startswith(("/v2/models/", "/v1/embeddings")) or request.method != "POST":
+            return
+        if request.content_length is None and not request.chunked:
+            raise Refusal(411, "a request body needs Content-Length (or chunked transfer encoding)")
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise Refusal(415, f"Content-Encoding {encoding[:100]} is not taken: send the body as it is")
+
+    def answer(self, request: Request) -> Reply | Forward:
+        openai_route = request.path.startswith("/v1/")
+        try:
+            name, match = _route(request)
+            if self.token is not None and name not in OPEN_ROUTES:
+                self._authenticate(request)
+            return self._handle(name, match, request)
+        except Refusal as exc:
+            return error_reply(exc.status, exc.message, openai_route, exc.headers)
+
+    def answer_forwarded(self, forward: Forward, frames: list[Any]) -> Reply:
+        """The response to an inference, from the router's reply frames."""
+        try:
+            reply = read_reply(frames)
+        except protocol.ProtocolError as exc:
+            return error_reply(500, f"internal: a malformed reply from a worker: {exc}", forward.openai)
+        if reply.code is not None:
+            return code_reply(reply, forward.openai)
+        headers = {} if reply.head is None else {"Inference-Header-Content-Length": str(reply.head)}
+        return Reply(200, reply.body, reply.content_type, headers)
+
+    def _handle(self, name: str, match: dict[str, str], request: Request) -> Reply | Forward:
+        if name in OPS_PATHS or name == "ops":
+            return _ops_reply(self._ops(OPS_PATHS.get(name, request.path)))
+        if name == "server":
+            return _json({"name": "workerpool", "version": __version__, "extensions": kserve.EXTENSIONS})
+        if name == "models":
+            return _json({"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                                      "owned_by": "workerpool"}]})
+        if name == "embeddings":
+            return self._forward(OPENAI, request, head=None, deadline=_timeout_header(request))
+        view = self._resolve(match["name"], match.get("version"))
+        if name == "model":
+            return _json(kserve.model_metadata(view))
+        if name == "model_ready":
+            return _ops_reply(self._ops("/readyz"))
+        return self._forward(KSERVE, request, head=_header_length(request), deadline=_timeout_header(request))
+
+    def _forward(self, api: str, request: Request, *, head: int | None, deadline: float | None) -> Forward:
+        self._ids += 1
+        frames = request_frames(self._ids, api, self.model_name, request.body, head=head, deadline=deadline)
+        return Forward(frames, api == OPENAI)
+
+    def model(self) -> ModelView:
+        signature, generation = self._describe()
+        view = self._view
+        if view is None or view.version != generation:
+            view = self._view = view_of(self.model_name, signature, generation)
+        return view
+
+    def _resolve(self, name: str, version: str | None) -> ModelView:
+        if name != self.model_name:
+            raise Refusal(404, f"no model named {name!r} is served here; this server serves {self.model_name!r}")
+        view = self.model()
+        if version is not None and version != str(view.version):
+            raise Refusal(404, f"model {name!r} serves version {view.version}, not {version!r}")
+        return view
+
+    def _authenticate(self, request: Request) -> None:
+        scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+        assert self.token is not None
+        if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode("latin-1"), self.token):
+            raise Refusal(401, "this server needs Authorization: Bearer TOKEN (--http-token-file)",
+                          headers={"WWW-Authenticate": "Bearer"})
+
+
+def _route(request: Request) -> tuple[str, dict[str, str]]:
+    allowed = []
+    for pattern, method, name in ROUTES:
+        found = pattern.match(request.path)
+        if found is not None:
+            if request.method == method or (method == "GET" and request.method == "HEAD"):
+                return name, {k: v for k, v in found.groupdict().items() if v is not None}
+            allowed.append(method)
+    if allowed:
+        raise Refusal(405, f"{request.path[:200]} takes {' or '.join(allowed)}, not {request.method}",
+                      headers={"Allow": ", ".join(allowed)})
+    raise Refusal(404, f"no route {request.path[:200]}: see /v2 (KServe v2), /v1/embeddings, /metrics, "
+                  "/healthz and /readyz")
+
+
+def _header_length(request: Request) -> int | None:
+    text = request.headers.get("inference-header-content-length")
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit() and len(text) <= MAX_SIZE_DIGITS):
+        raise Refusal(400, f"Inference-Header-Content-Length {text[:40]!r} is not a size")
+    return int(text)
+
+
+def _timeout_header(request: Request) -> float | None:
+    text = request.headers.get("timeout")
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and 0 <= value <= MAX_TIMEOUT_SECONDS):
+        raise Refusal(400, f"the Timeout header {text[:40]!r} is not a number of seconds from 0 to "
+                      f"{MAX_TIMEOUT_SECONDS:g}")
+    return value
+
+
+def code_reply(reply: HttpReply, openai_route: bool) -> Reply:
+    """The response to an error the router or a worker answered with."""
+    code = reply.code or ErrorCode.INTERNAL
+    plain = code in (ErrorCode.BAD_REQUEST, ErrorCode.MODEL_NOT_FOUND)
+    headers = {"Retry-After": RETRY_AFTER} if code.http_status in (429, 503) else {}
+    message = reply.message if plain else f"{code}: {reply.message}"
+    answer = error_reply(code.http_status, message, openai_route, headers)
+    answer.close = code == ErrorCode.SHUTTING_DOWN  # nothing more on this connection: it races the exit
+    return answer
+
+
+def error_reply(status: int, message: str, openai_route: bool, headers: dict[str, str] | None = None) -> Reply:
+    if openai_route:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        code = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}.get(status)
+        body = openai.error_body(message, kind, code)
+    else:
+        body = json.dumps({"error": message}).encode()
+    return Reply(status, body, headers=dict(headers or {}), close=status in (408, 411, 413, 415) or status >= 505)
+
+
+def _json(document: Any) -> Reply:
+    return Reply(200, json.dumps(document).encode())
+
+
+def _ops_reply(answer: tuple[int, str, bytes]) -> Reply:
+    status, content_type, body = answer
+    return Reply(status, body, content_type)
