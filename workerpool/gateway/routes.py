@@ -40,6 +40,7 @@ ROUTES = [(re.compile(pattern + "$"), method, name) for pattern, method, name in
     (r"/v1/models", "GET", "models"),
     (r"/metrics", "GET", "ops"), (r"/healthz", "GET", "ops"), (r"/readyz", "GET", "ops"),
 ]]
+MAX_ROUTES_KEPT = 256  # distinct method and path pairs whose route is remembered
 OPEN_ROUTES = {"live", "ready", "ops"}  # probes and metrics need no token
 BODY_ROUTES = {"infer", "embeddings"}
 OPS_PATHS = {"live": "/healthz", "ready": "/readyz"}
@@ -64,6 +65,7 @@ class Forward:
 
     frames: list[Any]
     openai: bool
+    deadline: float | None  # seconds, as the frames say it: the router need not decode them
 
 
 class Routes:
@@ -77,6 +79,7 @@ class Routes:
         self._ops = ops
         self._view: ModelView | None = None
         self._ids = 0
+        self._routed: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}  # the paths seen, matched once
 
     def admit(self, request: Request) -> None:
         """Refuse a head whose body may not be read: no length, or a coding we do not take."""
@@ -91,7 +94,7 @@ class Routes:
     def answer(self, request: Request) -> Reply | Forward:
         openai_route = request.path.startswith("/v1/")
         try:
-            name, match = _route(request)
+            name, match = self._route(request)
             if self.token is not None and name not in OPEN_ROUTES:
                 self._authenticate(request)
             return self._handle(name, match, request)
@@ -108,6 +111,16 @@ class Routes:
             return code_reply(reply, forward.openai)
         headers = {} if reply.head is None else {"Inference-Header-Content-Length": str(reply.head)}
         return Reply(200, reply.body, reply.content_type, headers)
+
+    def _route(self, request: Request) -> tuple[str, dict[str, str]]:
+        key = (request.method, request.path)
+        found = self._routed.get(key)
+        if found is None:
+            found = _route(request)  # raises for no route: those are not kept
+            if len(self._routed) >= MAX_ROUTES_KEPT:
+                self._routed.clear()
+            self._routed[key] = found
+        return found
 
     def _handle(self, name: str, match: dict[str, str], request: Request) -> Reply | Forward:
         if name in OPS_PATHS or name == "ops":
@@ -129,7 +142,7 @@ class Routes:
     def _forward(self, api: str, request: Request, *, head: int | None, deadline: float | None) -> Forward:
         self._ids += 1
         frames = request_frames(self._ids, api, self.model_name, request.body, head=head, deadline=deadline)
-        return Forward(frames, api == OPENAI)
+        return Forward(frames, api == OPENAI, deadline)
 
     def model(self) -> ModelView:
         signature, generation = self._describe()

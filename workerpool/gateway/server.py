@@ -25,11 +25,13 @@ Limits, each with its answer:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +99,7 @@ class HttpServer:
                 log.warning("cannot accept an HTTP connection: %s", exc)
                 return
             sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an answer is one write: send it now
             if len(self.connections) >= self.settings.max_connections:
                 self._refuse(sock)
                 continue
@@ -184,6 +187,21 @@ class HttpServer:
             self._drop_refused(sock, at_once=True)
 
 
+def _closing_on_failure(handle: Callable[..., None]) -> Callable[..., None]:
+    """An entry point of a connection: a failure of ours is logged and closes that connection
+    alone, never the loop every other client and worker depends on."""
+    @functools.wraps(handle)
+    def guarded(connection: Connection, *args: Any) -> None:
+        try:
+            handle(connection, *args)
+        except OSError:
+            raise
+        except Exception:
+            log.exception("an HTTP connection failed; closing it")
+            connection.close()
+    return guarded
+
+
 class Connection:
     """One client connection: its reader, the request being answered and what waits to be written."""
 
@@ -210,6 +228,7 @@ class Connection:
 
     # Reading
 
+    @_closing_on_failure
     def _on_readable(self) -> None:
         if self.handshaking:
             self._handshake()
@@ -298,8 +317,10 @@ class Connection:
             self._respond(decision)
             return
         self.forwarded = decision
-        self.server.intake.admit_local(self.key, decision.frames, sum(len(f) for f in decision.frames))
+        self.server.intake.admit_local(self.key, decision.frames, sum(len(f) for f in decision.frames),
+                                       deadline=decision.deadline)
 
+    @_closing_on_failure
     def replied(self, frames: list[Any]) -> None:
         """The router's answer to the inference this connection forwarded."""
         forwarded = self.forwarded
@@ -351,6 +372,7 @@ class Connection:
         if self.closing and self.current is None:
             self.close()
 
+    @_closing_on_failure
     def _on_writable(self) -> None:
         if self.handshaking:
             self._handshake()

@@ -38,6 +38,9 @@ class BatchShape(NamedTuple):
     rows: int
 
 
+HTTP_SHAPE = BatchShape(HTTP_KEY, 1)
+
+
 @dataclass
 class BatchPolicy:
     """How the router forms batches; ``max_rows`` 1 turns batching off."""
@@ -61,7 +64,7 @@ class BatchPolicy:
         if header is None or header.get("method") != protocol.METHOD_INFER:
             return None
         if "http" in header:
-            return BatchShape(HTTP_KEY, 1) if frames == 2 else None
+            return HTTP_SHAPE if frames == 2 else None
         if "text" in header:
             text = header["text"]
             if not self.text or frames != 1 or not isinstance(text, list) or not text:

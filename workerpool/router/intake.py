@@ -42,9 +42,9 @@ import zmq
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, receive_batch, send_parts
 from ..units import MS_PER_SECOND, KiB
+from .batching import HTTP_SHAPE, BatchShape
 
 if TYPE_CHECKING:
-    from .batching import BatchShape
     from .connections import ConnectionLimit
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class Pending:
     solo: bool = False  # sent alone from now on: it was in flight on a worker that was lost
     shape: BatchShape | None = None  # how it batches, once ``shaped``
     shaped: bool = False
+    deadline_read: bool = False
     _header: dict[str, Any] | None = None
     _decoded: bool = False
 
@@ -90,8 +91,9 @@ class Pending:
     def read_deadline(self) -> None:
         """Set ``expires`` from the header: done only when the request has to wait, off the
         fast path."""
-        if self.expires is not None:
+        if self.deadline_read:
             return
+        self.deadline_read = True
         header = self.header()
         try:
             budget = None if header is None else protocol.deadline_of(header)
@@ -309,14 +311,18 @@ class Intake:
                          f"a message of {count - 1} frames: a request is at most {protocol.MAX_ARRAYS + 2} "
                          f"(a delimiter, a header and {protocol.MAX_ARRAYS} arrays)")
 
-    def admit_local(self, lane: bytes, frames: list[Any], size: int) -> None:
+    def admit_local(self, lane: bytes, frames: list[Any], size: int, *, deadline: float | None) -> None:
         """Take a request from the HTTP front door, in this process: ``lane`` (one HTTP
-        connection, which begins with :attr:`local_key`) is a client of its own."""
+        connection, which begins with :attr:`local_key`) is a client of its own. Its header
+        need not be decoded: it batches by count (an HTTP body is the worker's to read), and
+        ``deadline`` is the one its header holds."""
         self.read += 1
-        self.admit(lane, frames, size)
+        self.admit(lane, frames, size, known=(HTTP_SHAPE, deadline))
 
-    def admit(self, client: bytes, frames: list[Any], size: int) -> None:
-        """Take a request (header frame, then array frames) of ``size`` bytes from ``client``."""
+    def admit(self, client: bytes, frames: list[Any], size: int,
+              known: tuple[BatchShape, float | None] | None = None) -> None:
+        """Take a request (header frame, then array frames) of ``size`` bytes from ``client``;
+        ``known``: its batch shape and deadline, when its sender knows them."""
         if not self.accepting:
             self.refuse(client, frames[0], "shutting_down", "the server is shutting down")
             return
@@ -325,6 +331,10 @@ class Intake:
                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
             return
         pending = Pending(client, frames, time.monotonic(), size=size)
+        if known is not None:
+            pending.shape, deadline = known
+            pending.shaped = pending.deadline_read = True
+            pending.expires = None if deadline is None else pending.received + deadline
         if not self.dispatch(pending):
             self._wait(pending)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,12 +25,19 @@ DUTY_INTERVAL = 0.01  # seconds between runs of the duties while anything is urg
 
 
 class Loop:
-    """Dispatches readable sources to their handlers and runs duties at most every
-    ``DUTY_INTERVAL``; sleeps up to ``idle_timeout`` seconds when nothing is urgent."""
+    """Dispatches readable and writable sources to their handlers and runs duties at most every
+    ``DUTY_INTERVAL``; sleeps up to ``idle_timeout`` seconds when nothing is urgent.
+
+    ZeroMQ sockets are polled by ``zmq_poll``; plain descriptors (pipes, pidfds, HTTP
+    connections) by one epoll set, whose own descriptor is among what ``zmq_poll`` watches: a
+    turn costs the same with one HTTP connection or a thousand."""
 
     def __init__(self, idle_timeout: float) -> None:
         self.idle_timeout = idle_timeout
         self._poller = zmq.Poller()
+        self._epoll = select.epoll()
+        self._poller.register(self._epoll.fileno(), zmq.POLLIN)
+        self._watched: dict[int, int] = {}  # descriptor -> the epoll events it is registered for
         self._readers: dict[Any, Callable[[], None]] = {}
         self._writers: dict[Any, Callable[[], None]] = {}
         self._duties: list[Callable[[], None]] = []
@@ -64,12 +72,29 @@ class Loop:
         self._register(source)
 
     def _register(self, source: Any) -> None:
-        source = _key(source)
-        events = (zmq.POLLIN if source in self._readers else 0) | (zmq.POLLOUT if source in self._writers else 0)
-        if events:
-            self._poller.register(source, events)
-        elif source in self._poller:
-            self._poller.unregister(source)
+        key = _key(source)
+        reading, writing = key in self._readers, key in self._writers
+        if isinstance(key, zmq.Socket):
+            events = (zmq.POLLIN if reading else 0) | (zmq.POLLOUT if writing else 0)
+            if events:
+                self._poller.register(key, events)
+            elif key in self._poller:
+                self._poller.unregister(key)
+            return
+        wanted = (select.EPOLLIN if reading else 0) | (select.EPOLLOUT if writing else 0)
+        current = self._watched.get(key)
+        if wanted == current:
+            return
+        if not wanted:
+            if current is not None:
+                del self._watched[key]
+                self._epoll.unregister(key)
+        elif current is None:
+            self._epoll.register(key, wanted)
+            self._watched[key] = wanted
+        else:
+            self._epoll.modify(key, wanted)
+            self._watched[key] = wanted
 
     def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None,
                    due: Callable[[], float | None] | None = None) -> None:
@@ -88,19 +113,28 @@ class Loop:
         due = min((at for at in (check() for check in self._due) if at is not None), default=None)
         if due is not None:
             timeout = max(0.0, min(timeout, due - time.monotonic()))
+        epoll = self._epoll.fileno()
         for source, events in self._poller.poll(math.ceil(timeout * MS_PER_SECOND)):
-            reader = self._readers.get(source)
-            if reader is not None and events & ~zmq.POLLOUT:  # readable, or an error the reader hears
-                _survive(reader)
-            if events & zmq.POLLOUT or (reader is None and events & zmq.POLLERR):  # a paused one's error too
-                writer = self._writers.get(source)
-                if writer is not None:
-                    _survive(writer)
+            if source == epoll:
+                for fd, happened in self._epoll.poll(0):
+                    self._dispatch(fd, bool(happened & ~select.EPOLLOUT), bool(happened & select.EPOLLOUT))
+            else:
+                self._dispatch(source, bool(events & ~zmq.POLLOUT), bool(events & zmq.POLLOUT))
         now = time.monotonic()
         if now >= self._next_duties or (due is not None and now >= due):
             self._next_duties = now + DUTY_INTERVAL
             for duty in self._duties:
                 _survive(duty)
+
+    def _dispatch(self, source: Any, readable: bool, writable: bool) -> None:
+        """Readable, or an error the reader hears; writable, or a paused source's error."""
+        reader = self._readers.get(source)
+        if reader is not None and readable:
+            _survive(reader)
+        if writable or (reader is None and readable):
+            writer = self._writers.get(source)
+            if writer is not None:
+                _survive(writer)
 
 
 def _key(source: Any) -> Any:

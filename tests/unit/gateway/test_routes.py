@@ -91,8 +91,8 @@ def test_heads_that_cannot_carry_a_body_are_refused_before_it_is_read() -> None:
 ])
 def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type) -> None:
     frames = protocol.encode_error(1, code, "why")
-    kserve = routes().answer_forwarded(Forward([], False), frames)
-    openai = routes().answer_forwarded(Forward([], True), frames)
+    kserve = routes().answer_forwarded(Forward([], False, None), frames)
+    openai = routes().answer_forwarded(Forward([], True, None), frames)
     assert kserve.status == openai.status == status
     assert json.loads(openai.body)["error"]["type"] == openai_type
     assert ("why" in json.loads(kserve.body)["error"]) and kserve.close == (code == ErrorCode.SHUTTING_DOWN)
@@ -100,5 +100,5 @@ def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type)
 
 
 def test_a_malformed_reply_is_a_500_not_a_crash() -> None:
-    reply = routes().answer_forwarded(Forward([], False), [b"not json"])
+    reply = routes().answer_forwarded(Forward([], False, None), [b"not json"])
     assert reply.status == 500 and "malformed reply" in json.loads(reply.body)["error"]
