@@ -86,7 +86,6 @@ class HttpServer:
 
             self.would_block += (ssl.SSLWantReadError, ssl.SSLWantWriteError)
         sock.setblocking(False)
-        intake.deliver_local = self._deliver
         loop.read(sock, self._accept)
 
     def _accept(self) -> None:
@@ -141,7 +140,7 @@ class HttpServer:
         self.refused.pop(sock, None)
         sock.close()
 
-    def _deliver(self, client: bytes, frames: list[Any]) -> None:
+    def deliver(self, client: bytes, frames: list[Any]) -> None:
         """The router's reply for one of our lanes (dropped when its connection is gone)."""
         connection = self.connections.get(client)
         if connection is not None:

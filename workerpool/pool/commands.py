@@ -146,7 +146,7 @@ class ControlCommands:
             # it imports for the template it forks (whose workers share those pages).
             "supervisor_imports": sorted({name.partition(".")[0] for name in list(sys.modules)}),
             "template": pool.starter.status(helpers),
-            "endpoint": router.endpoint,
+            "endpoint": self.role.links.endpoint,
             "http": self.role.http_url,
             "threads_per_worker": pool.threads_per_worker,
             "model": {

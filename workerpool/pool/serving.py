@@ -31,6 +31,7 @@ from ..control.server import ControlServer
 from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
+from ..router.links import RouterLinks
 from ..router.registry import WorkerRecord
 from ..router.sockets import bind_sockets
 from ..supervisor.core import Supervisor
@@ -79,7 +80,7 @@ class ServingRole:
 
     @property
     def backend(self) -> str:
-        return self.router.backend_endpoint
+        return self.links.backend_endpoint
 
     def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
         self.pool = pool
@@ -94,10 +95,10 @@ class ServingRole:
             raise StartupError(f"cannot create the runtime directory: {exc}") from exc
         self.control_server = ControlServer(context, control_endpoint, self.commands.handlers())
         self.control_server.claim()
-        self._router = self._bind_router(context, private_dir, self._secure(context, cleanup))
+        self._router, self.links = self._bind_router(context, private_dir, self._secure(context, cleanup))
         cleanup.callback(self._answer_stragglers)
         self.control_server.bind(pool.loop, cleanup)
-        self.connections = ConnectionLimit(self.router.frontend, *self._connection_caps())
+        self.connections = ConnectionLimit(self.links.frontend, *self._connection_caps())
         cleanup.callback(self.connections.close)
         self.router.intake.connections = self.connections
         self._read_sockets(pool.loop)
@@ -130,7 +131,9 @@ class ServingRole:
         routes = Routes(model_name, self._describe, OpsAnswers(self._snapshot, config.path).answer,
                         token=_token(config))
         server = HttpServer(pool.loop, sock, settings, routes, self.router.intake)
+        self.links.deliver_local = server.deliver
         cleanup.callback(server.close)
+        cleanup.callback(self.links.flush)  # the answers of the last turn, before the connections close
         self._http = server
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
         texts = models.takes_text(self.pool.watcher.current.signature)
@@ -168,7 +171,7 @@ class ServingRole:
         return min(wanted, ceiling), ceiling
 
     def _bind_router(self, context: zmq.Context, private_dir: str,
-                     secure: Callable[[zmq.Socket, str], None] | None) -> Router:
+                     secure: Callable[[zmq.Socket, str], None] | None) -> tuple[Router, RouterLinks]:
         config, current = self.config, self.pool.watcher.current
         max_message_size = config.max_message_size or default_max_message_size(current.signature)
         if config.max_worker_memory is not None and config.max_worker_memory < max_message_size:
@@ -185,26 +188,27 @@ class ServingRole:
             )
         except zmq.ZMQError as exc:
             raise StartupError(_bind_failure(exc, {config.bind: "--bind", config.backend: "--backend"})) from exc
-        return Router(
-            sockets, self, max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
+        router = Router(
+            self, max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
             max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
             signature=current.signature, request_timeout=config.request_timeout,
             batching=BatchPolicy(max_rows=config.max_batch, wait=config.batch_wait,
                                  running_cap=self._running_cap()),
         )
+        return router, RouterLinks(sockets, router)
 
     def _running_cap(self) -> int:
         """Local workers that can run at once: the cores this pool may use, each worker's share."""
         return max(1, len(os.sched_getaffinity(0)) // self.pool.threads_per_worker)
 
     def _read_sockets(self, loop: Loop) -> None:
-        router = self.router
+        router, links = self.router, self.links
         loop.read(self.connections.monitor, self.connections.on_event)
-        loop.read(router.frontend, router.intake.on_readable)
-        loop.read(router.backend, router.on_backend)
-        remote = router.remote
-        if remote is not None:
-            loop.read(remote, lambda: router.on_remote_backend(remote))
+        loop.read(links.frontend, links.on_frontend)
+        loop.read(links.backend, links.on_backend)
+        if links.remote is not None:
+            loop.read(links.remote, links.on_remote_backend)
+        loop.after_each_turn(links.flush)
         loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.commands.status_waiters),
                         due=lambda: router.wake_at)
 
@@ -237,12 +241,13 @@ class ServingRole:
         that long to leave: every request the router read gets an answer. libzmq cannot stop
         reading a connection that stays open, so a request sent after that reaches no one, and
         its client sees the connection drop."""
-        router = self.router
+        router, links = self.router, self.links
         router.stop_accepting()
-        frontend = router.frontend
+        frontend = links.frontend
         give_up = time.monotonic() + STRAGGLER_LINGER_MS / MS_PER_SECOND
         while frontend.poll(STRAGGLER_QUIET_MS) and time.monotonic() < give_up:
-            router.intake.on_readable()
+            links.on_frontend()
+            links.flush()
         frontend.close(linger=STRAGGLER_LINGER_MS)
         intake = router.intake
         answered = sum(intake.outcomes.values())
@@ -285,7 +290,7 @@ class ServingRole:
         return self.router.reload_complete()
 
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
-        return serve_line(path, size, model, workers, self.router.endpoint)
+        return serve_line(path, size, model, workers, self.links.endpoint)
 
     # The router's side.
 

@@ -1,4 +1,7 @@
-"""The load-aware router: clients on one ROUTER socket, workers on another.
+"""The load-aware router's core: a state machine with no socket. Events come in (a request
+arrived, a worker's message came, a worker's process exited, time passed, an operator asked
+for a reload or a stop); what is to be sent goes to its outbox, which the shell (``links.py``)
+sends, so no send ever re-enters the core mid-way. Its tests drive it with no socket at all.
 
 A request goes only to a worker that has said it is free (the ZeroMQ guide's load-balancing
 broker), so a slow request never holds up others that a free worker could take. Requests wait
@@ -9,7 +12,7 @@ retried or answered by recovery.py.
 
 Local workers connect to a private ipc backend; worker hosts on other machines to an optional
 TCP one (sockets.py binds them). Which socket a worker registered on, never what it says,
-decides whether it is local.
+decides whether it is local: the shell tells, with each message.
 """
 
 from __future__ import annotations
@@ -18,21 +21,18 @@ import logging
 import time
 from typing import Any, Protocol
 
-import zmq
-
 from .. import models
 from ..config.pool import HEARTBEAT_SECONDS, LIVENESS_BEATS
 from ..errors import ErrorCode
 from ..protocol import messages as protocol
-from ..protocol.transport import NOBLOCK, receive_batch, send_parts
 from .batching import BatchPolicy
 from .dispatch import Dispatcher
 from .intake import Intake
 from .quarantine import Quarantine
 from .recovery import Recovery
-from .registry import WorkerKey, WorkerRecord, WorkerState, admit, send_to_peer
+from .outbox import Outbox
+from .registry import WorkerKey, WorkerRecord, WorkerState, admit
 from .rollout import Rollout
-from .sockets import RouterSockets
 from .stats import RouterStats
 
 log = logging.getLogger(__name__)
@@ -53,15 +53,15 @@ class RouterEvents(Protocol):
 
 
 class Router:
-    """Routes client requests to free workers; knows nothing of processes.
+    """Routes client requests to free workers; knows nothing of processes or sockets.
 
     It tells its owner about workers through ``events``; others read it through
     ``queue_depth``, ``in_flight``, ``unfinished``, ``workers`` and ``reload_complete()``.
+    What it sends waits in ``outbox``.
     """
 
     def __init__(
         self,
-        sockets: RouterSockets,
         events: RouterEvents,
         *,
         max_queue: int,
@@ -82,14 +82,12 @@ class Router:
         self.rollout = Rollout()
         self.stats = RouterStats()
         self._workers: dict[WorkerKey, WorkerRecord] = {}
-        self.frontend, self.backend, self.remote = sockets.frontend, sockets.backend, sockets.remote
-        self.endpoint = sockets.endpoint
-        self.backend_endpoint = sockets.backend_endpoint
-        self.intake = Intake(self.frontend, max_queue=max_queue, max_message_size=max_message_size,
+        self.outbox = Outbox()
+        self.intake = Intake(self.outbox, max_queue=max_queue, max_message_size=max_message_size,
                              max_queue_bytes=max_queue_bytes,
                              dispatch=lambda pending: self.dispatcher.dispatch(pending))
         self.queue = self.intake.queue
-        self.dispatcher = Dispatcher(self._workers, self.intake, send=self._send, batching=self.batching,
+        self.dispatcher = Dispatcher(self._workers, self.intake, batching=self.batching,
                                      rollout=self.rollout, quarantine=self.quarantine, stats=self.stats)
         self.recovery = Recovery(self._workers, self.intake, self.dispatcher, rollout=self.rollout,
                                  quarantine=self.quarantine, lost=events.worker_lost,
@@ -128,13 +126,9 @@ class Router:
 
     # Worker side.
 
-    def on_backend(self) -> None:
-        receive_batch(self.backend, lambda frames: self._from_worker(self.backend, True, frames))
-
-    def on_remote_backend(self, remote: zmq.Socket) -> None:
-        receive_batch(remote, lambda frames: self._from_worker(remote, False, frames))
-
-    def _from_worker(self, link: zmq.Socket, local: bool, frames: list[zmq.Frame]) -> None:
+    def from_worker(self, local: bool, frames: list[Any]) -> None:
+        """A message from a worker: its routing id, then what it sent; ``local``: it came on the
+        private backend."""
         address, command = frames[0].bytes, frames[1].bytes
         worker = self._workers.get((local, address))
         if worker is not None:
@@ -144,15 +138,15 @@ class Router:
         elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
             self._reloaded(worker, frames[2])
         elif command == protocol.READY:
-            self._register(link, local, address, frames[2:])
+            self._register((local, address), frames[2:])
         elif worker is None:  # a worker registered with a router before this one restarted
-            send_to_peer(link, address, [protocol.WHO])
+            self.outbox.to_peer((local, address), [protocol.WHO])
         elif command == protocol.BYE:
             self.stop_worker(worker.key)
         elif command != protocol.HEARTBEAT:
             log.warning("unexpected %r message from worker %r ignored", command[:16], address)
 
-    def _reply(self, worker: WorkerRecord, client: bytes, status: bytes, frames: list[zmq.Frame]) -> None:
+    def _reply(self, worker: WorkerRecord, client: bytes, status: bytes, frames: list[Any]) -> None:
         inflight = worker.inflight
         if not inflight or inflight[0].client != client:  # already answered, e.g. shutting down
             log.debug("late reply from worker %d dropped", worker.pid)
@@ -170,14 +164,14 @@ class Router:
         if not inflight:
             self.dispatcher.finished(worker, now)
 
-    def _register(self, link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame]) -> None:
-        worker = admit(link, local, address, frames, self.signature)
+    def _register(self, key: WorkerKey, frames: list[Any]) -> None:
+        worker = admit(self.outbox, key, frames, self.signature)
         if worker is None:
             return
-        if local and not self.events.started_here(worker.token):
+        if worker.local and not self.events.started_here(worker.token):
             log.warning("refused local worker %d: it is not one this pool runs or is starting (its "
                         "token is unknown)", worker.pid)
-            send_to_peer(link, address, [protocol.REFUSE, b"not a worker this pool runs or is starting"])
+            self.outbox.to_peer(key, [protocol.REFUSE, b"not a worker this pool runs or is starting"])
             return
         if worker.key in self._workers:
             self.lose(worker.key, "re-registered")
@@ -186,14 +180,6 @@ class Router:
                  worker.model, worker.generation, extra={"worker": worker.pid, "generation": worker.generation})
         self.events.worker_ready(worker)
         self.dispatcher.worker_free(worker)
-
-    def _send(self, worker: WorkerRecord, frames: list[Any]) -> bool:
-        try:
-            send_parts(worker.link, [worker.address, *frames], NOBLOCK)
-            return True
-        except zmq.ZMQError as exc:
-            self.lose(worker.key, f"unreachable ({exc})")
-            return False
 
     # Hot reload: one worker at a time switches generation, between two requests.
 
@@ -222,6 +208,7 @@ class Router:
         """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
         ``asked``: it left because it was told to (the supervisor logs that, not a loss)."""
         self.recovery.lose(key, why, asked=asked)
+        self.dispatcher.drain()  # what it ran goes to the free workers now, not at the next tick
 
     def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
@@ -262,7 +249,7 @@ class Router:
             elif self.recovery.overdue(worker, now):
                 self.recovery.time_out(worker)
             else:
-                self._send(worker, [protocol.HEARTBEAT])
+                self.outbox.to_worker(key, [protocol.HEARTBEAT])
 
 
 def _batching_for(signature: dict[str, Any], policy: BatchPolicy) -> BatchPolicy:

@@ -4,8 +4,8 @@ A worker that becomes free is sent STOP if it is stopping, RELOAD if the rolling
 it next (rollout.py), or else joins the free list and takes the next queued request, with the
 compatible ones queued behind it as one batch (batching.py). A request goes to the most
 recently freed worker that may answer its client; local workers may be held back for a batch
-to form. This is the only code that edits the free list. It sends through ``send``,
-which says whether the worker was reached (on a failed send the worker is already lost).
+to form. This is the only code that edits the free list. What it sends goes to the outbox: a
+send that fails later is the loss of that worker (recovery.py), not something to handle here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
-
 from ..protocol import messages as protocol
 from .batching import BatchPolicy, BatchShape
 from .intake import Intake, Pending
@@ -26,16 +23,13 @@ from .stats import RouterStats
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[WorkerRecord, list[Any]], bool]  # True when the message left for the worker
-
-
 class Dispatcher:
     """Keeps the free list and hands queued requests, batched, to free workers."""
 
-    def __init__(self, workers: dict[WorkerKey, WorkerRecord], intake: Intake, *, send: Send,
+    def __init__(self, workers: dict[WorkerKey, WorkerRecord], intake: Intake, *,
                  batching: BatchPolicy, rollout: Rollout, quarantine: Quarantine,
                  stats: RouterStats) -> None:
-        self.send = send
+        self._outbox = intake.outbox
         self.batching = batching
         self.wake_at: float | None = None  # when a held request is due to be released
         self._workers = workers  # the router's registry, read here, never changed
@@ -52,7 +46,7 @@ class Dispatcher:
     def worker_free(self, worker: WorkerRecord) -> None:
         """``worker`` has nothing in flight: stop it, reload it, or give it requests."""
         if worker.state == WorkerState.STOPPING:
-            self.send(worker, [protocol.STOP])
+            self._outbox.to_worker(worker.key, [protocol.STOP])
             return
         if self._rollout.wants(worker):
             self._send_reload(worker)
@@ -93,9 +87,9 @@ class Dispatcher:
                 return
 
     def _send_reload(self, worker: WorkerRecord) -> None:
-        if self.send(worker, [protocol.RELOAD, self._rollout.order]):
-            worker.state = WorkerState.RELOADING
-            self._rollout.started(worker)
+        self._outbox.to_worker(worker.key, [protocol.RELOAD, self._rollout.order])
+        worker.state = WorkerState.RELOADING
+        self._rollout.started(worker)
 
     # Requests to free workers.
 
@@ -111,14 +105,15 @@ class Dispatcher:
             pending = self._queue.take()
             if pending.expired(time.monotonic()):
                 self._intake.expire(pending)
-            elif not self.dispatch(pending):
+            elif not self.dispatch(pending):  # no worker may take it now
                 self._queue.put(pending, first=True)
                 break
 
     def dispatch(self, pending: Pending) -> bool:
         """Hand a request, with the compatible ones queued behind it, to the most recently
         freed worker that may answer its client; True when it is handled (sent, or refused as a
-        known killer). Local workers may be held back for a batch to form (batching.py).
+        known killer), False when no worker may take it now. Local workers may be held back for
+        a batch to form (batching.py).
 
         Most recently freed: while fewer requests run than there are workers, the same few
         serve them with their caches warm, and the idle ones stay asleep (waking an idle CPU
@@ -134,15 +129,15 @@ class Dispatcher:
         held = self._held(pending)
         passed_over: list[WorkerKey] = []
         try:
-            while self._free:  # a failed send below loses its worker and tries the next
+            while self._free:
                 worker = self._workers.get(self._free.pop())
                 if worker is None or worker.state != WorkerState.READY:
                     continue
                 if worker.generation < floor or (held and worker.local and worker.batching):
                     passed_over.append(worker.key)
                     continue
-                if self._send_batch(worker, pending):
-                    return True
+                self._send_batch(worker, pending)
+                return True
             return False
         finally:
             self._free.extend(reversed(passed_over))  # back in their places, for the next request
@@ -164,17 +159,14 @@ class Dispatcher:
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
         return True
 
-    def _send_batch(self, worker: WorkerRecord, first: Pending) -> bool:
+    def _send_batch(self, worker: WorkerRecord, first: Pending) -> None:
         batch, rows = self._gather(worker, first)
         if len(batch) == 1:
-            sent = self.send(worker, [protocol.REQUEST, first.client, *first.frames])
+            self._outbox.to_worker(worker.key, [protocol.REQUEST, first.client, *first.frames])
         else:  # every request of a batch has as many frames as the first
             stride = str(1 + len(first.frames)).encode()
-            sent = self.send(worker, [protocol.BATCH, stride, *(f for p in batch for f in (p.client, *p.frames))])
-        if not sent:
-            for pending in reversed(batch[1:]):
-                self._queue.put(pending, first=True)
-            return False
+            self._outbox.to_worker(worker.key, [protocol.BATCH, stride,
+                                                *(f for p in batch for f in (p.client, *p.frames))])
         worker.took(batch, rows, batchable=self._shape(first) is not None and rows <= self.batching.max_rows)
         self._stats.batch_rows.observe(rows)
         for pending in batch:
@@ -183,7 +175,6 @@ class Dispatcher:
         if worker.local:
             self._running_here.add(worker.key)
         log.debug("worker %d: batch of %d requests, %d rows", worker.pid, len(batch), rows)
-        return True
 
     def _gather(self, worker: WorkerRecord, first: Pending) -> tuple[list[Pending], int]:
         """``first`` and the requests queued next that fit with it, and their rows: same

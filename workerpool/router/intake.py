@@ -22,14 +22,14 @@ The HTTP front door runs on this process's loop (``gateway/server.py``): it hand
 without a socket, each HTTP connection a client of its own (a key that begins with this process's secret
 :attr:`Intake.local_key`, which no ZeroMQ peer can know), and its replies go back the same way.
 
-Replies are sent without blocking: libzmq holds up to the socket's SNDHWM replies (1000 by
-default) for a client that does not read, then the router drops the rest, so a stalled client
-never delays anyone else; what it costs is those buffered replies.
+Nothing here touches a socket: the router's shell (``links.py``) hands in what the client
+socket received, and sends the replies put in the outbox, without blocking: libzmq holds up to
+the socket's SNDHWM replies (1000 by default) for a client that does not read, then the shell
+drops the rest, so a stalled client never delays anyone else.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections import Counter, deque
@@ -37,17 +37,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
 from ..protocol import messages as protocol
-from ..protocol.transport import NOBLOCK, receive_batch, send_parts
 from ..units import MS_PER_SECOND, KiB
 from .batching import HTTP_SHAPE, BatchShape
+from .outbox import Outbox
 
 if TYPE_CHECKING:
-    from .connections import ConnectionLimit
+    import zmq
 
-log = logging.getLogger(__name__)
+    from .connections import ConnectionLimit
 
 EXPIRY_SCAN_INTERVAL = 0.01  # seconds between scans of the queue for passed deadlines
 # libzmq's ZMQ_IN_BATCH_SIZE: a received frame up to this size may point into a shared receive
@@ -268,14 +266,13 @@ class RequestQueue:
 
 
 class Intake:
-    """Owns the client socket: takes requests in, hands each to ``dispatch`` or queues it,
-    and sends replies and errors back without ever blocking on a client."""
+    """Takes requests in, hands each to ``dispatch`` or queues it, and puts replies and errors
+    in the outbox."""
 
-    def __init__(self, sock: zmq.Socket, *, max_queue: int, max_message_size: int,
+    def __init__(self, outbox: Outbox, *, max_queue: int, max_message_size: int,
                  max_queue_bytes: int | None, dispatch: Callable[[Pending], bool]) -> None:
-        self.socket = sock
+        self.outbox = outbox
         self.local_key = os.urandom(LOCAL_KEY_BYTES)
-        self.deliver_local: Callable[[bytes, list[Any]], None] | None = None  # set by the HTTP front door
         self.connections: ConnectionLimit | None = None  # set by the serve role
         self.max_message_size = max_message_size
         self.dispatch = dispatch
@@ -284,10 +281,8 @@ class Intake:
         self.outcomes: Counter[str] = Counter()  # replies sent, by "ok" or error code
         self.read = 0  # requests taken in, answered or not yet
 
-    def on_readable(self) -> None:
-        receive_batch(self.socket, self._accept, self._overlong)
-
-    def _accept(self, frames: list[zmq.Frame]) -> None:
+    def receive(self, frames: list[zmq.Frame]) -> None:
+        """A message from the client socket: the client's routing id, then what it sent."""
         self.read += 1
         client = frames[0].bytes
         if len(frames) < 3 or frames[1].bytes != b"":
@@ -303,7 +298,7 @@ class Intake:
                 return
         self.admit(client, frames[2:], sum(len(frame) for frame in frames))
 
-    def _overlong(self, frames: list[zmq.Frame], count: int) -> None:
+    def overlong(self, frames: list[zmq.Frame], count: int) -> None:
         """A message of more frames than any request has: answered, though never held whole."""
         self.read += 1
         request_id = protocol.request_id_of(frames[2]) if frames[1].bytes == b"" else None
@@ -388,13 +383,7 @@ class Intake:
         self.send(client, protocol.encode_error(request_id, code, message))
 
     def send(self, client: bytes, frames: list[Any]) -> None:
-        if client[:LOCAL_KEY_BYTES] == self.local_key and self.deliver_local is not None:
-            self.deliver_local(client, frames)
-            return
-        try:
-            send_parts(self.socket, [client, b"", *frames], NOBLOCK)
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
-            log.debug("reply to a vanished or stalled client dropped: %s", exc)
+        self.outbox.to_client(client, frames)
 
     def expire(self, pending: Pending) -> None:
         waited = time.monotonic() - pending.received

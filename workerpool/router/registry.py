@@ -7,28 +7,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
-
 from .. import models
 from ..control.status import WorkerState
 from ..protocol import messages as protocol
-from ..protocol.transport import NOBLOCK, send_parts
 from .batching import size_bucket
 from .intake import Pending
+from .outbox import Outbox, WorkerKey
 
 log = logging.getLogger(__name__)
 
-WorkerKey = tuple[bool, bytes]  # (local, routing id): a remote peer can never pose as a local worker
-
-
 @dataclass(eq=False)
 class WorkerRecord:
-    """One registered worker. ``address`` is its ZeroMQ routing id on ``link``, the backend
-    socket it registered on; ``local`` is true only on the private ipc backend, whatever the
-    worker says. ``pid`` and ``host`` are what it says: shown, never acted on."""
+    """One registered worker. ``address`` is its ZeroMQ routing id on the backend socket it
+    registered on; ``local`` is true only on the private ipc backend, whatever the worker says.
+    ``pid`` and ``host`` are what it says: shown, never acted on."""
 
     address: bytes
-    link: zmq.Socket
     pid: int
     host: str
     generation: int
@@ -68,7 +62,7 @@ class WorkerRecord:
         return (self.local, self.address)
 
     @classmethod
-    def from_ready(cls, address: bytes, link: zmq.Socket, info: dict[str, Any], *, local: bool) -> WorkerRecord:
+    def from_ready(cls, address: bytes, info: dict[str, Any], *, local: bool) -> WorkerRecord:
         """Read a decoded READY as warily as a request: a worker host on TCP is outside.
 
         Raises ``KeyError`` or ``TypeError`` when it is malformed.
@@ -80,7 +74,6 @@ class WorkerRecord:
             raise TypeError("token must be a string")
         return cls(
             address=address,
-            link=link,
             pid=pid,
             host=str(info["host"]),
             generation=generation,
@@ -93,27 +86,19 @@ class WorkerRecord:
         )
 
 
-def admit(link: zmq.Socket, local: bool, address: bytes, frames: list[zmq.Frame],
-          signature: dict[str, Any]) -> WorkerRecord | None:
+def admit(outbox: Outbox, key: WorkerKey, frames: list[Any], signature: dict[str, Any]) -> WorkerRecord | None:
     """The record of a worker whose READY is well formed and whose model fits ``signature``;
     None otherwise (a misfit is told REFUSE, so that it exits instead of retrying)."""
+    local, address = key
     try:
         info = protocol.decode_header(frames[0])
-        worker = WorkerRecord.from_ready(address, link, info, local=local)
+        worker = WorkerRecord.from_ready(address, info, local=local)
     except (IndexError, KeyError, TypeError, protocol.ProtocolError) as exc:
         log.warning("malformed READY from %r ignored: %s", address[:64], exc)
         return None
     reason = models.signature_mismatch(signature, info)
     if reason:
         log.warning("refused worker %d on %s: its model does not fit: %s", worker.pid, worker.host, reason)
-        send_to_peer(link, address, [protocol.REFUSE, reason.encode()])
+        outbox.to_peer(key, [protocol.REFUSE, reason.encode()])
         return None
     return worker
-
-
-def send_to_peer(link: zmq.Socket, address: bytes, frames: list[bytes]) -> None:
-    """To a peer that is not (or no longer) registered: dropped if it is gone."""
-    try:
-        send_parts(link, [address, *frames], NOBLOCK)
-    except zmq.ZMQError as exc:
-        log.debug("message to unregistered worker %r dropped: %s", address, exc)

@@ -43,6 +43,7 @@ class Loop:
         self._duties: list[Callable[[], None]] = []
         self._urgent: list[Callable[[], bool]] = []
         self._due: list[Callable[[], float | None]] = []
+        self._after: list[Callable[[], None]] = []
         self._next_duties = 0.0
 
     def read(self, source: Any, handler: Callable[[], None]) -> None:
@@ -106,6 +107,11 @@ class Loop:
         if due is not None:
             self._due.append(due)
 
+    def after_each_turn(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once the events and duties of a turn are handled (the router's shell
+        sends what they asked to be sent)."""
+        self._after.append(hook)
+
     def turn(self) -> None:
         """Wait for events, handle them, then run the duties if they are due."""
         urgent = any(check() for check in self._urgent)
@@ -125,6 +131,8 @@ class Loop:
             self._next_duties = now + DUTY_INTERVAL
             for duty in self._duties:
                 _survive(duty)
+        for hook in self._after:
+            _survive(hook)
 
     def _dispatch(self, source: Any, readable: bool, writable: bool) -> None:
         """Readable, or an error the reader hears; writable, or a paused source's error."""

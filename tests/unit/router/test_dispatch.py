@@ -1,106 +1,117 @@
-"""Dispatch and recovery in-process, without sockets: workers are records, sends are recorded.
-
-The dispatcher and the recovery are built as the router builds them, over an intake whose
-client socket is a stand-in that keeps the replies, and a fake ``send`` that records what each
-worker is sent (or, for a worker marked unreachable, loses it, as the router's send does).
+"""The router's core without a socket: events in (requests, workers' messages, losses, time),
+what it would send read from its outbox. Dispatch, batching, recovery, quarantine and rollout
+are driven as the router's loop drives them, and nothing here fakes a socket.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import numpy as np
 import zmq
 
+from workerpool.codecs.http_call import KSERVE, request_frames
 from workerpool.protocol import messages as protocol
 from workerpool.router.batching import BatchPolicy
-from workerpool.router.dispatch import Dispatcher
-from workerpool.router.intake import Intake, Pending
-from workerpool.router.quarantine import Quarantine
-from workerpool.router.recovery import MAX_ATTEMPTS, Recovery
-from workerpool.router.registry import WorkerKey, WorkerRecord, WorkerState
-from workerpool.router.rollout import Rollout
-from workerpool.router.stats import RouterStats
+from workerpool.router.core import Router
+from workerpool.router.intake import Pending
+from workerpool.router.outbox import CLIENT, WORKER
+from workerpool.router.recovery import MAX_ATTEMPTS
+from workerpool.router.registry import WorkerRecord, WorkerState
 
-SIGNATURE_RANK = 2  # requests of shape (rows, 4): the batch axis first
-
-
-class Replies:
-    """Stands in for the client socket: keeps each message the intake sends."""
-
-    def __init__(self) -> None:
-        self.messages: list[list[bytes]] = []
-        self._parts: list[bytes] = []
-
-    def send(self, part: Any, flags: int = 0, copy: bool = True) -> None:
-        self._parts.append(bytes(part))
-        if not flags & zmq.SNDMORE:
-            self.messages.append(self._parts)
-            self._parts = []
-
-    def errors(self) -> dict[int, str]:
-        """Request id -> error code of the error replies sent so far."""
-        headers = [protocol.decode_header(message[2]) for message in self.messages]
-        return {h["id"]: h["error"]["code"] for h in headers if h["status"] == "error"}
+SIGNATURE = {"inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
+             "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}]}
 
 
 class Pool:
-    """A dispatcher and a recovery over one registry, as the router wires them."""
+    """A router core, the events it reported, and what it sent: the outbox is emptied after
+    each event, as the router's shell does; a send to an ``unreachable`` worker fails there."""
 
     def __init__(self, *, batching: BatchPolicy | None = None, request_timeout: float | None = None) -> None:
-        self.workers: dict[WorkerKey, WorkerRecord] = {}
-        self.replies = Replies()
         self.sent: list[tuple[int, list[Any]]] = []  # (pid, frames) of each send that left
+        self.replies: list[list[Any]] = []  # what clients were sent
         self.unreachable: set[int] = set()
         self.lost: list[int] = []
-        self.rollout = Rollout()
-        self.quarantine = Quarantine()
-        self.stats = RouterStats()
-        self.intake = Intake(self.replies, max_queue=64, max_message_size=1 << 20,  # type: ignore[arg-type]
-                             max_queue_bytes=None, dispatch=lambda pending: self.dispatcher.dispatch(pending))
-        if batching is not None:
-            batching.rank = SIGNATURE_RANK
-        self.dispatcher = Dispatcher(self.workers, self.intake, send=self.send,
-                                     batching=batching or BatchPolicy(), rollout=self.rollout,
-                                     quarantine=self.quarantine, stats=self.stats)
-        self.recovery = Recovery(self.workers, self.intake, self.dispatcher, rollout=self.rollout,
-                                 quarantine=self.quarantine, lost=lambda w, why: self.lost.append(w.pid),
-                                 request_timeout=request_timeout)
+        self.router = Router(self, max_queue=64, max_message_size=1 << 20, signature=SIGNATURE,
+                             request_timeout=request_timeout, batching=batching)
+        self.workers = self.router._workers
+        self.intake, self.dispatcher, self.recovery = self.router.intake, self.router.dispatcher, self.router.recovery
+        self.rollout, self.quarantine, self.stats = self.router.rollout, self.router.quarantine, self.router.stats
 
-    def send(self, worker: WorkerRecord, frames: list[Any]) -> bool:
-        if worker.pid in self.unreachable:
-            self.recovery.lose(worker.key, "unreachable")
-            return False
-        self.sent.append((worker.pid, frames))
+    # The events the router tells its owner.
+
+    def worker_ready(self, worker: WorkerRecord) -> None:
+        pass
+
+    def worker_lost(self, worker: WorkerRecord, why: str) -> None:
+        self.lost.append(worker.pid)
+
+    def started_here(self, token: str | None) -> bool:
         return True
+
+    def reload_failed(self, worker: WorkerRecord, why: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        """What the shell does after each event."""
+        while (send := self.router.outbox.take()) is not None:
+            kind, key, frames = send
+            if kind == CLIENT:
+                self.replies.append(frames)
+                continue
+            worker = self.workers.get(key)
+            if kind == WORKER and worker is not None and worker.pid in self.unreachable:
+                self.router.lose(key, "unreachable")
+            elif worker is not None:
+                self.sent.append((worker.pid, frames))
+
+    def errors(self) -> dict[int, str]:
+        """Request id -> error code of the error replies sent so far."""
+        headers = [protocol.decode_header(frames[0]) for frames in self.replies]
+        return {h["id"]: h["error"]["code"] for h in headers if h["status"] == "error"}
 
     def worker(self, pid: int, *, batching: bool = False, local: bool = True, token: str | None = None,
                generation: int = 1) -> WorkerRecord:
-        """Register a worker and free it, as the router does on its READY."""
-        record = WorkerRecord(address=f"w{pid}".encode(), link=None, pid=pid, host="h",  # type: ignore[arg-type]
-                              generation=generation, model="m", local=local, token=token,
-                              started=0.0, last_seen=0.0, batching=batching)
-        self.workers[record.key] = record
-        self.dispatcher.worker_free(record)
-        return record
+        """A worker's READY: registered, and free."""
+        ready = {"pid": pid, "host": "h", "generation": generation, "model": "m", "token": token,
+                 "batching": batching, **SIGNATURE}
+        self.router.from_worker(local, [zmq.Frame(f"w{pid}".encode()), zmq.Frame(protocol.READY),
+                                        zmq.Frame(json.dumps(ready).encode())])
+        self.flush()
+        return self.workers[(local, f"w{pid}".encode())]
 
     def request(self, request_id: int, *, client: bytes = b"c", rows: int = 1) -> Pending:
-        """A request arriving: dispatched at once, or queued (the intake's limits aside)."""
+        """A request arriving on the client socket: dispatched at once, or queued."""
         frames = protocol.encode_request(request_id, np.zeros((rows, 4), np.float32))[1:]
-        pending = Pending(client, frames, time.monotonic(), size=sum(len(bytes(f)) for f in frames))
-        if not self.dispatcher.dispatch(pending):
-            self.intake.enqueue(pending)
-        return pending
+        self.router.intake.receive([zmq.Frame(client), zmq.Frame(b""), *map(zmq.Frame, frames)])
+        self.flush()
+        held = [p for w in self.workers.values() for p in w.inflight] + list(self.intake.queue._everything())
+        return next(p for p in held if protocol.decode_header(p.frames[0])["id"] == request_id)
 
-    def answer(self, worker: WorkerRecord) -> None:
-        """``worker`` answers everything it holds (the replies themselves are the router's)."""
-        worker.inflight.clear()
-        self.dispatcher.finished(worker, time.monotonic())
+    def answer(self, worker: WorkerRecord, status: bytes = b"ok") -> None:
+        """``worker`` answers everything it holds, in order."""
+        for pending in list(worker.inflight):
+            request_id = protocol.decode_header(pending.frames[0])["id"]
+            reply = protocol.encode_reply(request_id) if status == b"ok" else \
+                protocol.encode_error(request_id, status.decode(), "failed")
+            self.router.from_worker(worker.local, [zmq.Frame(worker.address), zmq.Frame(protocol.REPLY),
+                                                   zmq.Frame(pending.client), zmq.Frame(status),
+                                                   *map(zmq.Frame, reply)])
+        self.flush()
+
+    def lose(self, worker: WorkerRecord, why: str = "test", **how: bool) -> None:
+        self.router.lose(worker.key, why, **how)
+        self.flush()
+
+    def exited(self, token: str, why: str, **how: bool) -> None:
+        self.router.worker_exited(token, why, **how)
+        self.flush()
 
     def sends_to(self, pid: int) -> list[list[int] | bytes]:
         """What ``pid`` was sent: the request ids of each REQUEST or BATCH, else the command."""
-        return [_ids(frames) for to, frames in self.sent if to == pid]
+        return [_ids(frames) for to, frames in self.sent if to == pid and frames[0] != protocol.HEARTBEAT]
 
 
 def _ids(frames: list[Any]) -> list[int] | bytes:
@@ -140,8 +151,7 @@ def test_a_worker_whose_last_answer_failed_goes_to_the_back_of_the_free_list():
     pool.request(1)
     pool.request(2)
     pool.answer(healthy)
-    broken.failed_last = True  # the router sets it when a reply is an error
-    pool.answer(broken)  # freed last, yet not the next to take a request
+    pool.answer(broken, b"internal")  # freed last, yet not the next to take a request
     pool.request(3)
     pool.answer(healthy)
     pool.request(4)
@@ -193,8 +203,8 @@ def test_the_rollout_takes_a_free_worker_out_to_reload_it():
     pool = Pool()
     worker = pool.worker(1)
     pool.worker(2, local=False)
-    pool.rollout.begin(2, [0], "/src")
-    pool.dispatcher.reload_next()
+    pool.router.begin_rollout(2, [0], "/src")
+    pool.flush()
     assert pool.sends_to(1) == [protocol.RELOAD] and worker.state == WorkerState.RELOADING
     assert pool.rollout.switching == worker.key
     pool.request(1)
@@ -211,7 +221,7 @@ def test_a_worker_that_cannot_be_reached_is_lost_and_the_request_goes_to_the_nex
     assert [w.pid for w in pool.workers.values()] == [1]
 
 
-def test_a_batch_that_cannot_be_sent_goes_back_first_in_the_queue_in_order():
+def test_a_batch_that_cannot_be_sent_goes_back_first_in_the_queue_each_alone_in_order():
     pool = Pool(batching=BatchPolicy(max_rows=8))
     busy = pool.worker(1, batching=True)
     pool.request(0)
@@ -220,8 +230,10 @@ def test_a_batch_that_cannot_be_sent_goes_back_first_in_the_queue_in_order():
     pool.unreachable.add(1)
     pool.answer(busy)
     assert pool.lost == [1]
-    pool.worker(2, batching=True)
-    assert pool.sends_to(2) == [[1, 2, 3]]
+    spare = pool.worker(2, batching=True)
+    for _ in range(3):
+        pool.answer(spare)
+    assert pool.sends_to(2) == [[1], [2], [3]] and pool.errors() == {}
 
 
 def test_a_quarantined_request_is_refused_without_being_sent():
@@ -230,9 +242,11 @@ def test_a_quarantined_request_is_refused_without_being_sent():
     killer = pool.request(7)
     pool.quarantine.killed(killer.client, killer.frames)
     pool.answer(next(iter(pool.workers.values())))
-    pool.request(7, client=b"other")
+    pool.intake.receive([zmq.Frame(b"other"), zmq.Frame(b""), *map(zmq.Frame, protocol.encode_request(
+        7, np.zeros((1, 4), np.float32))[1:])])
+    pool.flush()
     assert pool.sends_to(1) == [[7]]
-    assert pool.replies.errors() == {7: "worker_failed"}
+    assert pool.errors() == {7: "worker_failed"}
 
 
 def test_a_request_held_for_company_is_released_when_due():
@@ -240,12 +254,13 @@ def test_a_request_held_for_company_is_released_when_due():
     pool.worker(1, batching=True)
     pool.request(1)
     pool.request(2)
-    assert pool.sent == [] and pool.dispatcher.wake_at is not None
-    pool.dispatcher.wake(pool.dispatcher.wake_at - 0.001)  # not yet
-    assert pool.sent == []
+    assert pool.sends_to(1) == [] and pool.router.wake_at is not None
+    pool.dispatcher.wake(pool.router.wake_at - 0.001)  # not yet
+    assert pool.router.outbox.take() is None
     time.sleep(0.03)
-    pool.dispatcher.wake(time.monotonic())
-    assert pool.sends_to(1) == [[1, 2]] and pool.dispatcher.wake_at is None
+    pool.router.tick()
+    pool.flush()
+    assert pool.sends_to(1) == [[1, 2]] and pool.router.wake_at is None
 
 
 def test_a_remote_worker_is_never_held_for_a_batch():
@@ -262,12 +277,10 @@ def test_a_lost_request_is_retried_once_alone_then_fails():
     pool = Pool()
     second, first = pool.worker(2), pool.worker(1)  # the request goes to the last one freed
     pending = pool.request(9)
-    pool.recovery.lose(first.key, "test")
-    assert len(pool.intake.queue) == 1  # queued first, for the router's next drain
-    pool.dispatcher.drain()
+    pool.lose(first)
     assert pool.sends_to(2) == [[9]] and pending.solo and pending.attempts == MAX_ATTEMPTS
-    pool.recovery.lose(second.key, "test")
-    assert pool.replies.errors() == {9: "worker_failed"}
+    pool.lose(second)
+    assert pool.errors() == {9: "worker_failed"}
     assert pool.lost == [1, 2] and pool.workers == {}
     assert pool.quarantine.refusal(b"other", pending.frames) is not None  # proven: it killed twice
 
@@ -277,10 +290,10 @@ def test_a_request_whose_workers_were_both_sigkilled_fails_but_is_not_quarantine
     pool.worker(2, token="b")
     pool.worker(1, token="a")  # freed last: the request goes to it
     pending = pool.request(9)
-    pool.recovery.worker_exited("a", "was killed by SIGKILL", killed=True)
+    pool.exited("a", "was killed by SIGKILL", killed=True)
     assert pool.sends_to(2) == [[9]]
-    pool.recovery.worker_exited("b", "was killed by SIGKILL", killed=True)
-    assert pool.replies.errors() == {9: "worker_failed"}
+    pool.exited("b", "was killed by SIGKILL", killed=True)
+    assert pool.errors() == {9: "worker_failed"}
     assert not pool.quarantine and pool.quarantine.refusal(b"other", pending.frames) is None
 
 
@@ -298,7 +311,7 @@ def running_a_batch(pool: Pool, *clients: bytes) -> WorkerRecord:
 def test_a_lost_batch_of_two_clients_is_retried_request_by_request_blaming_neither():
     pool = Pool(batching=BatchPolicy(max_rows=8))
     worker = running_a_batch(pool, b"a", b"b")
-    pool.recovery.lose(worker.key, "test")
+    pool.lose(worker)
     spare = pool.worker(2, batching=True)
     assert pool.sends_to(2) == [[1]]
     pool.answer(spare)
@@ -309,7 +322,7 @@ def test_a_lost_batch_of_two_clients_is_retried_request_by_request_blaming_neith
 def test_a_lost_batch_of_one_client_blames_it_for_nothing():
     pool = Pool(batching=BatchPolicy(max_rows=8))
     worker = running_a_batch(pool, b"c", b"c")
-    pool.recovery.lose(worker.key, "test")
+    pool.lose(worker)
     assert not pool.quarantine
 
 
@@ -325,11 +338,10 @@ def test_deaths_from_outside_blame_no_client_and_only_distinct_killers_refuse_on
         pool.worker(2 * request_id + 1)
         pool.worker(2 * request_id + 2)
         pending = pool.request(request_id, client=b"innocent")
-        pool.recovery.lose(running().key, "killed from outside")
-        pool.dispatcher.drain()
+        pool.lose(running(), "killed from outside")
         pool.answer(running())
         assert pending.attempts == MAX_ATTEMPTS
-    assert pool.replies.errors() == {} and not pool.quarantine
+    assert pool.errors() == {} and not pool.quarantine
     for number in range(3):
         assert pool.quarantine.refusal(b"killer", [f"{number}".encode()]) is None
         pool.quarantine.killed(b"killer", [protocol.encode_request(number, [f"killer {number}"])[1]])
@@ -341,10 +353,10 @@ def test_deaths_from_outside_blame_no_client_and_only_distinct_killers_refuse_on
 def test_a_lost_free_worker_is_taken_off_the_free_list():
     pool = Pool()
     worker = pool.worker(1)
-    pool.recovery.lose(worker.key, "gone", asked=True)
+    pool.lose(worker, "gone", asked=True)
     pool.request(1)
     assert pool.sent == [] and pool.lost == [1]
-    pool.recovery.lose(worker.key, "again")  # already forgotten: nothing happens
+    pool.lose(worker, "again")  # already forgotten: nothing happens
     assert pool.lost == [1]
 
 
@@ -355,7 +367,8 @@ def test_a_request_past_the_timeout_is_answered_and_its_worker_given_up():
     assert not pool.recovery.overdue(worker, worker.busy_since + 0.4)
     assert pool.recovery.overdue(worker, worker.busy_since + 0.6)
     pool.recovery.time_out(worker)
-    assert pool.replies.errors() == {4: "request_timeout"} and pool.lost == [1]
+    pool.flush()
+    assert pool.errors() == {4: "request_timeout"} and pool.lost == [1]
     assert pool.quarantine.refusal(b"other", pending.frames) is not None
 
 
@@ -363,7 +376,8 @@ def test_a_batch_past_the_timeout_is_retried_request_by_request():
     pool = Pool(batching=BatchPolicy(max_rows=8), request_timeout=0.5)
     worker = running_a_batch(pool, b"c", b"c")
     pool.recovery.time_out(worker)
-    assert pool.replies.errors() == {} and pool.lost == [1]
+    pool.flush()
+    assert pool.errors() == {} and pool.lost == [1]
     assert [p.solo for p in pool.intake.queue.take_all()] == [True, True]
 
 
@@ -372,9 +386,12 @@ def test_what_is_left_of_a_partly_answered_batch_past_the_timeout_is_retried_bla
     runs out of time spent it waiting behind the others."""
     pool = Pool(batching=BatchPolicy(max_rows=8), request_timeout=0.5)
     worker = running_a_batch(pool, b"a", b"b")
-    worker.inflight.pop(0)  # the first request's reply came (Router._reply)
+    first = worker.inflight[0]
+    pool.router.from_worker(True, [zmq.Frame(worker.address), zmq.Frame(protocol.REPLY), zmq.Frame(first.client),
+                                   zmq.Frame(b"ok"), *map(zmq.Frame, protocol.encode_reply(1))])
     pool.recovery.time_out(worker)
-    assert pool.replies.errors() == {} and pool.lost == [1] and not pool.quarantine
+    pool.flush()
+    assert pool.errors() == {} and pool.lost == [1] and not pool.quarantine
     assert [p.solo for p in pool.intake.queue.take_all()] == [True]
 
 
@@ -390,7 +407,7 @@ def test_an_exited_process_loses_only_the_local_workers_with_its_token():
     pool.worker(1, token="t1")
     pool.worker(2, token="t2")
     pool.worker(3, local=False)
-    pool.recovery.worker_exited("t1", "exited", asked=True)
+    pool.exited("t1", "exited", asked=True)
     assert sorted(w.pid for w in pool.workers.values()) == [2, 3] and pool.lost == [1]
 
 
@@ -399,6 +416,45 @@ def test_fail_all_answers_queued_and_in_flight_requests():
     worker = pool.worker(1)
     pool.request(1)
     pool.request(2)
-    pool.recovery.fail_all("shutting_down", "bye")
-    assert pool.replies.errors() == {1: "shutting_down", 2: "shutting_down"}
+    pool.router.fail_all("shutting_down", "bye")
+    pool.flush()
+    assert pool.errors() == {1: "shutting_down", 2: "shutting_down"}
     assert worker.inflight == [] and len(pool.intake.queue) == 0
+
+
+# Doors and draining.
+
+
+def test_http_requests_batch_by_count_and_never_with_requests_of_arrays():
+    """The router cannot see an HTTP body: its requests share a pass by count, and the worker
+    groups them by what it decodes; ZeroMQ requests of arrays batch among themselves."""
+    pool = Pool(batching=BatchPolicy(max_rows=4))
+    worker = pool.worker(1, batching=True)
+    pool.request(0)
+    lane = pool.intake.local_key + b"lane"
+    for request_id in (1, 2, 3, 4, 5):
+        frames = request_frames(request_id, KSERVE, "m", b"{}", head=None, deadline=None)
+        pool.intake.admit_local(lane + bytes([request_id]), frames, 100, deadline=None)
+    pool.request(6)
+    pool.flush()
+    assert len(pool.intake.queue) == 6
+    for _ in range(3):
+        pool.answer(worker)
+    assert pool.sends_to(1) == [[0], [1, 2, 3, 4], [5], [6]]
+    http = [frames for pid, frames in pool.sent if frames[0] == protocol.BATCH]
+    assert all(frames[2].startswith(pool.intake.local_key) for frames in http)
+
+
+def test_draining_answers_new_requests_and_runs_the_held_ones():
+    pool = Pool()
+    worker = pool.worker(1)
+    pool.request(1)
+    pool.request(2)
+    pool.router.stop_accepting()
+    pool.intake.receive([zmq.Frame(b"late"), zmq.Frame(b""), *map(zmq.Frame, protocol.encode_request(
+        3, np.zeros((1, 4), np.float32))[1:])])
+    pool.flush()
+    assert pool.errors() == {3: "shutting_down"} and pool.router.unfinished == 2
+    pool.answer(worker)
+    pool.answer(worker)
+    assert pool.router.unfinished == 0 and pool.sends_to(1) == [[1], [2]]

@@ -12,7 +12,9 @@ import json
 import pytest
 import zmq
 
+from workerpool.protocol.transport import receive_batch
 from workerpool.router.intake import BYTES, COUNT, Intake, Pending, QueueFull, RequestQueue
+from workerpool.router.outbox import Outbox
 
 _endpoints = itertools.count()
 
@@ -169,7 +171,8 @@ class Front:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.endpoint = f"inproc://intake-{next(_endpoints)}"
         self.socket.bind(self.endpoint)
-        self.intake = Intake(self.socket, max_message_size=1 << 20, dispatch=lambda pending: False,
+        self.outbox = Outbox()
+        self.intake = Intake(self.outbox, max_message_size=1 << 20, dispatch=lambda pending: False,
                              max_queue=limits.get("max_queue", 8),
                              max_queue_bytes=limits.get("max_queue_bytes"))
 
@@ -182,7 +185,10 @@ class Front:
         head = json.dumps({"v": 1, "id": request_id, "method": "infer", "arrays": []}).encode()
         sock.send_multipart([b"", head, payload])
         assert self.socket.poll(2000), "the request did not arrive"
-        self.intake.on_readable()
+        receive_batch(self.socket, self.intake.receive, self.intake.overlong)
+        while (reply := self.outbox.take()) is not None:  # what the router's shell does
+            _, client, frames = reply
+            self.socket.send_multipart([client, b"", *frames])
 
     def queued_ids(self) -> list[int]:
         return [json.loads(bytes(p.frames[0]))["id"] for p in self.intake.queue.take_all()]

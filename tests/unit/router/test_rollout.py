@@ -9,7 +9,7 @@ from workerpool.router.rollout import Rollout
 
 
 def record(address: bytes, generation: int = 1, *, local: bool = True) -> WorkerRecord:
-    return WorkerRecord(address=address, link=None, pid=1, host="h",  # type: ignore[arg-type]
+    return WorkerRecord(address=address, pid=1, host="h",
                         generation=generation, model="m", local=local, token=None,
                         started=0.0, last_seen=0.0)
 

@@ -1,4 +1,4 @@
-"""The router in-process: real ZeroMQ sockets over inproc://, a test driving its loop.
+"""The router with its shell in-process: real ZeroMQ sockets over inproc://, a test driving its loop.
 
 Workers here are DEALER sockets that speak the backend protocol by hand, so every routing rule
 is checked without starting a process.
@@ -18,6 +18,7 @@ import zmq
 from workerpool.protocol import messages as protocol
 from workerpool.router.batching import BatchPolicy
 from workerpool.router.core import Router
+from workerpool.router.links import RouterLinks
 from workerpool.router.registry import WorkerRecord
 from workerpool.router.sockets import bind_sockets
 
@@ -36,12 +37,13 @@ class Pool:
         sockets = bind_sockets(context, frontend=f"inproc://front-{n}", backend=f"inproc://back-{n}",
                                remote_backend=f"inproc://remote-{n}", max_message_size=1 << 20)
         self.router = Router(
-            sockets, self, max_queue=options.pop("max_queue", 8),
+            self, max_queue=options.pop("max_queue", 8),
             max_message_size=1 << 20, signature=options.pop("signature", SIGNATURE), **options,
         )
+        self.links = RouterLinks(sockets, self.router)
         self.remote_endpoint = f"inproc://remote-{n}"
         self.poller = zmq.Poller()
-        for sock in (self.router.frontend, self.router.backend, self.router.remote):
+        for sock in (self.links.frontend, self.links.backend, self.links.remote):
             self.poller.register(sock, zmq.POLLIN)
 
     def worker_ready(self, worker: WorkerRecord) -> None:
@@ -61,23 +63,24 @@ class Pool:
         while not until():
             assert time.monotonic() < deadline, "condition not met"
             events = dict(self.poller.poll(10))
-            if self.router.frontend in events:
-                self.router.intake.on_readable()
-            if self.router.backend in events:
-                self.router.on_backend()
-            if self.router.remote in events:
-                self.router.on_remote_backend(self.router.remote)
+            if self.links.frontend in events:
+                self.links.on_frontend()
+            if self.links.backend in events:
+                self.links.on_backend()
+            if self.links.remote in events:
+                self.links.on_remote_backend()
             self.router.tick()
+            self.links.flush()
 
     def client(self) -> zmq.Socket:
         sock = self.context.socket(zmq.DEALER)
-        sock.connect(self.router.endpoint)
+        sock.connect(self.links.endpoint)
         return sock
 
     def worker(self, pid: int, *, remote: bool = False, **ready) -> zmq.Socket:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"w{pid}".encode())
-        sock.connect(self.remote_endpoint if remote else self.router.backend_endpoint)
+        sock.connect(self.remote_endpoint if remote else self.links.backend_endpoint)
         info = {"pid": pid, "host": "h", "generation": 1, "model": "m", **self.router.signature, **ready}
         sock.send_multipart([protocol.READY, json.dumps(info).encode()])
         return sock
@@ -194,7 +197,7 @@ def test_a_worker_whose_model_does_not_fit_is_refused(context):
 def test_a_malformed_ready_is_ignored(context, ready):
     pool = Pool(context)
     sock = context.socket(zmq.DEALER)
-    sock.connect(pool.router.backend_endpoint)
+    sock.connect(pool.links.backend_endpoint)
     sock.send_multipart([protocol.READY, ready])
     sock.send_multipart([protocol.HEARTBEAT])
     pool.pump(received(sock))

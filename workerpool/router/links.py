@@ -1,0 +1,70 @@
+"""The router's shell: the sockets around its core. It hands the core what the client and
+worker sockets receive, and sends what the core put in its outbox, never blocking: a reply
+to a client that is gone or does not read is dropped; a message to a worker that cannot be
+reached loses that worker, an event the core handles like any other, after the one that
+produced the message. Replies to the HTTP front door's lanes go to ``deliver_local``, in
+this process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ..protocol.transport import NOBLOCK, receive_batch, send_parts
+from .core import Router
+from .intake import LOCAL_KEY_BYTES
+from .outbox import CLIENT, WORKER
+from .sockets import RouterSockets
+
+log = logging.getLogger(__name__)
+
+
+class RouterLinks:
+    def __init__(self, sockets: RouterSockets, router: Router) -> None:
+        self.router = router
+        self.frontend, self.backend, self.remote = sockets.frontend, sockets.backend, sockets.remote
+        self.endpoint = sockets.endpoint
+        self.backend_endpoint = sockets.backend_endpoint
+        self.deliver_local: Callable[[bytes, list[Any]], None] | None = None  # set by the HTTP front door
+
+    def on_frontend(self) -> None:
+        intake = self.router.intake
+        receive_batch(self.frontend, intake.receive, intake.overlong)
+
+    def on_backend(self) -> None:
+        receive_batch(self.backend, lambda frames: self.router.from_worker(True, frames))
+
+    def on_remote_backend(self) -> None:
+        assert self.remote is not None
+        receive_batch(self.remote, lambda frames: self.router.from_worker(False, frames))
+
+    def flush(self) -> None:
+        """Send everything in the outbox, what sending adds to it too."""
+        outbox, local_key = self.router.outbox, self.router.intake.local_key
+        while (send := outbox.take()) is not None:
+            kind, key, frames = send
+            if kind == CLIENT:
+                if key[:LOCAL_KEY_BYTES] == local_key:
+                    if self.deliver_local is not None:
+                        self.deliver_local(key, frames)
+                    continue
+                try:
+                    send_parts(self.frontend, [key, b"", *frames], NOBLOCK)
+                except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away; EAGAIN: it does not read
+                    log.debug("reply to a vanished or stalled client dropped: %s", exc)
+                continue
+            local, address = key
+            link = self.backend if local else self.remote
+            if link is None:  # no remote backend: no remote worker either
+                continue
+            try:
+                send_parts(link, [address, *frames], NOBLOCK)
+            except zmq.ZMQError as exc:
+                if kind == WORKER:
+                    self.router.lose(key, f"unreachable ({exc})")
+                else:  # a peer not registered: it is gone, or will say READY again
+                    log.debug("message to unregistered worker %r dropped: %s", address, exc)

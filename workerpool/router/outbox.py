@@ -1,0 +1,39 @@
+"""What the router core asks to be sent, in the order it asked: the core never touches a
+socket. Its shell (``links.py``) sends each message after the event that produced it; a send
+that fails becomes an event of its own (the worker is lost), never a call back into the middle
+of the core's work."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+WorkerKey = tuple[bool, bytes]  # (local, routing id): a remote peer can never pose as a local worker
+
+CLIENT = 0  # to a client: a ZeroMQ routing id, or an HTTP connection's lane
+WORKER = 1  # to a registered worker, by its key
+PEER = 2  # to a worker that is not registered (WHO, REFUSE), by its would-be key
+Send = tuple[int, Any, list[Any]]
+
+
+class Outbox:
+    __slots__ = ("_sends",)
+
+    def __init__(self) -> None:
+        self._sends: deque[Send] = deque()
+
+    def to_client(self, client: bytes, frames: list[Any]) -> None:
+        self._sends.append((CLIENT, client, frames))
+
+    def to_worker(self, key: WorkerKey, frames: list[Any]) -> None:
+        self._sends.append((WORKER, key, frames))
+
+    def to_peer(self, key: WorkerKey, frames: list[Any]) -> None:
+        self._sends.append((PEER, key, frames))
+
+    def take(self) -> Send | None:
+        """The oldest message not yet sent, or None."""
+        return self._sends.popleft() if self._sends else None
+
+    def __len__(self) -> int:
+        return len(self._sends)
