@@ -223,7 +223,7 @@ class Router:
         if not worker.inflight and self.rollout.switching != key:
             self.dispatcher.worker_free(worker)
 
-    def fail_all(self, code: str, message: str) -> None:
+    def fail_all(self, code: ErrorCode, message: str) -> None:
         """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
         self.recovery.fail_all(code, message)
 

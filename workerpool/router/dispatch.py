@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from ..errors import ErrorCode
 from ..protocol import messages as protocol
 from .batching import BatchPolicy, BatchShape
 from .intake import Intake, Pending
@@ -123,7 +124,7 @@ class Dispatcher:
         if self._quarantine:
             refusal = self._quarantine.refusal(pending.client, pending.frames)
             if refusal is not None:
-                self._intake.fail(pending, "worker_failed", refusal)
+                self._intake.fail(pending, ErrorCode.WORKER_FAILED, refusal)
                 return True
         floor = self._rollout.floor(pending.client)
         held = self._held(pending)
@@ -200,7 +201,7 @@ class Dispatcher:
             self._queue.take()
             refusal = self._quarantine.refusal(candidate.client, candidate.frames) if self._quarantine else None
             if refusal is not None:
-                self._intake.fail(candidate, "worker_failed", refusal)
+                self._intake.fail(candidate, ErrorCode.WORKER_FAILED, refusal)
                 continue
             batch.append(candidate)
             rows += fits.rows

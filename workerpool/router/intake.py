@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ErrorCode
 from ..protocol import messages as protocol
 from ..units import MS_PER_SECOND, KiB
 from .batching import HTTP_SHAPE, BatchShape
@@ -287,14 +288,14 @@ class Intake:
         client = frames[0].bytes
         if len(frames) < 3 or frames[1].bytes != b"":
             request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
-            self.reply_error(client, request_id, "bad_request",
+            self.reply_error(client, request_id, ErrorCode.BAD_REQUEST,
                              "a request is an empty delimiter frame, a JSON header frame, then array frames")
             return
         connections = self.connections
         if connections is not None and client not in connections.serving:
             why = connections.admit(client, frames[0])
             if why is not None:
-                self.refuse(client, frames[2], "overloaded", why)
+                self.refuse(client, frames[2], ErrorCode.OVERLOADED, why)
                 return
         self.admit(client, frames[2:], sum(len(frame) for frame in frames))
 
@@ -302,7 +303,7 @@ class Intake:
         """A message of more frames than any request has: answered, though never held whole."""
         self.read += 1
         request_id = protocol.request_id_of(frames[2]) if frames[1].bytes == b"" else None
-        self.reply_error(frames[0].bytes, request_id, "bad_request",
+        self.reply_error(frames[0].bytes, request_id, ErrorCode.BAD_REQUEST,
                          f"a message of {count - 1} frames: a request is at most {protocol.MAX_ARRAYS + 2} "
                          f"(a delimiter, a header and {protocol.MAX_ARRAYS} arrays)")
 
@@ -319,10 +320,10 @@ class Intake:
         """Take a request (header frame, then array frames) of ``size`` bytes from ``client``;
         ``known``: its batch shape and deadline, when its sender knows them."""
         if not self.accepting:
-            self.refuse(client, frames[0], "shutting_down", "the server is shutting down")
+            self.refuse(client, frames[0], ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             return
         if size > self.max_message_size:  # libzmq's own limit is per frame
-            self.refuse(client, frames[0], "bad_request",
+            self.refuse(client, frames[0], ErrorCode.BAD_REQUEST,
                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
             return
         pending = Pending(client, frames, time.monotonic(), size=size)
@@ -338,12 +339,12 @@ class Intake:
         try:
             self.queue.check_room(pending)
         except QueueFull as full:
-            self.fail(pending, "overloaded", self._refusal(pending, full.limit))
+            self.fail(pending, ErrorCode.OVERLOADED, self._refusal(pending, full.limit))
             return
         if self._expired(pending):  # before evicting: a request past its deadline takes no room
             return
         for victim in self.queue.make_room(pending):
-            self.fail(victim, "overloaded", EVICTED)
+            self.fail(victim, ErrorCode.OVERLOADED, EVICTED)
         pending.frames = [bytes(f) if len(f) <= SHARED_FRAME_MAX else f for f in pending.frames]
         self.queue.put(pending)
 
@@ -371,14 +372,14 @@ class Intake:
         self.expire(pending)
         return True
 
-    def refuse(self, client: bytes, header: Any, code: str, message: str) -> None:
+    def refuse(self, client: bytes, header: Any, code: ErrorCode, message: str) -> None:
         self.reply_error(client, protocol.request_id_of(header), code, message)
 
-    def fail(self, pending: Pending, code: str, message: str) -> None:
+    def fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
         header = pending.header()
         self.reply_error(pending.client, None if header is None else header.get("id"), code, message)
 
-    def reply_error(self, client: bytes, request_id: Any, code: str, message: str) -> None:
+    def reply_error(self, client: bytes, request_id: Any, code: ErrorCode, message: str) -> None:
         self.outcomes[code] += 1
         self.send(client, protocol.encode_error(request_id, code, message))
 
@@ -387,13 +388,13 @@ class Intake:
 
     def expire(self, pending: Pending) -> None:
         waited = time.monotonic() - pending.received
-        self.fail(pending, "deadline_exceeded",
+        self.fail(pending, ErrorCode.DEADLINE_EXCEEDED,
                   f"the deadline passed after {waited * MS_PER_SECOND:.0f} ms in the queue")
 
     def expire_due(self) -> None:
         for pending in self.queue.take_expired(time.monotonic()):
             self.expire(pending)
 
-    def fail_queued(self, code: str, message: str) -> None:
+    def fail_queued(self, code: ErrorCode, message: str) -> None:
         for pending in self.queue.take_all():
             self.fail(pending, code, message)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import ErrorCode
 from .dispatch import Dispatcher
 from .intake import Intake, Pending
 from .quarantine import Quarantine
@@ -70,7 +71,7 @@ class Recovery:
             log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
             if not killed:
                 self.quarantine.killed(pending.client, pending.frames)
-            self.intake.fail(pending, "worker_failed",
+            self.intake.fail(pending, ErrorCode.WORKER_FAILED,
                               f"worker {worker.pid} failed while running the request, twice")
 
     def take_inflight(self, worker: WorkerRecord) -> list[Pending]:
@@ -111,11 +112,11 @@ class Recovery:
             return
         pending = inflight[0]
         self.quarantine.killed(pending.client, pending.frames)
-        self.intake.fail(pending, "request_timeout", f"the request ran past {limit} on worker "
+        self.intake.fail(pending, ErrorCode.REQUEST_TIMEOUT, f"the request ran past {limit} on worker "
                           f"{worker.pid}; that worker is being replaced")
         self.lose(worker.key, f"its request ran past {limit}")
 
-    def fail_all(self, code: str, message: str) -> None:
+    def fail_all(self, code: ErrorCode, message: str) -> None:
         """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
         self.intake.fail_queued(code, message)
         for worker in self.workers.values():

@@ -18,6 +18,7 @@ import time
 from contextlib import ExitStack
 
 from ..config.pool import POLLS_PER_HEARTBEAT, PoolConfig, StartupError
+from ..errors import ErrorCode
 from ..units import format_size
 from ..weights import reload
 from ..worker.spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
@@ -316,7 +317,7 @@ class Supervisor:
                 return
             if unfinished and self.role.requests is not None:
                 log.warning("graceful timeout: failing %d unfinished requests", unfinished)
-                self.role.requests.fail_all("shutting_down",
+                self.role.requests.fail_all(ErrorCode.SHUTTING_DOWN,
                                             "the server stopped before the request finished")
             for child in list(self.children.values()):
                 self.stop_child(child)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Protocol
 
+from ..errors import ErrorCode
 from ..worker.spec import WorkerSpec
 from .process import Child
 
@@ -22,7 +23,7 @@ class Requests(Protocol):
 
     def stop_accepting(self) -> None: ...
 
-    def fail_all(self, code: str, message: str) -> None: ...
+    def fail_all(self, code: ErrorCode, message: str) -> None: ...
 
 
 class Role(Protocol):
