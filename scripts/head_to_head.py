@@ -69,6 +69,8 @@ LABELS = {WORKERPOOL: "workerpool (fork template)", GUNICORN: "gunicorn --preloa
 
 # The servers, started and warmed.
 
+WORKERPOOL_OPTIONS: list[str] = []  # more options of workerpool serve (--http)
+
 
 @contextmanager
 def workerpool_server(load: Load, name: str) -> Iterator[tuple[int, str, set[int]]]:
@@ -76,7 +78,7 @@ def workerpool_server(load: Load, name: str) -> Iterator[tuple[int, str, set[int
     workers, once each has answered."""
     args = serve_args(load.model, load.workers, "--start", "fork", "--threads-per-worker",
                       str(load.blas_threads), "--control", f"ipc://{load.directory}/control-{name}.sock",
-                      "--log-level", "warning")
+                      "--log-level", "warning", *WORKERPOOL_OPTIONS)
     try:
         with ServerProcess(args, log_path=os.path.join(load.directory, f"{name}.log")) as server:
             assert server.proc is not None
@@ -265,6 +267,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="workers of each server in the memory table (default: 8)")
     parser.add_argument("--memory-runs", type=at_least_one, default=2,
                         help="alternating runs of each server for the memory table (default: 2)")
+    parser.add_argument("--http", action="store_true",
+                        help="run workerpool with its HTTP front door open too (--http on a free port)")
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
     return parser.parse_args(argv)
 
@@ -276,6 +280,8 @@ def load_for(run: Scratch, workers: int, args: argparse.Namespace) -> Load:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.http:
+        WORKERPOOL_OPTIONS.extend(["--http", "127.0.0.1:0"])
     start_load = load_average()
     figures: dict[str, Any] = {}
     if args.tables in ("both", "speed"):

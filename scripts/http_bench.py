@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench import drive, load_average, scratch_run, warm_workerpool
@@ -114,9 +114,26 @@ def run_pool(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, l
         run_wrk(url, scripts["kserve"], 16, 1)  # warm the gateway and its connections
         http, zmq = [], []
         for k in LEVELS:
-            http.append(run_wrk(url, scripts["kserve"], k, seconds))
-            zmq.append(drive(server.endpoint, protocol.encode_request(0, load.row), k, seconds))
+            http.append(with_supervisor_cpu(server.proc.pid, lambda: run_wrk(url, scripts["kserve"], k, seconds),
+                                            seconds))
+            zmq.append(with_supervisor_cpu(server.proc.pid, lambda: drive(
+                server.endpoint, protocol.encode_request(0, load.row), k, seconds), seconds))
     return {"http": http, "zmq": zmq}
+
+
+def with_supervisor_cpu(pid: int, run: Callable[[], dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """``run()``'s figures, with the supervisor's CPU per request over it (µs, every thread of
+    the process, from /proc)."""
+    before = process_cpu(pid)
+    figures = run()
+    figures["supervisor_us"] = (process_cpu(pid) - before) / (figures["rps"] * seconds) * 1e6
+    return figures
+
+
+def process_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_gunicorn(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, list[dict]]:
@@ -217,6 +234,9 @@ def main() -> int:
               + f"{cells['http'][0] / cells['gunicorn'][0]:.2f}x, {cells['http'][1] / cells['gunicorn'][1]:.2f}x | "
               f"{cells['http'][0] / cells['zmq'][0]:.2f}x |"
               + (f" {cells['http'][0] / cells['mosec'][0]:.2f}x |" if mosec else ""))
+    print("\nthe supervisor's CPU per request (µs, medians): " + "; ".join(
+        f"{k} in flight: HTTP {median_of(runs['http'], i, 'supervisor_us'):.0f}, "
+        f"ZeroMQ {median_of(runs['zmq'], i, 'supervisor_us'):.0f}" for i, k in enumerate(LEVELS)))
     failed = {name: sum(level.get("failed", 0) for run in runs[name] for level in run)
               for name in runs if name != "zmq"}
     print("\nanswers other than 200: " + ", ".join(f"{name} {count}" for name, count in failed.items()))
