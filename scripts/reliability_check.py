@@ -1,4 +1,4 @@
-"""Five faults a serving system must answer, measured against real servers on loopback.
+"""Six faults a serving system must answer, measured against real servers on loopback.
 
 Each check starts its own server on a generated 1 MiB ``mlp`` and prints what clients saw:
 
@@ -10,6 +10,9 @@ Each check starts its own server on a generated 1 MiB ``mlp`` and prints what cl
   ``kill -9``ed every 0.5 s: answers by outcome.
 - ``sigterm``: 4 client threads that keep sending through a SIGTERM: answers by outcome, and
   the server's own count of the requests it read.
+- ``http-reload``: 64 keep-alive HTTP connections (binary KServe v2, one row each) through a
+  new weight file, SIGTTIN and SIGTTOU: answers by outcome, and how many were not what the
+  model of the version they name computes.
 - ``publish``: ``workerpool publish`` of a file that does not fit (another input width) over the
   served one, as a user would (and with ``--no-check``), then a worker ``kill -9``ed: workers
   5 s later, and what ``status --ready`` says.
@@ -23,26 +26,32 @@ server, command line and client) with the same script:
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import zmq
 
 import workerpool
-from workerpool import models
+from workerpool import burnpack, models
 from workerpool.control import client as control
 from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.weights.publish import publish
 
 WIDTH = 256  # the generated model's input
-CHECKS = ("frames", "connections", "kills", "sigterm", "publish")
+CHECKS = ("frames", "connections", "kills", "sigterm", "http-reload", "publish")
+HTTP_CONNECTIONS = 64
 
 
 def server(model: str, workers: int, tmp: str, *args: str) -> ServerProcess:
@@ -185,6 +194,69 @@ def check_sigterm(model: str, tmp: str, seconds: float) -> str:
     return f"{dict(outcomes)}; server: {counted[-1] if counted else 'no count of requests read'}"
 
 
+def check_http_reload(model: str, tmp: str, seconds: float) -> str:
+    served, newer = os.path.join(tmp, "reloaded.bpk"), os.path.join(tmp, "newer.bpk")
+    models.generate_mlp(served, 1024 * 1024, width=WIDTH, seed=0)
+    models.generate_mlp(newer, 1024 * 1024, width=WIDTH, seed=5)
+    x = np.random.default_rng(3).random((1, WIDTH), dtype=np.float32)
+    expected = {"1": local_model(served)(x), "2": local_model(newer)(x)}
+    head = json.dumps({"inputs": [{"name": "input", "shape": [1, WIDTH], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    body, headers = head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))}
+    outcomes: Counter[str] = Counter()
+    stop = threading.Event()
+    port = free_port()
+    with server(served, 2, tmp, "--http", f"127.0.0.1:{port}", "--model-name", "m", "--watch-interval", "0.1") as pool:
+        def drive() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            while not stop.is_set():
+                try:
+                    conn.request("POST", "/v2/models/m/infer", body, headers)
+                    reply = conn.getresponse()
+                    data, length = reply.read(), reply.getheader("Inference-Header-Content-Length")
+                except (OSError, http.client.HTTPException) as exc:
+                    outcomes[type(exc).__name__] += 1
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    continue
+                if reply.status != 200 or length is None:
+                    outcomes[str(reply.status)] += 1
+                    continue
+                version = json.loads(data[:int(length)])["model_version"]
+                output = np.frombuffer(data[int(length):], np.float32).reshape(1, -1)
+                outcomes["200" if np.allclose(output, expected[version], rtol=1e-5, atol=1e-5) else "200 but wrong"] += 1
+            conn.close()
+
+        threads = [threading.Thread(target=drive) for _ in range(HTTP_CONNECTIONS)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        publish(newer, served)
+        time.sleep(2.0)
+        pool.proc.send_signal(signal.SIGTTIN)
+        time.sleep(2.0)
+        pool.proc.send_signal(signal.SIGTTOU)
+        time.sleep(2.0)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        generations = {w["generation"] for w in control.call(control_of(pool), "status", memory=False)["workers"]}
+    return f"{dict(outcomes)}; workers at generation {sorted(generations)}"
+
+
+def local_model(path: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The model of ``path``, built in this process."""
+    pack = burnpack.read(path)
+    return models.build_model(pack.tensors, pack.metadata)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def check_publish(model: str, tmp: str, seconds: float, *options: str) -> str:
     served = os.path.join(tmp, "served.bpk")
     models.generate_mlp(served, 1024 * 1024, width=WIDTH, seed=1)
@@ -215,7 +287,7 @@ def main() -> None:
         "frames": [check_frames],
         "connections": [lambda m, t, s: check_connections(m, t, s, "1024"),
                         lambda m, t, s: check_connections(m, t, s, None)],
-        "kills": [check_kills], "sigterm": [check_sigterm],
+        "kills": [check_kills], "sigterm": [check_sigterm], "http-reload": [check_http_reload],
         "publish": [check_publish, lambda m, t, s: check_publish(m, t, s, "--no-check")],
     }
     print(f"workerpool from {os.path.dirname(workerpool.__file__)}")
