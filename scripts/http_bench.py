@@ -114,9 +114,9 @@ def run_pool(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, l
         run_wrk(url, scripts["kserve"], 16, 1)  # warm the gateway and its connections
         http, zmq = [], []
         for k in LEVELS:
-            http.append(with_supervisor_cpu(server.proc.pid, lambda: run_wrk(url, scripts["kserve"], k, seconds),
+            http.append(with_supervisor_cpu(server.proc.pid, lambda k=k: run_wrk(url, scripts["kserve"], k, seconds),
                                             seconds))
-            zmq.append(with_supervisor_cpu(server.proc.pid, lambda: drive(
+            zmq.append(with_supervisor_cpu(server.proc.pid, lambda k=k: drive(
                 server.endpoint, protocol.encode_request(0, load.row), k, seconds), seconds))
     return {"http": http, "zmq": zmq}
 
