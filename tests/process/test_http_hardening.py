@@ -182,6 +182,14 @@ def test_a_client_that_never_reads_holds_bounded_buffers_and_others_are_served(m
     assert "Traceback" not in server.log()
 
 
+def test_a_partial_head_behind_an_answered_request_is_closed_after_the_timeout(mlp):
+    _, address = mlp
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(post(infer_body(np.ones((1, WIDTH), np.float32))) + b"POST /v2/models/mlp/infer HTTP/1.1\r\nX-Sl")
+        assert read_responses(sock, 1)[0][0] == 200
+        assert closed_after(sock)  # within --http-timeout (2 s) of the answer, not never
+
+
 def abort(sock: socket.socket) -> None:
     """Close with a reset (RST), as a crashed client's kernel would."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -32,6 +32,7 @@ class Refusal(Exception):
         self.status = status
         self.message = message
         self.headers = headers or {}
+        self.path: str | None = None  # the refused request's path, once its head is read
 
 
 @dataclass
@@ -100,6 +101,8 @@ class RequestReader:
         except httptools.HttpParserCallbackError as exc:
             context = exc.__context__
             self.refusal = context if isinstance(context, Refusal) else Refusal(400, f"a malformed request: {context}")
+            if self.refusal.path is None and self._partial.request is not None:
+                self.refusal.path = self._partial.request.path
         except httptools.HttpParserError as exc:
             self.refusal = _framing_refusal(exc)
         if self.refusal is None and self._partial.request is None and self.head_bytes > MAX_HEAD_BYTES:
@@ -139,9 +142,13 @@ class RequestReader:
             raise Refusal(501, f"Transfer-Encoding {coding[:100]!r} is not served: send chunked, or Content-Length")
         request = Request(parser.get_method().decode("ascii"), target.partition("?")[0], partial.headers,
                           parser.should_keep_alive())
-        if request.content_length is not None and request.content_length > self.max_body:
-            raise _too_large(request.content_length, self.max_body)
-        request.reserved = self.admit(request)
+        try:
+            if request.content_length is not None and request.content_length > self.max_body:
+                raise _too_large(request.content_length, self.max_body)
+            request.reserved = self.admit(request)
+        except Refusal as exc:
+            exc.path = request.path
+            raise
         partial.request = request
         self.continue_wanted = request.headers.get("expect", "").lower() == "100-continue"
 
@@ -170,11 +177,6 @@ class RequestReader:
     def in_body(self) -> bool:
         """Whether a request's head is read and its body is still arriving."""
         return self._partial.request is not None
-
-    @property
-    def started(self) -> bool:
-        """Whether any byte of a request not yet whole has arrived."""
-        return self.in_body or self.head_bytes > 0
 
 
 def _too_large(size: int, limit: int) -> Refusal:

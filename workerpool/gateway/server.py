@@ -297,7 +297,9 @@ class Connection:
                     self._answer(reader.ready.popleft())
                 elif reader.refusal is not None:
                     refusal = reader.refusal
-                    self._respond(error_reply(refusal.status, refusal.message, False, refusal.headers), close=True)
+                    openai_route = (refusal.path or "").startswith("/v1/")
+                    self._respond(error_reply(refusal.status, refusal.message, openai_route, refusal.headers),
+                                  close=True)
                 elif self.ended or reader.upgraded:
                     self.closing = True
                 else:
@@ -337,8 +339,7 @@ class Connection:
         self.output += response(reply.status, reply.body, content_type=reply.content_type, headers=reply.headers,
                                 close=close, head_only=request is not None and request.method == "HEAD")
         self.closing = self.closing or close
-        if not self.reader.started:
-            self.deadline = time.monotonic() + self.server.settings.client_timeout
+        self.deadline = time.monotonic() + self.server.settings.client_timeout  # for the next head
 
     def _release(self, request: Request) -> None:
         self.server.buffered -= request.reserved

@@ -128,3 +128,12 @@ def test_responses_carry_their_length_and_a_head_answer_no_body() -> None:
     assert whole == (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: 7\r\n"
                      b"Retry-After: 1\r\nConnection: close\r\n\r\n{\"e\":1}")
     assert response(200, b"abc", head_only=True).endswith(b"Content-Length: 3\r\n\r\n")
+
+
+def test_a_refusal_after_the_head_names_the_path_it_answers():
+    too_big = read(b"POST /v1/embeddings HTTP/1.1\r\nContent-Length: 5000\r\n\r\n")
+    assert too_big.refusal.status == 413 and too_big.refusal.path == "/v1/embeddings"
+    chunked = read(b"POST /v1/embeddings HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   + b"".join(b"100\r\n" + b"a" * 256 + b"\r\n" for _ in range(5)))
+    assert chunked.refusal.status == 413 and chunked.refusal.path == "/v1/embeddings"
+    assert read(b"GET /\r\n\r\n").refusal.path is None
