@@ -6,9 +6,14 @@ does holds up another. And HTTP requests batch as ZeroMQ ones do.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import shutil
+import signal
 import socket
 import struct
+import subprocess
 import threading
 
 import numpy as np
@@ -261,3 +266,102 @@ def test_one_row_http_requests_to_a_single_input_onnx_model_are_batched(tmp_path
         output = json.loads(answer[2])["outputs"][0]
         np.testing.assert_allclose(np.array(output["data"], np.float32).reshape(output["shape"]),
                                    expected["y"] if isinstance(expected, dict) else expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_flood_of_cheap_pipelined_requests_never_read_holds_up_no_one(mlp):
+    """Requests that cost no body (no reservation) and no worker, a megabyte of them in one
+    write whose answers are never read: the connection is answered a few at a time and then no
+    longer read; the workers keep their heartbeats and others are served."""
+    server, address = mlp
+    workers = {w["pid"] for w in server.status(memory=False)["workers"]}
+    flood = socket.create_connection(address)
+    try:
+        flood.setblocking(False)
+        data = b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * 20_000
+        with contextlib.suppress(BlockingIOError):
+            flood.sendall(data)
+        for _ in range(5):
+            assert exchange(address, post(infer_body(np.ones((1, WIDTH), np.float32))), timeout=10)[0][0] == 200
+        assert {w["pid"] for w in server.status(memory=False)["workers"]} == workers
+    finally:
+        flood.close()
+
+
+def test_requests_without_a_body_reserve_nothing(mlp):
+    _, address = mlp
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3000)
+        assert [a[0] for a in read_responses(sock, 3000)] == [200] * 3000
+
+
+def test_the_token_is_asked_for_before_a_body_is_taken_and_trailers_carry_none(small_model, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    server, address = http_server(small_model, "--model-name", "mlp", "--http-token-file", str(token), workers=1)
+    body = infer_body(np.ones((1, WIDTH), np.float32))
+    with server:
+        with socket.create_connection(address, timeout=30) as sock:
+            sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nExpect: 100-continue\r\n"
+                         b"Content-Length: 800000\r\n\r\n")
+            answer = read_responses(sock, 1)[0]  # no "100 Continue": the 401 at once
+            assert answer[0] == 401 and answer[1]["connection"] == "close"
+        chunked = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n"
+                   b"0\r\nAuthorization: Bearer s3cret\r\n\r\n" % (len(body), body))
+        assert exchange(address, chunked)[0][0] == 401
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_curl_asking_for_http2_over_cleartext_is_served_its_post_in_http_1_1(mlp):
+    _, address = mlp
+    done = subprocess.run(["curl", "-s", "--http2", "-H", "Content-Type: application/json", "--data-binary",
+                           infer_body(np.ones((1, WIDTH), np.float32)).decode(),
+                           f"http://{address[0]}:{address[1]}/v2/models/mlp/infer"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert json.loads(done.stdout)["outputs"][0]["shape"] == [1, 10], done
+
+
+def test_an_early_refusal_is_read_by_the_client_not_lost_to_a_reset(small_model):
+    server, address = http_server(small_model, "--model-name", "mlp", "--max-message-size", "64KiB", workers=1)
+    with server:
+        conn = http.client.HTTPConnection(*address, timeout=30)
+        conn.request("POST", "/v2/models/mlp/infer", b"x" * 20_000_000)
+        assert conn.getresponse().status == 413
+        conn.close()
+
+
+def test_sigterm_under_keep_alive_load_answers_every_request_it_read(small_model):
+    server, address = http_server(small_model, "--model-name", "mlp", workers=2)
+    body = infer_body(np.ones((1, WIDTH), np.float32))
+    outcomes: list[str] = []
+    with server:
+        def drive() -> None:
+            conn = http.client.HTTPConnection(*address, timeout=30)
+            while True:
+                try:
+                    conn.request("POST", "/v2/models/mlp/infer", body)
+                except ConnectionRefusedError:  # the server is gone: this request was never sent
+                    return
+                except OSError as exc:
+                    outcomes.append(f"send: {exc!r}")
+                    return
+                try:
+                    reply = conn.getresponse()
+                    reply.read()
+                except (OSError, http.client.HTTPException) as exc:
+                    outcomes.append(f"sent, no answer: {exc!r}")
+                    return
+                outcomes.append(str(reply.status))
+                if reply.getheader("Connection") == "close":
+                    conn.close()
+                    conn = http.client.HTTPConnection(*address, timeout=30)
+
+        drivers = [threading.Thread(target=drive) for _ in range(16)]
+        for driver in drivers:
+            driver.start()
+        server.wait_for(lambda s: len(outcomes) >= 200)
+        server.signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0, server.log()
+        for driver in drivers:
+            driver.join(30)
+    lost = [o for o in outcomes if o not in ("200", "503")]
+    assert not lost, lost[:5]

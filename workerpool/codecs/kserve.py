@@ -133,17 +133,38 @@ def _tensor(entry: dict[str, Any], binary: memoryview, view: ModelView) -> tuple
 
 
 def _json_array(name: str, data: Any, dtype: str, shape: list[int], count: int) -> np.ndarray:
+    """The array JSON ``data`` spell, as ``dtype``: numbers for a number type, booleans for
+    BOOL, each within the type's range (numpy would read strings, and wrap or round what does
+    not fit)."""
     if not isinstance(data, list):
         raise BadRequest(f"input {name!r} needs 'data' (or binary_data_size)")
+    datatype = NUMPY_TO_DATATYPE[dtype]
     try:
-        array = np.array(data, dtype=dtype)
+        given = np.array(data)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise BadRequest(f"input {name!r}: its data are not {NUMPY_TO_DATATYPE[dtype]}: {exc}") from None
+        raise BadRequest(f"input {name!r}: its data are not {datatype}: {exc}") from None
+    if given.dtype.kind == "O" and any(item is None for item in given.ravel()):
+        raise BadRequest(f"input {name!r}: its data hold null, which is no {datatype}")
+    wanted = "b" if np.dtype(dtype).kind == "b" else "iuf"
+    if given.size and given.dtype.kind not in wanted:
+        what = "booleans" if wanted == "b" else "numbers"
+        raise BadRequest(f"input {name!r}: its data must be {what} for {datatype}, not {given.dtype.kind!r} values")
+    with np.errstate(over="ignore", invalid="ignore"):  # what does not fit is refused below
+        array = given.astype(dtype)
     if array.size != count:
         raise BadRequest(f"input {name!r}: shape {shape} holds {count} elements, 'data' has {array.size}")
-    if array.dtype.kind == "f" and np.isnan(array).any():  # no NaN in standard JSON: it was a null
-        raise BadRequest(f"input {name!r}: its data hold null, which is no {NUMPY_TO_DATATYPE[dtype]}")
+    if given.size and wanted != "b" and not _fits(given, array):
+        raise BadRequest(f"input {name!r}: its data hold values {datatype} cannot hold")
     return array.reshape(shape)
+
+
+def _fits(given: np.ndarray, array: np.ndarray) -> bool:
+    """Whether ``array`` holds what ``given`` spelled: no value rounded to another integer,
+    wrapped, or grown to infinity."""
+    if array.dtype.kind == "f":
+        return not (np.isinf(array) & np.isfinite(given)).any()
+    with np.errstate(invalid="ignore"):
+        return bool(np.array_equal(array.astype(given.dtype), given))
 
 
 def _texts(name: str, entry: dict[str, Any], binary: memoryview | None, count: int) -> list[str]:

@@ -46,6 +46,7 @@ class Request:
     keep_alive: bool
     body: bytes = b""
     reserved: int = 0  # bytes of the body counted against the front door's bound while it lives
+    http10: bool = False  # HTTP/1.0: keep-alive only when asked for, and said so in the answer
 
     @property
     def content_length(self) -> int | None:
@@ -56,8 +57,13 @@ class Request:
     def chunked(self) -> bool:
         return "transfer-encoding" in self.headers
 
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
 
 Admit = Callable[[Request], int]  # a request's head in, the bytes its body may hold out
+Grow = Callable[[Request, int], None]  # a chunked body's bytes as they come, counted or refused
 
 
 @dataclass
@@ -67,6 +73,7 @@ class _Partial:
     url: bytearray = field(default_factory=bytearray)
     headers: dict[str, str] = field(default_factory=dict)
     count: int = 0
+    head_size: int = 0  # bytes of the target and headers
     body: list[bytes] = field(default_factory=list)
     size: int = 0
     request: Request | None = None
@@ -74,30 +81,40 @@ class _Partial:
 
 class RequestReader:
     """Reads the requests of one connection, pipelined ones too. ``admit`` is asked about each
-    request once its head is read, before its body: it may raise :class:`Refusal` (too large,
-    no length, over the bytes held at once) or return the bytes to reserve for the body."""
+    request once its head is read, before its body: it may raise :class:`Refusal` (not allowed,
+    too large, no length, over the bytes held at once) or return the bytes to reserve for the
+    body; ``grow`` is told of a chunked body's bytes as they come, and may refuse them too.
 
-    def __init__(self, max_body: int, admit: Admit) -> None:
+    A request that asks to upgrade (``Upgrade: h2c``, as ``curl --http2`` sends) is served in
+    HTTP/1.1 with the body its Content-Length gives; nothing after it is read, and the
+    connection closes after its answer."""
+
+    def __init__(self, max_body: int, admit: Admit, grow: Grow) -> None:
         self.max_body = max_body
         self.admit = admit
+        self.grow = grow
         self.ready: deque[Request] = deque()
         self.refusal: Refusal | None = None  # set once: nothing is read after it
         self.upgraded = False  # a request asked to leave HTTP/1.1: it is served, then the connection closes
         self.continue_wanted = False  # a head read asks for "100 Continue" before its body
         self.head_bytes = 0
+        self._upgrading: Request | None = None  # an upgrade request whose body is still arriving
         self._partial = _Partial()
         self._parser = httptools.HttpRequestParser(self)
 
     def feed(self, data: bytes) -> None:
         """Parse ``data``; whole requests go to ``ready``, a refusal to ``refusal``."""
+        if self._upgrading is not None:
+            self._upgrade_body(data)
+            return
         if self.refusal is not None or self.upgraded:
             return
         if self._partial.request is None:  # still in a head: bound what it may take
             self.head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.upgraded = True
+        except httptools.HttpParserUpgrade as exc:
+            self._upgrade(data[exc.args[0]:])
         except httptools.HttpParserCallbackError as exc:
             context = exc.__context__
             self.refusal = context if isinstance(context, Refusal) else Refusal(400, f"a malformed request: {context}")
@@ -108,6 +125,26 @@ class RequestReader:
         if self.refusal is None and self._partial.request is None and self.head_bytes > MAX_HEAD_BYTES:
             self.refusal = Refusal(400, f"the request's head is over {MAX_HEAD_BYTES} bytes")
 
+    def _upgrade(self, rest: bytes) -> None:
+        """llhttp stops at an upgrade request's head, its body unread: read it from ``rest``."""
+        self.upgraded = True
+        request = self.ready.pop()  # llhttp completed it without its body
+        if request.chunked:
+            self.refusal = Refusal(400, "an Upgrade request with a chunked body is not served")
+            self.refusal.path = request.path
+            return
+        self._upgrading = request
+        self._upgrade_body(rest)
+
+    def _upgrade_body(self, data: bytes) -> None:
+        request = self._upgrading
+        assert request is not None
+        wanted = (request.content_length or 0) - len(request.body)
+        request.body += data[:wanted]
+        if len(request.body) == (request.content_length or 0):
+            self._upgrading = None
+            self.ready.append(request)
+
     # httptools' callbacks
 
     def on_message_begin(self) -> None:
@@ -115,11 +152,17 @@ class RequestReader:
 
     def on_url(self, url: bytes) -> None:
         self._partial.url += url
+        self._partial.head_size += len(url)
         if len(self._partial.url) > MAX_FIELD_BYTES:
             raise Refusal(400, f"the target is over {MAX_FIELD_BYTES} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         partial = self._partial
+        if partial.request is not None:  # a chunked body's trailer: never read as a header
+            return
+        partial.head_size += len(name) + len(value)
+        if partial.head_size > MAX_HEAD_BYTES:
+            raise Refusal(400, f"the request's head is over {MAX_HEAD_BYTES} bytes")
         partial.count += 1
         if partial.count > MAX_HEADERS:
             raise Refusal(400, f"more than {MAX_HEADERS} headers")
@@ -141,7 +184,7 @@ class RequestReader:
         if coding is not None and coding.strip().lower() != "chunked":
             raise Refusal(501, f"Transfer-Encoding {coding[:100]!r} is not served: send chunked, or Content-Length")
         request = Request(parser.get_method().decode("ascii"), target.partition("?")[0], partial.headers,
-                          parser.should_keep_alive())
+                          parser.should_keep_alive(), http10=version == "1.0")
         try:
             if request.content_length is not None and request.content_length > self.max_body:
                 raise _too_large(request.content_length, self.max_body)
@@ -150,13 +193,15 @@ class RequestReader:
             exc.path = request.path
             raise
         partial.request = request
-        self.continue_wanted = request.headers.get("expect", "").lower() == "100-continue"
+        self.continue_wanted = request.has_body and request.headers.get("expect", "").lower() == "100-continue"
 
     def on_body(self, data: bytes) -> None:
         partial = self._partial
         partial.size += len(data)
         if partial.size > self.max_body:
             raise _too_large(partial.size, self.max_body)
+        if partial.request is not None and partial.request.chunked:
+            self.grow(partial.request, len(data))
         partial.body.append(data)
 
     def on_message_complete(self) -> None:
@@ -167,6 +212,7 @@ class RequestReader:
         self.ready.append(request)
         self._partial = _Partial()
         self.head_bytes = 0
+        self.continue_wanted = False  # the body came: no "100 Continue" is owed any more
 
     @property
     def partial(self) -> Request | None:
@@ -191,13 +237,17 @@ def _framing_refusal(exc: Exception) -> Refusal:
 
 
 def response(status: int, body: bytes, *, content_type: str = "application/json",
-             headers: dict[str, str] | None = None, close: bool = False, head_only: bool = False) -> bytes:
-    """A whole HTTP/1.1 response; ``head_only`` (HEAD) leaves the body out but not its length."""
+             headers: dict[str, str] | None = None, close: bool = False, head_only: bool = False,
+             keep_alive_said: bool = False) -> bytes:
+    """A whole HTTP/1.1 response; ``head_only`` (HEAD) leaves the body out but not its length;
+    ``keep_alive_said``: an HTTP/1.0 client that asked to keep the connection is told it is kept."""
     lines = [f"HTTP/1.1 {status} {_reason(status)}", f"Content-Type: {content_type}",
              f"Content-Length: {len(body)}"]
     lines.extend(f"{name}: {value}" for name, value in (headers or {}).items() if name != "Connection")
     if close:
         lines.append("Connection: close")
+    elif keep_alive_said:
+        lines.append("Connection: keep-alive")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head if head_only else head + body
 

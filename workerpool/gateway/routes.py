@@ -31,6 +31,7 @@ from .http11 import Refusal, Request
 
 RETRY_AFTER = "1"
 MAX_TIMEOUT_SECONDS = 1e9  # a Timeout header past this (some 31 years) is refused, not rounded to infinity
+SECONDS = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?")  # a plain decimal number, as HTTP spells one
 MAX_SIZE_DIGITS = 18  # Inference-Header-Content-Length: more digits than any body could need
 MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 ROUTES = [(re.compile(pattern + "$"), method, name) for pattern, method, name in [
@@ -82,8 +83,15 @@ class Routes:
         self._routed: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}  # the paths seen, matched once
 
     def admit(self, request: Request) -> None:
-        """Refuse a head whose body may not be read: no length, or a coding we do not take."""
-        if not request.path.startswith(("/v2/models/", "/v1/embeddings")) or request.method != "POST":
+        """Refuse a head before its body is read: without the token a route needs, or a body
+        with no length or in a coding we do not take."""
+        try:
+            name, _ = self._route(request)
+        except Refusal:  # no such route or method: answered so once the request is whole
+            return
+        if self.token is not None and name not in OPEN_ROUTES:
+            self._authenticate(request)
+        if name not in BODY_ROUTES:
             return
         if request.content_length is None and not request.chunked:
             raise Refusal(411, "a request body needs Content-Length (or chunked transfer encoding)")
@@ -195,10 +203,7 @@ def _timeout_header(request: Request) -> float | None:
     text = request.headers.get("timeout")
     if text is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
+    value = float(text) if SECONDS.fullmatch(text.strip()) else -1.0
     if not (math.isfinite(value) and 0 <= value <= MAX_TIMEOUT_SECONDS):
         raise Refusal(400, f"the Timeout header {text[:40]!r} is not a number of seconds from 0 to "
                       f"{MAX_TIMEOUT_SECONDS:g}")

@@ -132,7 +132,7 @@ class ServingRole:
                         token=_token(config))
         server = HttpServer(pool.loop, sock, settings, routes, self.router.intake)
         self.links.deliver_local = server.deliver
-        cleanup.callback(server.close)
+        cleanup.callback(server.close, self.links.flush)
         cleanup.callback(self.links.flush)  # the answers of the last turn, before the connections close
         self._http = server
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"

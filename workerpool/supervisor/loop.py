@@ -8,6 +8,7 @@ watching the weight file) runs as duties between polls.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import select
@@ -83,19 +84,18 @@ class Loop:
                 self._poller.unregister(key)
             return
         wanted = (select.EPOLLIN if reading else 0) | (select.EPOLLOUT if writing else 0)
-        current = self._watched.get(key)
-        if wanted == current:
-            return
+        # What the epoll set holds is checked against the kernel, not only this table: a
+        # descriptor closed elsewhere leaves the set by itself, and its number comes back.
         if not wanted:
-            if current is not None:
-                del self._watched[key]
-                self._epoll.unregister(key)
-        elif current is None:
-            self._epoll.register(key, wanted)
-            self._watched[key] = wanted
-        else:
+            if self._watched.pop(key, None) is not None:
+                with contextlib.suppress(OSError):  # it left with its descriptor: nothing to remove
+                    self._epoll.unregister(key)
+            return
+        try:
             self._epoll.modify(key, wanted)
-            self._watched[key] = wanted
+        except FileNotFoundError:
+            self._epoll.register(key, wanted)
+        self._watched[key] = wanted
 
     def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None,
                    due: Callable[[], float | None] | None = None) -> None:

@@ -138,3 +138,12 @@ def test_a_malformed_http_header_is_a_bad_request(http) -> None:
         decode_call(protocol.decode_request(frames), lambda name: MLP)
     with pytest.raises(protocol.ProtocolError, match="body frame"):
         protocol.decode_request(frames[:1])
+
+
+@pytest.mark.parametrize("data, words", [
+    (["0.5", 1, 2, 3], "must be numbers"), ([1e39, 0, 0, 0], "cannot hold"), ([None, 0, 0, 0], "hold null"),
+])
+def test_json_data_must_be_numbers_that_fit_the_datatype(data, words) -> None:
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": data}]}).encode()
+    with pytest.raises(BadRequest, match=words):
+        kserve.decode_infer(body, None, MLP)

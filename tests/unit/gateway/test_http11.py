@@ -11,7 +11,7 @@ MAX_BODY = 1000
 
 
 def reader(admit=lambda request: 0) -> RequestReader:
-    return RequestReader(MAX_BODY, admit)
+    return RequestReader(MAX_BODY, admit, lambda request, size: None)
 
 
 def read(data: bytes, *, split: int | None = None) -> RequestReader:
@@ -109,7 +109,7 @@ def test_admit_sees_each_head_before_its_body_and_may_refuse_it() -> None:
             raise Refusal(503, "full", headers={"Retry-After": "1"})
         return 7
 
-    parsing = RequestReader(MAX_BODY, admit)
+    parsing = RequestReader(MAX_BODY, admit, lambda request, size: None)
     parsing.feed(b"POST /yes HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
     assert [r.path for r in seen] == ["/yes"] and parsing.continue_wanted and not parsing.ready
     assert parsing.partial is not None and parsing.partial.reserved == 7 and parsing.in_body
@@ -118,9 +118,49 @@ def test_admit_sees_each_head_before_its_body_and_may_refuse_it() -> None:
     assert parsing.refusal.status == 503 and parsing.refusal.headers == {"Retry-After": "1"}
 
 
-def test_an_upgrade_is_served_as_http_1_1_and_nothing_after_it_is_read() -> None:
+def test_an_upgrade_is_served_as_http_1_1_with_its_body_and_nothing_after_it_is_read() -> None:
     parsing = read(b"GET /v2 HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nGET /later HTTP/1.1\r\n\r\n")
     assert [r.path for r in parsing.ready] == ["/v2"] and parsing.upgraded
+    head = b"POST /v2/models/m/infer HTTP/1.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n" \
+        b"HTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\nContent-Length: 11\r\n\r\n"
+    for split in (None, 1):
+        posted = read(head + b'{"inputs":1}GET /later HTTP/1.1\r\n\r\n', split=split)
+        assert [(r.path, r.body) for r in posted.ready] == [("/v2/models/m/infer", b'{"inputs":1')]
+
+
+def test_trailers_are_never_read_as_headers() -> None:
+    parsing = read(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+                   b"Authorization: Bearer stolen\r\nTimeout: 0\r\n\r\n")
+    assert parsing.ready[0].body == b"{}" and "authorization" not in parsing.ready[0].headers
+
+
+def test_a_long_head_is_refused_whether_it_comes_in_one_write_or_many() -> None:
+    head = b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(70)) + b"\r\n"
+    for split in (None, 4096):
+        assert "head is over" in read(head, split=split).refusal.message
+
+
+def test_a_chunked_body_is_counted_as_it_comes_and_may_be_refused() -> None:
+    grown: list[int] = []
+
+    def grow(request, size):
+        grown.append(size)
+        if sum(grown) > 4:
+            raise Refusal(503, "full")
+
+    parsing = RequestReader(MAX_BODY, lambda request: 0, grow)
+    parsing.feed(b"POST /v1/embeddings HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+    assert grown == [3] and parsing.refusal is None
+    parsing.feed(b"3\r\ndef\r\n0\r\n\r\n")
+    assert parsing.refusal.status == 503 and parsing.refusal.path == "/v1/embeddings" and not parsing.ready
+
+
+def test_100_continue_is_owed_only_for_a_body_not_yet_sent() -> None:
+    assert not read(b"GET /v2 HTTP/1.1\r\nExpect: 100-continue\r\n\r\n").continue_wanted
+    waiting = read(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    assert waiting.continue_wanted
+    waiting.feed(b"{}")
+    assert not waiting.continue_wanted and waiting.ready[0].body == b"{}"
 
 
 def test_responses_carry_their_length_and_a_head_answer_no_body() -> None:

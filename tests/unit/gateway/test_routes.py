@@ -58,6 +58,7 @@ def test_an_inference_goes_to_the_router_with_its_body_unread() -> None:
     ({"timeout": "nan"}, "Timeout header"),
     ({"timeout": "inf"}, "Timeout header"),
     ({"timeout": "soon"}, "Timeout header"),
+    ({"timeout": "1_0"}, "Timeout header"),
 ])
 def test_header_values_that_overflow_are_a_json_400(headers, words) -> None:
     status, body = answered(routes().answer(request("POST", "/v2/models/mlp/infer", b"{}", **headers)))

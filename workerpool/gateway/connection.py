@@ -1,0 +1,281 @@
+"""One HTTP connection of the front door: its reader, the request being answered, and what
+waits to be written (``server.py`` accepts connections and holds what they share).
+
+Requests on one connection are answered one at a time, in order, so pipelined requests get
+their answers in the order sent and no answer carries another's bytes; at most
+``ANSWERS_PER_TURN`` of them before the loop serves the others. A connection that does not
+read its answers, or pipelines more than ``MAX_PIPELINED`` requests ahead, is not read from
+until it catches up. TLS is the standard library's, driven without blocking.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .http11 import CONTINUE, Request, RequestReader, response
+from .routes import Forward, Reply, error_reply
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES = 64 * 1024
+READ_PER_TURN = 1024 * 1024  # bytes read from one connection before the loop serves others
+MAX_PIPELINED = 128  # requests read ahead of their answers before the connection is paused
+ANSWERS_PER_TURN = 32  # answered on one connection before the loop serves others
+OUTPUT_HIGH = 256 * 1024  # bytes of answers waiting for a client before it is no longer read
+
+
+def _closing_on_failure(handle: Callable[..., None]) -> Callable[..., None]:
+    """An entry point of a connection: a failure of ours is logged and closes that connection
+    alone, never the loop every other client and worker depends on."""
+    @functools.wraps(handle)
+    def guarded(connection: Connection, *args: Any) -> None:
+        try:
+            handle(connection, *args)
+        except OSError:
+            raise
+        except Exception:
+            log.exception("an HTTP connection failed; closing it")
+            connection.close()
+    return guarded
+
+
+class Connection:
+    """One client connection: its reader, the request being answered and what waits to be written."""
+
+    def __init__(self, server: HttpServer, sock: socket.socket, key: bytes) -> None:
+        self.server = server
+        self.key = key
+        self.reader = RequestReader(server.settings.max_body, server.reserve, server.grow)
+        self.output = bytearray()
+        self.current: Request | None = None  # being answered
+        self.forwarded: Forward | None = None  # its inference, at the router
+        self.closing = False  # close once the output is written
+        self.ended = False  # the client sent all it will send
+        self.closed = False
+        self.reading = True
+        self.handshaking = server.settings.tls is not None
+        self.deadline: float | None = time.monotonic() + server.settings.client_timeout
+        self._progressing = False
+        self.socket = sock
+        if self.handshaking:
+            self.socket = server.settings.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        server.loop.read(self.socket, self.on_readable)
+        if self.handshaking:
+            self._handshake()
+
+    # Reading
+
+    @_closing_on_failure
+    def on_readable(self) -> None:
+        if self.handshaking:
+            self._handshake()
+            return
+        read = 0
+        while read < READ_PER_TURN or self._tls_pending():
+            data = self._receive()
+            if data is None:
+                break
+            if not data:
+                self.ended = True
+                break
+            read += len(data)
+            in_body = self.reader.in_body
+            self.reader.feed(data)
+            if (in_body or self.reader.in_body) and self.current is None:  # a body that moves may wait again
+                self.deadline = time.monotonic() + self.server.settings.client_timeout
+            if self.reader.refusal is not None or self.reader.upgraded or len(self.reader.ready) >= MAX_PIPELINED:
+                break
+        self._progress()
+
+    def _tls_pending(self) -> bool:
+        """Whether TLS holds decrypted bytes the poll cannot see."""
+        pending = getattr(self.socket, "pending", None)
+        return pending is not None and pending() > 0
+
+    def _receive(self) -> bytes | None:
+        """Bytes the client sent, b"" when it is done sending, None when none are waiting."""
+        try:
+            return self.socket.recv(RECEIVE_BYTES)
+        except self.server.would_block:
+            return None
+        except OSError:  # reset, or a TLS record that does not decrypt
+            self.closing = True
+            self.output.clear()
+            return b""
+
+    def _handshake(self) -> None:
+        import ssl
+
+        try:
+            self.socket.do_handshake()  # type: ignore[attr-defined]
+        except ssl.SSLWantReadError:
+            self.server.loop.write(self.socket, None)
+            return
+        except ssl.SSLWantWriteError:
+            self.server.loop.write(self.socket, self.on_writable)
+            return
+        except OSError as exc:  # ssl.SSLError too: not TLS, or a certificate it refuses
+            log.debug("an HTTPS connection failed its handshake: %s", exc)
+            self.close()
+            return
+        self.handshaking = False
+        self.server.loop.write(self.socket, None)
+
+    # Answering
+
+    def _progress(self) -> None:
+        """Answer what is ready, in order, one at a time; then write, and read on or pause."""
+        if self._progressing or self.closed:
+            return
+        self._progressing = True
+        try:
+            reader, answered = self.reader, 0
+            while self.current is None and not self.closing:
+                if answered == ANSWERS_PER_TURN or len(self.output) > OUTPUT_HIGH:
+                    break  # the rest once this is written: the loop serves the others meanwhile
+                answered += 1
+                if reader.ready:
+                    self._answer(reader.ready.popleft())
+                elif reader.refusal is not None:
+                    refusal = reader.refusal
+                    openai_route = (refusal.path or "").startswith("/v1/")
+                    self._respond(error_reply(refusal.status, refusal.message, openai_route, refusal.headers),
+                                  close=True)
+                elif self.ended or reader.upgraded:
+                    self.closing = True
+                else:
+                    break
+        finally:
+            self._progressing = False
+        self.flush()
+        if not self.closed:
+            self._read_or_pause()
+
+    def _answer(self, request: Request) -> None:
+        self.current = request
+        self.deadline = None
+        decision = self.server.routes.answer(request)
+        if isinstance(decision, Reply):
+            self._respond(decision)
+            return
+        self.forwarded = decision
+        self.server.intake.admit_local(self.key, decision.frames, len(request.body), deadline=decision.deadline)
+
+    @_closing_on_failure
+    def replied(self, frames: list[Any]) -> None:
+        """The router's answer to the inference this connection forwarded."""
+        forwarded = self.forwarded
+        if forwarded is None:
+            return
+        self.forwarded = None
+        self._respond(self.server.routes.answer_forwarded(forwarded, frames))
+        self._progress()
+
+    def _respond(self, reply: Reply, *, close: bool = False) -> None:
+        request, self.current = self.current, None
+        close = close or reply.close or request is None or not request.keep_alive or self.reader.upgraded \
+            or self.server.draining
+        if request is not None:
+            self._release(request)
+        self.output += response(reply.status, reply.body, content_type=reply.content_type, headers=reply.headers,
+                                close=close, head_only=request is not None and request.method == "HEAD",
+                                keep_alive_said=request is not None and request.http10)
+        self.closing = self.closing or close
+        self.deadline = time.monotonic() + self.server.settings.client_timeout  # for the next head
+
+    def _release(self, request: Request) -> None:
+        self.server.buffered -= request.reserved
+        request.reserved = 0
+
+    # Writing
+
+    def flush(self) -> None:
+        """Write what waits; the loop calls back when the client can take more."""
+        if self.closed:
+            return
+        if self.reader.continue_wanted and self.current is None and not self.reader.ready:
+            self.reader.continue_wanted = False  # owed once every earlier request is answered
+            self.output += CONTINUE
+        while self.output:
+            try:
+                sent = self.socket.send(self.output)
+            except self.server.would_block:
+                break
+            except OSError:
+                self.close()
+                return
+            del self.output[:sent]
+            self.deadline = None if self.forwarded else time.monotonic() + self.server.settings.client_timeout
+        if self.output or (self.reader.ready and self.current is None and not self.closing):
+            self.server.loop.write(self.socket, self.on_writable)  # more to write, or to answer next turn
+            return
+        self.server.loop.write(self.socket, None)
+        if self.closing and self.current is None:
+            self.close(linger=True)
+
+    @_closing_on_failure
+    def on_writable(self) -> None:
+        if self.handshaking:
+            self._handshake()
+        else:
+            self.flush()
+            self._progress()  # answers left for this turn, and reading again
+
+    def _read_or_pause(self) -> None:
+        wanted = not (self.closing or self.ended or len(self.output) > OUTPUT_HIGH
+                      or len(self.reader.ready) >= MAX_PIPELINED)
+        if wanted != self.reading:
+            self.reading = wanted
+            if wanted:
+                self.server.loop.read(self.socket, self.on_readable)
+            else:
+                self.server.loop.pause(self.socket)
+
+    def timed_out(self) -> None:
+        if self.reader.in_body and self.current is None and not self.output:
+            timeout = self.server.settings.client_timeout
+            self._respond(error_reply(408, f"the request body stopped arriving for {timeout:g}s "
+                                      "(--http-timeout)", False), close=True)
+            self.flush()
+        if not self.closed:
+            self.close()
+
+    def close(self, *, linger: bool = False) -> None:
+        """Close now, or with ``linger`` once the client has read the last answer (see
+        :meth:`HttpServer.linger`)."""
+        if self.closed:
+            return
+        self.closed = True
+        for request in [*self.reader.ready, *([self.current] if self.current else [])]:
+            self._release(request)
+        partial = self.reader.partial
+        if partial is not None:
+            self._release(partial)
+        self.server.loop.forget(self.socket)
+        self.server.connections.pop(self.key, None)
+        if linger:
+            self.server.linger(self.socket)
+            return
+        _discard_input(self.socket)
+        self.socket.close()
+
+
+def _discard_input(sock: socket.socket) -> None:
+    """Read and drop what the client sent that was not read (a little at most): closing a
+    socket with unread input resets the connection, and the client could lose its answer."""
+    for _ in range(4):
+        try:
+            if not socket.socket.recv(sock, RECEIVE_BYTES):  # past TLS: the bytes as they arrived
+                return
+        except OSError:
+            return
+
+
