@@ -39,8 +39,9 @@ def _closing_on_failure(handle: Callable[..., None]) -> Callable[..., None]:
     def guarded(connection: Connection, *args: Any) -> None:
         try:
             handle(connection, *args)
-        except OSError:
-            raise
+        except OSError as exc:  # the connection's own failure (reset, broken pipe): it goes
+            log.debug("an HTTP connection failed: %s; closing it", exc)
+            connection.close()
         except Exception:
             log.exception("an HTTP connection failed; closing it")
             connection.close()
