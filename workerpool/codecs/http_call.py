@@ -72,7 +72,6 @@ class HttpCall:
     """A decoded HTTP request in a worker: what the model runs on, and how to answer."""
 
     id: Any
-    api: str
     view: ModelView
     payload: np.ndarray | dict[str, np.ndarray] | list[str]
     request: kserve.InferRequest | None = None  # KServe's outputs asked for
@@ -105,13 +104,13 @@ def decode_call(message: protocol.Message, view_for: Callable[[str], ModelView])
     body = message.body.buffer if hasattr(message.body, "buffer") else memoryview(message.body)
     if api == OPENAI:
         texts, encoding = openai.decode_embeddings(body, view)
-        return HttpCall(message.id, api, view, _texts(texts), encoding=encoding)
+        return HttpCall(message.id, view, _texts(texts), encoding=encoding)
     request = kserve.decode_infer(body, head, view)
     if request.timeout is not None and time.time() - at > request.timeout:
         raise DeadlineExceeded(f"parameters.timeout of {request.timeout * 1e6:.0f} µs passed before a "
                                "worker took the request")
     payload = _texts(request.inputs) if isinstance(request.inputs, list) else wire_inputs(view, request.inputs)
-    return HttpCall(message.id, api, view, payload, request)
+    return HttpCall(message.id, view, payload, request)
 
 
 def _texts(texts: list[str]) -> list[str]:
