@@ -66,7 +66,6 @@ class ServingRole:
         self.switch_failure: str | None = None  # why a worker could not switch to the newest weights
         self.commands = ControlCommands(self)
         self.http_url: str | None = None
-        self._http: Any = None  # the HTTP front door's server, with --http
 
     @property
     def router(self) -> Router:
@@ -134,7 +133,7 @@ class ServingRole:
         self.links.deliver_local = server.deliver
         cleanup.callback(server.close, self.links.flush)
         cleanup.callback(self.links.flush)  # the answers of the last turn, before the connections close
-        self._http = server
+        pool.loop.every_tick(server.sweep)
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
         texts = models.takes_text(self.pool.watcher.current.signature)
         log.info("HTTP on %s: KServe v2 at /v2/models/%s%s, /metrics, /healthz, /readyz", url,
@@ -257,8 +256,6 @@ class ServingRole:
     def _duties(self) -> None:
         self.router.tick()
         self.connections.sweep()
-        if self._http is not None:
-            self._http.sweep()
         self.commands.answer_waiting()
 
     # The supervisor's side.

@@ -28,9 +28,9 @@ from ..protocol import messages as protocol
 from .batching import BatchPolicy
 from .dispatch import Dispatcher
 from .intake import Intake
+from .outbox import Outbox
 from .quarantine import Quarantine
 from .recovery import Recovery
-from .outbox import Outbox
 from .registry import WorkerKey, WorkerRecord, WorkerState, admit
 from .rollout import Rollout
 from .stats import RouterStats

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+
 from ..errors import ErrorCode
 from ..protocol import messages as protocol
 from .batching import BatchPolicy, BatchShape
@@ -23,6 +24,7 @@ from .rollout import Rollout
 from .stats import RouterStats
 
 log = logging.getLogger(__name__)
+
 
 class Dispatcher:
     """Keeps the free list and hands queued requests, batched, to free workers."""

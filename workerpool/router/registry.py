@@ -16,6 +16,7 @@ from .outbox import Outbox, WorkerKey
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(eq=False)
 class WorkerRecord:
     """One registered worker. ``address`` is its ZeroMQ routing id on the backend socket it

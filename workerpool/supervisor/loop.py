@@ -38,7 +38,7 @@ class Loop:
         self._poller = zmq.Poller()
         self._epoll = select.epoll()
         self._poller.register(self._epoll.fileno(), zmq.POLLIN)
-        self._watched: dict[int, int] = {}  # descriptor -> the epoll events it is registered for
+        self._watched: set[int] = set()  # descriptors in the epoll set
         self._readers: dict[Any, Callable[[], None]] = {}
         self._writers: dict[Any, Callable[[], None]] = {}
         self._duties: list[Callable[[], None]] = []
@@ -87,7 +87,8 @@ class Loop:
         # What the epoll set holds is checked against the kernel, not only this table: a
         # descriptor closed elsewhere leaves the set by itself, and its number comes back.
         if not wanted:
-            if self._watched.pop(key, None) is not None:
+            if key in self._watched:
+                self._watched.discard(key)
                 with contextlib.suppress(OSError):  # it left with its descriptor: nothing to remove
                     self._epoll.unregister(key)
             return
@@ -95,7 +96,7 @@ class Loop:
             self._epoll.modify(key, wanted)
         except FileNotFoundError:
             self._epoll.register(key, wanted)
-        self._watched[key] = wanted
+        self._watched.add(key)
 
     def every_tick(self, duty: Callable[[], None], *, urgent: Callable[[], bool] | None = None,
                    due: Callable[[], float | None] | None = None) -> None:
