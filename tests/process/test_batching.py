@@ -20,7 +20,7 @@ import zmq
 from batch_model import WIDTH
 from support import onnx_texts
 from support.server import Server
-from support.sockets import collect, dealer, f32, header, reply_header
+from support.sockets import collect, dealer, f32, raw_request, reply_header
 
 import workerpool
 from workerpool import models
@@ -74,16 +74,21 @@ def test_a_malformed_request_inside_a_batch_fails_alone(small_model, local_model
     width = local_model.input_shape[1]
     x = np.ones((1, width), np.float32)
     with Server(small_model, *WAIT, workers=1) as server, dealer(context, server.endpoint) as sock:
-        sock.send_multipart([b"", header(1, [f32([1, width])]), x.tobytes()])
-        sock.send_multipart([b"", header(2, [f32([1, width])]), x.tobytes()[:-4]])  # a short frame
-        sock.send_multipart([b"", header(3, [f32([1, width])], v=2), x.tobytes()])  # another version
-        sock.send_multipart([b"", header(4, [f32([1, width])]), np.full((1, width), np.nan, np.float32).tobytes()])
-        sock.send_multipart([b"", header(5, [f32([1, width])]), x.tobytes()])
-        replies = {h["id"]: h for h in map(reply_header, collect(sock, 5))}
+        sock.send_multipart([*raw_request(1, [f32([1, width])]), x.tobytes()])
+        sock.send_multipart([*raw_request(2, [f32([1, width])]), x.tobytes()[:-4]])  # a short frame
+        sock.send_multipart([*raw_request(3, [f32([1, width])], v=3), x.tobytes()])  # another version
+        sock.send_multipart([*raw_request(4, [f32([1, width])]), np.full((1, width), np.nan, np.float32).tobytes()])
+        sock.send_multipart([*raw_request(5, [f32([1, width])]), x.tobytes()])
+        # A route frame that says one row where the header has three: it would pass --max-batch.
+        lying = raw_request(6, [f32([1, width])])[:2] + raw_request(6, [f32([3, width])])[2:]
+        sock.send_multipart([*lying, np.ones((3, width), np.float32).tobytes()])
+        replies = {h["id"]: h for h in map(reply_header, collect(sock, 6))}
         assert max(batch_sizes(server)) >= 4  # they shared a batch
-    assert {i: replies[i]["status"] for i in replies} == {1: "ok", 2: "error", 3: "error", 4: "ok", 5: "ok"}
-    assert replies[2]["error"]["code"] == replies[3]["error"]["code"] == "bad_request"
+    assert {i: replies[i]["status"] for i in replies} == {1: "ok", 2: "error", 3: "error", 4: "ok", 5: "ok",
+                                                          6: "error"}
+    assert replies[2]["error"]["code"] == replies[3]["error"]["code"] == replies[6]["error"]["code"] == "bad_request"
     assert "bytes" in replies[2]["error"]["message"] and "version" in replies[3]["error"]["message"]
+    assert "route frame does not repeat" in replies[6]["error"]["message"]
 
 
 def test_a_model_that_fails_on_a_stack_answers_each_request_alone(small_model, context):

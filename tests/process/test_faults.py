@@ -36,12 +36,15 @@ from support.sockets import (
     header,
     monitored_dealer,
     next_event,
+    raw_request,
     reply_header,
 )
 from support.status import busy_pids, pool_ready, registered
 
 import workerpool
 from workerpool import models
+from workerpool.protocol import messages as protocol
+from workerpool.protocol.route import route_for
 
 MiB = 1024 * 1024
 
@@ -146,53 +149,58 @@ def test_request_whose_retry_also_dies_gets_worker_failed(small_model):
 # 2. Garbage.
 
 
+INFO_ROUTE = protocol.encode_request(0, None, method="info")[1]
+
+
 def garbage_cases(width: int) -> list[tuple[str, list[bytes], Any]]:
     """(name, frames a DEALER sends, id the bad_request reply must echo)."""
     row = np.ones((1, width), np.float32).tobytes()
     cases = [
         ("not json", [b"", b"not json"], None),
-        ("not utf-8", [b"", b"\xff\xfe{}"], None),
-        ("header is a JSON list", [b"", b"[1, 2, 3]"], None),
-        ("header is a JSON string", [b"", b'"infer"'], None),
-        ("three arrays, one frame", [b"", header(11, [f32([1, width])] * 3), row], 11),
-        ("two frames, no arrays", [b"", header(12), row, row], 12),
-        ("object dtype", [b"", header(13, [{"dtype": "|O", "shape": [1]}]), b"\0" * 8], 13),
-        ("complex dtype", [b"", header(14, [{"dtype": "<c16", "shape": [1]}]), b"\0" * 16], 14),
-        ("big-endian dtype", [b"", header(15, [{"dtype": ">f4", "shape": [1, width]}]), row], 15),
-        ("frame shorter than shape", [b"", header(16, [f32([1, width])]), row[:-1]], 16),
-        ("frame longer than shape", [b"", header(17, [f32([1, width])]), row + b"\0"], 17),
-        ("negative dim", [b"", header(18, [f32([-1, width])]), row], 18),
-        ("float dim", [b"", header(19, [f32([1.0, width])]), row], 19),
-        ("huge dims", [b"", header(20, [f32([2**62, 2**62])]), b""], 20),
-        ("unknown method", [b"", header(21, method="train")], 21),
-        (
-            "protocol version 2",
-            [b"", json.dumps({"v": 2, "id": 22, "method": "info"}).encode()],
-            22,
-        ),
+        ("not json after a route frame", [b"", INFO_ROUTE, b"not json"], None),
+        ("not utf-8", [b"", INFO_ROUTE, b"\xff\xfe{}"], None),
+        ("header is a JSON list", [b"", INFO_ROUTE, b"[1, 2, 3]"], None),
+        ("header is a JSON string", [b"", INFO_ROUTE, b'"infer"'], None),
+        ("three arrays, one frame", [*raw_request(11, [f32([1, width])] * 3), row], 11),
+        ("two frames, no arrays", [*raw_request(12), row, row], 12),
+        ("object dtype", [*raw_request(13, [{"dtype": "|O", "shape": [1]}]), b"\0" * 8], 13),
+        ("complex dtype", [*raw_request(14, [{"dtype": "<c16", "shape": [1]}]), b"\0" * 16], 14),
+        ("big-endian dtype", [*raw_request(15, [{"dtype": ">f4", "shape": [1, width]}]), row], 15),
+        ("frame shorter than shape", [*raw_request(16, [f32([1, width])]), row[:-1]], 16),
+        ("frame longer than shape", [*raw_request(17, [f32([1, width])]), row + b"\0"], 17),
+        ("negative dim", [*raw_request(18, [f32([-1, width])]), row], 18),
+        ("float dim", [*raw_request(19, [f32([1.0, width])]), row], 19),
+        ("huge dims", [*raw_request(20, [f32([2**62, 2**62])]), b""], 20),
+        ("unknown method", [*raw_request(21, method="train")], 21),
+        ("protocol version 1", [b"", json.dumps({"v": 1, "id": 22, "method": "info"}).encode()], 22),
+        ("header version 3", [*raw_request(22, method="info", v=3)], 22),
+        ("route frame of version 3", [b"", b"\x03" + bytes(15), header(22, method="info")], 22),
+        ("route frame cut short", [b"", b"\x02\x01", header(22, method="info")], 22),
+        ("route frame undefined form", [b"", b"\x02\x01\x09" + bytes(13), header(22, method="info")], 22),
+        ("route frame with no header", [b"", protocol.encode_request(22, None)[1]], None),
         ("no version", [b"", json.dumps({"id": 23, "method": "info"}).encode()], 23),
-        ("negative deadline", [b"", header(24, method="info", deadline_ms=-5)], 24),
-        ("string deadline", [b"", header(25, method="info", deadline_ms="soon")], 25),
-        ("huge integer deadline", [b"", header(26, method="info", deadline_ms=10**400)], 26),
-        ("NaN id", [b"", b'{"v":1,"id":NaN,"method":"info","arrays":[]}'], None),
-        ("Infinity id", [b"", b'{"v":1,"id":-Infinity,"method":"info","arrays":[]}'], None),
-        ("overflowing float id", [b"", b'{"v":1,"id":1e999,"method":"info","arrays":[]}'], None),
-        ("NaN deadline", [b"", b'{"v":1,"id":27,"method":"info","deadline_ms":NaN}'], None),
-        ("header over 64 KiB", [b"", header(28, method="info", pad="x" * 70_000)], None),
+        ("negative deadline", [*raw_request(24, method="info", deadline_ms=-5)], 24),
+        ("string deadline", [*raw_request(25, method="info", deadline_ms="soon")], 25),
+        ("huge integer deadline", [*raw_request(26, method="info", deadline_ms=10**400)], 26),
+        ("NaN id", [b"", INFO_ROUTE, b'{"v":2,"id":NaN,"method":"info","arrays":[]}'], None),
+        ("Infinity id", [b"", INFO_ROUTE, b'{"v":2,"id":-Infinity,"method":"info","arrays":[]}'], None),
+        ("overflowing float id", [b"", INFO_ROUTE, b'{"v":2,"id":1e999,"method":"info","arrays":[]}'], None),
+        ("NaN deadline", [b"", INFO_ROUTE, b'{"v":2,"id":27,"method":"info","deadline_ms":NaN}'], None),
+        ("header over 64 KiB", [*raw_request(28, method="info", pad="x" * 70_000)], None),
         ("no delimiter", [header(29, [f32([1, width])]), row], 29),
         ("no delimiter, only a header", [header(30, method="info")], 30),
         ("single empty frame", [b""], None),
         ("delimiter but no header", [b"", b""], None),
     ]
     deep = 30_000  # nests past the JSON parser's recursion limit, still under 64 KiB
-    cases.append(("huge nesting", [b"", b'{"v":1,"x":' + b"[" * deep + b"]" * deep + b"}"], None))
+    cases.append(("huge nesting", [b"", INFO_ROUTE, b'{"v":2,"x":' + b"[" * deep + b"]" * deep + b"}"], None))
     # Ids nested deeper than the protocol allows (the header object itself is one level).
     for depth in (64, 500, 982, 990):
         nested = b"[" * depth + b"]" * depth
         cases.append(
             (
                 f"id nested {depth} deep",
-                [b"", b'{"v":1,"method":"info","id":' + nested + b"}"],
+                [b"", INFO_ROUTE, b'{"v":2,"method":"info","id":' + nested + b"}"],
                 None,
             )
         )
@@ -216,7 +224,7 @@ def test_garbage_gets_bad_request_and_hurts_nobody(small_model, local_model, con
         for _ in range(63 - 6):
             nested_id = [nested_id]
         reply = reply_header(
-            exchange(context, server.endpoint, [b"", header(nested_id, method="info")])
+            exchange(context, server.endpoint, [*raw_request(nested_id, method="info")])
         )
         assert reply["status"] == "ok" and reply["id"] == nested_id
 
@@ -239,7 +247,7 @@ def test_garbage_gets_bad_request_and_hurts_nobody(small_model, local_model, con
         with monitored_dealer(context, server.endpoint) as (sock, monitor):
             assert next_event(monitor) == zmq.EVENT_CONNECTED
             big = np.zeros(8 * MiB, np.float32)  # 32 MiB
-            sock.send_multipart([b"", header(40, [f32([big.size])]), big], copy=False)
+            sock.send_multipart([*raw_request(40, [f32([big.size])]), big], copy=False)
             assert next_event(monitor) == zmq.EVENT_DISCONNECTED, "the connection stayed open"
             assert not sock.poll(300), "a message over --max-message-size was answered"
         assert vm_hwm(server.proc.pid) - peak < 8 * MiB
@@ -271,7 +279,7 @@ def test_overload_beyond_max_queue_is_refused_at_once(small_model, context):
         with dealer(context, server.endpoint) as sock:
             started = time.monotonic()
             for i in range(1, 6):  # pipelined: 1 and 2 fit in the queue, 3, 4 and 5 do not
-                sock.send_multipart([b"", header(i, [f32([1, 3])]), np.full((1, 3), i, np.float32)])
+                sock.send_multipart([*raw_request(i, [f32([1, 3])]), np.full((1, 3), i, np.float32)])
             refused = [reply_header(frames) for frames in collect(sock, 3, timeout=1.0)]
             waited = time.monotonic() - started
             assert [r["id"] for r in refused] == [3, 4, 5]
@@ -318,9 +326,10 @@ def test_expired_deadline_never_reaches_a_worker(small_model):
 
 
 def test_malformed_header_while_queued_is_a_bad_request(small_model, context):
-    """The router reads the header of a request it has to queue (deadline) or refuse (to echo
-    the id). Nonsense there must not crash it: a huge integer deadline overflowed float
-    division, and an id nested ~980 deep parsed but could not be re-encoded for the refusal."""
+    """The router reads the header of a request it refuses (to echo the id), and the worker
+    the deadline. Nonsense there must not crash either: a huge integer deadline overflowed
+    float division, and an id nested ~980 deep parsed but could not be re-encoded for the
+    refusal."""
     with Server(small_model, *SLOW, workers=1) as server:
         slow = slow_request(server.endpoint, 1.0)
         server.wait_for(busy_pids)
@@ -328,10 +337,11 @@ def test_malformed_header_while_queued_is_a_bad_request(small_model, context):
         nested = [b"[" * depth + b"]" * depth for depth in range(960, 1000)]
         with dealer(context, server.endpoint) as sock:
             for i, deadline_ms in deadlines.items():
-                sock.send_multipart([b"", header(i, method="info", deadline_ms=deadline_ms)])
-            for request_id in nested:  # deadline 0: refused at once if the header is readable
+                sock.send_multipart([*raw_request(i, method="info", deadline_ms=deadline_ms)])
+            at_once = route_for({"method": "info", "deadline_ms": 0})
+            for request_id in nested:  # deadline 0: refused at once, the id read if it can be
                 sock.send_multipart(
-                    [b"", b'{"v":1,"method":"info","deadline_ms":0,"id":' + request_id + b"}"]
+                    [b"", at_once, b'{"v":2,"method":"info","deadline_ms":0,"id":' + request_id + b"}"]
                 )
             received = [reply_header(f) for f in collect(sock, len(deadlines) + len(nested))]
         replies = {reply["id"]: reply for reply in received if reply["id"] is not None}
@@ -341,7 +351,7 @@ def test_malformed_header_while_queued_is_a_bad_request(small_model, context):
             assert replies[i]["status"] == "error" and replies[i]["error"]["code"] == "bad_request"
         assert replies[6]["status"] == "ok"  # a far deadline is a valid one
         assert len(anonymous) == len(nested)
-        assert all(r["error"]["code"] == "bad_request" for r in anonymous)
+        assert all(r["error"]["code"] == "deadline_exceeded" for r in anonymous)  # as their route frames say
         slow.join(10)
         server.wait_for(pool_ready(1))
         assert server.proc.poll() is None
@@ -498,7 +508,7 @@ def test_frozen_busy_worker_loses_its_connection_and_the_request_is_retried(smal
 def test_client_gone_before_its_reply(small_model, context):
     with Server(small_model, *SLOW, "--log-level", "debug", workers=1) as server:
         with dealer(context, server.endpoint) as sock:
-            sock.send_multipart([b"", header(1, [f32([1, 2])]), np.full((1, 2), -0.5, np.float32)])
+            sock.send_multipart([*raw_request(1, [f32([1, 2])]), np.full((1, 2), -0.5, np.float32)])
             server.wait_for(busy_pids)
         server.wait_for(lambda s: s["workers"][0]["served"] == 1 and pool_ready(1)(s))
         assert re.search(r"reply to a vanished .*client dropped: Host unreachable", server.log())
@@ -527,8 +537,8 @@ def test_client_that_never_reads_cannot_stall_the_server(small_model, context):
 def test_many_frames_over_the_total_size_limit_are_refused(small_model, context):
     """libzmq limits each frame; the router refuses a message whose frames add up past the limit."""
     with Server(small_model, "--max-message-size", "1MiB", workers=1) as server:
-        frames = [header(1, [f32([230_000])] * 5), *[b"\0" * 920_000] * 5]
-        reply = reply_header(exchange(context, server.endpoint, [b"", *frames]))
+        frames = [*raw_request(1, [f32([230_000])] * 5), *[b"\0" * 920_000] * 5]
+        reply = reply_header(exchange(context, server.endpoint, frames))
         assert reply["status"] == "error" and reply["error"]["code"] == "bad_request"
         assert "over --max-message-size 1048576" in reply["error"]["message"] and reply["id"] == 1
         assert server.status()["workers"][0]["served"] == 0  # it never reached a worker

@@ -14,7 +14,7 @@ import zmq
 from support.models import SLOW
 from support.processes import vm_hwm
 from support.server import Server
-from support.sockets import dealer, f32, flood, header, reply_header
+from support.sockets import dealer, f32, flood, raw_request, reply_header
 
 import workerpool
 from workerpool.control import client as control
@@ -70,7 +70,7 @@ def flood_in_rounds(server: Server, sock: zmq.Socket, x: np.ndarray, count: int,
     """Send ``count`` requests for ``x``, ``size`` at a time, each round once the server has
     taken in the last (each request answered, queued or in flight), so that no reply is
     dropped and what the server holds is what it queued; the replies received."""
-    request = [b"", header(0, [f32(list(x.shape))]), x]
+    request = [*raw_request(0, [f32(list(x.shape))]), x]
     replies: list[dict] = []
     sent = 0
     while sent < count:

@@ -16,7 +16,7 @@ import zmq
 from support.models import SLOW
 from support.processes import Background, slow_request, vm_hwm
 from support.server import Host, Server
-from support.sockets import dealer, f32, header, reply_header
+from support.sockets import dealer, f32, raw_request, reply_header
 from support.status import busy_pids, pool_ready
 from test_hosts import free_backend
 
@@ -41,7 +41,7 @@ BOUNDED = ("--max-worker-memory", str(MEMORY_LIMIT))
 
 def poison(request_id: int, shape: list[int]) -> list[bytes]:
     """A request for an empty array whose other axes are huge (or a shape no array has)."""
-    return [b"", header(request_id, [f32(shape)]), b""]
+    return [*raw_request(request_id, [f32(shape)]), b""]
 
 
 def ask(sock: zmq.Socket, frames: list[bytes]) -> dict:
@@ -211,7 +211,7 @@ def test_a_worker_left_over_the_memory_limit_is_recycled_losing_nothing(small_mo
 def slow_requests(sock: zmq.Socket, count: int, seconds: float) -> None:
     x = np.full((1, 2), -seconds, np.float32)
     for request_id in range(count):
-        sock.send_multipart([b"", header(request_id, [f32([1, 2])]), x.tobytes()])
+        sock.send_multipart([*raw_request(request_id, [f32([1, 2])]), x.tobytes()])
 
 
 def living(candidates: list[int]) -> list[int]:
@@ -260,10 +260,10 @@ def test_busy_workers_of_a_worker_host_die_with_the_host(small_model, context):
 @pytest.mark.parametrize("extra", [[b""] * 10_000, [b"abcd"] * 5_000], ids=["empty", "four-byte"])
 def test_a_request_followed_by_too_many_frames_is_answered_bad_request(mlp_server, context, extra):
     """One declared array, then thousands of frames: the request's own id gets the answer."""
-    _, header_frame, array = protocol.encode_request(41, np.zeros((2, 256), np.float32))
+    request = protocol.encode_request(41, np.zeros((2, 256), np.float32))
     with dealer(context, mlp_server.endpoint) as sock:
-        sock.send_multipart([b"", header_frame, array, *extra])
+        sock.send_multipart([*request, *extra])
         assert sock.poll(10_000), "a message of too many frames got no answer"
         reply = protocol.decode_header(sock.recv_multipart()[1])
     assert reply["id"] == 41 and reply["error"]["code"] == "bad_request"
-    assert f"a message of {len(extra) + 3} frames" in reply["error"]["message"]
+    assert f"a message of {len(extra) + 4} frames" in reply["error"]["message"]

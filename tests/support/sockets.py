@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from workerpool.protocol import messages as protocol
+from workerpool.protocol.route import route_for
 
 
 @contextlib.contextmanager
@@ -82,9 +84,26 @@ def reply_header(frames: list[bytes] | None) -> dict[str, Any]:
 def header(
     request_id: Any, arrays: list | None = None, method: str = "infer", **extra: Any
 ) -> bytes:
-    return json.dumps(
-        {"v": 1, "id": request_id, "method": method, "arrays": arrays or [], **extra}
-    ).encode()
+    return json.dumps(_fields(request_id, arrays, method, extra)).encode()
+
+
+def raw_request(
+    request_id: Any, arrays: list | None = None, method: str = "infer", **extra: Any
+) -> list[bytes]:
+    """The delimiter, route frame and header of a hand-made request; its arrays follow. The
+    route frame is the one a client sends with this header, or a plain one for a header no
+    client could send: what such a test is about is the header's fault."""
+    fields = _fields(request_id, arrays, method, extra)
+    try:
+        protocol.deadline_of(fields)
+        route = route_for(fields)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, struct.error):
+        route = route_for({"method": "info"})
+    return [b"", route, json.dumps(fields).encode()]
+
+
+def _fields(request_id: Any, arrays: list | None, method: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"v": protocol.VERSION, "id": request_id, "method": method, "arrays": arrays or [], **extra}
 
 
 def f32(shape: list[int]) -> dict[str, Any]:
@@ -93,7 +112,7 @@ def f32(shape: list[int]) -> dict[str, Any]:
 
 def flood(sock: zmq.Socket, x: np.ndarray, count: int) -> int:
     """Send ``count`` requests for ``x`` without reading a reply; how many were sent."""
-    request = [b"", header(0, [f32(list(x.shape))]), x]
+    request = [*raw_request(0, [f32(list(x.shape))]), x]
     sent = 0
     while sent < count:
         try:

@@ -75,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except RuntimeError as exc:  # Ctrl-C while a dataclass is built: Python 3.11 wraps it so
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            return 130
+        raise
     except BrokenPipeError:  # e.g. piped into head: not an error worth a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

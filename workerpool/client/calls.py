@@ -27,6 +27,7 @@ from .link import Link
 _log = logging.getLogger(__name__)
 
 Outputs = np.ndarray | dict[str, np.ndarray] | None
+EVERY_CALL = object()  # the id of a reply that answers all calls: the server speaks another version
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,6 +148,10 @@ class Calls:
         """Settle the call a received message answers; anything not outstanding is dropped,
         and a ``shutting_down`` answer with a retry left is held (None for both)."""
         request_id, outcome = _decode(frames)
+        if request_id is EVERY_CALL:
+            assert isinstance(outcome, BaseException)
+            self.abandon(outcome)
+            return None
         call = self._outstanding.get(request_id) if type(request_id) is int else None
         if call is None:
             _log.debug("discarding reply to request %r: not outstanding", request_id)
@@ -271,7 +276,8 @@ def _decode(frames: list) -> tuple[Any, Message | errors.RemoteError]:
 
     A reply that breaks the protocol becomes ``InternalError`` (a server fault, not the
     caller's) when its id can still be read; otherwise it is attributed to nobody, dropped, and
-    its request is retried when its timeout expires.
+    its request is retried when its timeout expires. A reply of another protocol version
+    answers every call (:data:`EVERY_CALL`): that server can read none of them.
     """
     try:
         if not frames or len(frames[0]):
@@ -280,6 +286,11 @@ def _decode(frames: list) -> tuple[Any, Message | errors.RemoteError]:
     except ProtocolError as exc:
         request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
         return request_id, errors.InternalError(f"malformed reply: {exc}")
+    version = message.header.get("v")
+    if version != protocol.VERSION:
+        return EVERY_CALL, errors.BadRequest(
+            f"the server speaks wire protocol version {version!r} and this client version "
+            f"{protocol.VERSION} (docs/protocol.md): run the same workerpool release on both sides")
     if message.header["status"] == "ok":
         return message.id, message
     return message.id, errors.error_of_reply(message.header)

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import BadRequest, DeadlineExceeded, ErrorCode
 from ..protocol import messages as protocol
+from ..protocol.route import route_for
 from . import kserve, openai
 from .view import UNNAMED_OUTPUT, Answer, ModelView, wire_inputs
 
@@ -31,13 +32,14 @@ BINARY = "application/octet-stream"
 
 def request_frames(request_id: int, api: str, model: str, body: Any, *, head: int | None,
                    deadline: float | None) -> list[Any]:
-    """The frames of one HTTP request for the router: the header, then the body as received.
-    ``head`` is KServe's Inference-Header-Content-Length; ``deadline`` seconds, or None."""
+    """The frames of one HTTP request for the router: the route frame, the header, then the
+    body as received. ``head`` is KServe's Inference-Header-Content-Length; ``deadline``
+    seconds, or None."""
     header: dict[str, Any] = {"v": protocol.VERSION, "id": request_id, "method": protocol.METHOD_INFER,
                               "http": {"api": api, "model": model, "head": head, "at": time.time()}}
     if deadline is not None:
         header["deadline_ms"] = deadline * 1000.0
-    return [protocol.encode_header(header), body]
+    return [route_for(header), protocol.encode_header(header), body]
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,6 @@ class Forward:
 
     frames: list[Any]
     openai: bool
-    deadline: float | None  # seconds, as the frames say it: the router need not decode them
 
 
 class Routes:
@@ -150,7 +149,7 @@ class Routes:
     def _forward(self, api: str, request: Request, *, head: int | None, deadline: float | None) -> Forward:
         self._ids += 1
         frames = request_frames(self._ids, api, self.model_name, request.body, head=head, deadline=deadline)
-        return Forward(frames, api == OPENAI, deadline)
+        return Forward(frames, api == OPENAI)
 
     def model(self) -> ModelView:
         signature, generation = self._describe()

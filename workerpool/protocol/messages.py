@@ -1,4 +1,5 @@
-"""The wire protocol: JSON headers plus one raw frame per array (README, "Protocol").
+"""The wire protocol (docs/protocol.md): a request is a route frame (route.py), a JSON
+header and one raw frame per array; a reply is a JSON header and its arrays.
 
 Nothing here unpickles or evaluates what arrives: headers are JSON, arrays are raw bytes whose
 dtype comes from a short allow-list and whose length must match the declared shape exactly.
@@ -15,27 +16,29 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..units import MS_PER_SECOND, KiB
+from ..units import MS_PER_SECOND
+from .route import read_route, route_for
 
-VERSION = 1
-MAX_HEADER_BYTES = 64 * KiB
-MAX_RANK = 32
-MAX_ARRAYS = 64
-# The most bytes an array's shape may span, each zero-size axis counted as one: beyond any
-# address space (x86-64 user space is 2**47), and far below numpy's own 2**63 bound, so no
-# product of sizes overflows anywhere, not even for an empty array with huge other axes.
-MAX_EXTENT = 2**48
-MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
-
-METHOD_INFER = "infer"
-METHOD_INFO = "info"
-METHODS = (METHOD_INFER, METHOD_INFO)
+# The terms are read from here by the rest of the code, as ``protocol.VERSION`` and the like.
+from .terms import (
+    MAX_ARRAYS,
+    MAX_EXTENT,
+    MAX_HEADER_BYTES,
+    MAX_NESTING,
+    MAX_RANK,
+    MAX_TEXTS,
+    METHOD_INFER,
+    METHOD_INFO,  # noqa: F401
+    METHODS,
+    VERSION,
+    ProtocolError,
+)
 
 # Router <-> worker commands: the first frame of every backend message.
 READY = b"READY"
 HEARTBEAT = b"HB"
 REQUEST = b"REQ"
-BATCH = b"BATCH"  # router: stride, then several requests (client, header, arrays) for one pass
+BATCH = b"BATCH"  # router: stride, then several requests (client, route, header, arrays) for one pass
 REPLY = b"REP"
 STOP = b"STOP"
 RELOAD = b"RELOAD"
@@ -49,20 +52,7 @@ ALLOWED_DTYPES = {
     for code in ("<f2", "<f4", "<f8", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?")
 }
 
-MAX_TEXTS = 1024  # texts in one request; their bytes are bounded by the header's limit
 Inputs = np.ndarray | Mapping[str, np.ndarray] | Sequence[str]
-
-
-class ProtocolError(ValueError):
-    """A message does not follow the protocol; answered with a ``bad_request`` error.
-
-    ``request_id`` is the id from the header when the header itself was readable, so that the
-    error reply still names the request.
-    """
-
-    def __init__(self, message: str, request_id: Any = None) -> None:
-        super().__init__(message)
-        self.request_id = request_id
 
 
 @dataclass
@@ -245,8 +235,8 @@ def extent(shape: Sequence[int], itemsize: int) -> int:
 def encode_request(
     request_id: Any, payload: Inputs | None, *, method: str = METHOD_INFER, deadline_ms: float | None = None
 ) -> list[Any]:
-    """The frames a client sends, starting with the empty delimiter a DEALER needs for REQ peers.
-    A list of strings is sent as texts (``"text"`` in the header)."""
+    """The frames a client sends: the empty delimiter a DEALER needs for REQ peers, the route
+    frame, the header, the arrays. A list of strings is sent as texts (``"text"`` in the header)."""
     text = is_text(payload)
     descriptors, buffers = pack_arrays(None if text else payload)
     header: dict[str, Any] = {"v": VERSION, "id": request_id, "method": method, "arrays": descriptors}
@@ -260,14 +250,15 @@ def encode_request(
             "each array's name, dtype and shape travel in it: send fewer arrays"
         raise ProtocolError(f"the request header would be {len(encoded)} bytes, over the "
                             f"{MAX_HEADER_BYTES}-byte limit ({what})")
-    return [b"", encoded, *buffers]
+    return [b"", route_for(header), encoded, *buffers]
 
 
 def decode_request(frames: Sequence[Any]) -> Message:
-    """Validate a request (header frame, then array frames) as a worker receives it."""
-    if not frames:
-        raise ProtocolError("request has no header frame")
-    header = decode_header(frames[0])
+    """Validate a request (route frame, header frame, then array frames) as a worker receives
+    it: the route frame must be the one its header gives."""
+    if len(frames) < 2:
+        raise ProtocolError("a request is a route frame, a header frame, then array frames")
+    header = decode_header(frames[1])
     request_id = header.get("id")
     if header.get("v") != VERSION:
         raise ProtocolError(
@@ -278,26 +269,32 @@ def decode_request(frames: Sequence[Any]) -> Message:
             f"unknown method {header.get('method')!r}; methods are {', '.join(METHODS)}", request_id
         )
     try:
+        route = read_route(frames[0])
         deadline_of(header)
         if "http" in header:
-            return _http_request(header, frames)
-        arrays, names = unpack_arrays(header.get("arrays", []), frames[1:])
-        if "text" in header:
-            checked_text(header["text"])
-            if arrays:
-                raise ProtocolError("a request carries texts or arrays, not both")
+            message = _http_request(header, frames[2:])
+        else:
+            arrays, names = unpack_arrays(header.get("arrays", []), frames[2:])
+            if "text" in header:
+                checked_text(header["text"])
+                if arrays:
+                    raise ProtocolError("a request carries texts or arrays, not both")
+            message = Message(header, arrays, names)
+        if route_for(header) != route.frame:
+            raise ProtocolError("the route frame does not repeat what the header says (method, "
+                                "deadline, texts or the one array's dtype, shape and name)")
     except ProtocolError as exc:
         raise ProtocolError(str(exc), request_id) from None
-    return Message(header, arrays, names)
+    return message
 
 
-def _http_request(header: dict[str, Any], frames: Sequence[Any]) -> Message:
+def _http_request(header: dict[str, Any], bodies: Sequence[Any]) -> Message:
     """A request the HTTP front door passed on: its header says how to read the one body frame
     (``workerpool.codecs.http_call``), which the worker decodes."""
-    if not isinstance(header["http"], dict) or len(frames) != 2 or header.get("arrays", []) != [] \
+    if not isinstance(header["http"], dict) or len(bodies) != 1 or header.get("arrays", []) != [] \
             or "text" in header:
         raise ProtocolError("an HTTP request is a header whose 'http' is an object, then its body frame")
-    return Message(header, body=frames[1])
+    return Message(header, body=bodies[0])
 
 
 def is_text(payload: Any) -> bool:

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 MONITOR_EVENT = struct.Struct("=HI")
 
 BATCH = 64  # messages taken from one socket per poll: amortises the loop, keeps it fair
-# Routing id, delimiter or command, client id, status, header, then at most 64 arrays.
+# Routing id, then a worker's command, client id, status and header, or a client's delimiter,
+# route frame and header; then at most 64 arrays.
 MAX_FRAMES = 5 + MAX_ARRAYS
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)

@@ -18,27 +18,31 @@ requests cannot hold the queue behind them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from ..models.base import INPUT_NAME
 from ..protocol import messages as protocol
+from ..protocol.route import Form, Route
 
 SERVICE_SMOOTHING = 0.2  # weight of the newest run in the moving average of run times
 OUTLIER_FACTOR = 4.0  # a run is counted as at most this many times the average
 
 
-TEXT_KEY = ("text",)
-HTTP_KEY = ("http",)  # HTTP requests' bodies are the worker's to read: they batch by count
+# An array's key begins with its dtype ("<f4"), so no array's key is one of these.
+TEXT_KEY = b"text"
+HTTP_KEY = b"http"  # HTTP requests' bodies are the worker's to read: they batch by count
 
 
 class BatchShape(NamedTuple):
     """What must match for two requests to be stacked, and the rows a request brings."""
 
-    key: tuple[Any, ...]  # dtype and the shape past the batch axis
+    key: bytes  # an array's dtype, name and shape past the batch axis, or one of the keys above
     rows: int
 
 
 HTTP_SHAPE = BatchShape(HTTP_KEY, 1)
+# The frames of a request that may batch: its route frame, its header, then its one array
+# or body (texts travel in the header).
+FRAMES = {Form.ARRAY: 3, Form.TEXTS: 2, Form.HTTP: 3}
 
 
 @dataclass
@@ -56,35 +60,24 @@ class BatchPolicy:
     def on(self) -> bool:
         return self.max_rows > 1 and (self.rank is not None or self.text)
 
-    def shape_of(self, header: dict[str, Any] | None, frames: int) -> BatchShape | None:
-        """The batch shape of an ``infer`` request of one array (``frames`` 2: the header and
-        the array), of texts (``frames`` 1) or from the HTTP front door (the header and the
-        body, a row each: the worker groups them by what it decodes), None for any other
-        request (it goes alone). Only the header is read: the worker validates the request."""
-        if header is None or header.get("method") != protocol.METHOD_INFER:
+    def shape_of(self, route: Route, frames: int) -> BatchShape | None:
+        """The batch shape of an ``infer`` request of one array, of texts, or from the HTTP
+        front door (a row each: the worker groups them by what it decodes); None for any other
+        request (it goes alone). Only the route frame is read, and the count of ``frames``: a
+        batch is sent with one stride, so a request with more frames than its form has goes
+        alone whatever its route frame says (the worker checks that against the request)."""
+        if route.method != protocol.METHOD_INFER or FRAMES.get(route.form) != frames:
             return None
-        if "http" in header:
-            return HTTP_SHAPE if frames == 2 else None
-        if "text" in header:
-            text = header["text"]
-            if not self.text or frames != 1 or not isinstance(text, list) or not text:
-                return None
-            return BatchShape(TEXT_KEY, len(text))
-        if self.rank is None or frames != 2:
+        if route.form == Form.HTTP:
+            return HTTP_SHAPE
+        if route.form == Form.TEXTS:
+            return BatchShape(TEXT_KEY, route.count) if self.text else None
+        if route.form != Form.ARRAY or self.rank is None:
             return None
-        arrays = header.get("arrays")
-        if not isinstance(arrays, list) or len(arrays) != 1 or not isinstance(arrays[0], dict):
-            return None
-        descriptor = arrays[0]
-        dtype, shape = descriptor.get("dtype"), descriptor.get("shape")
-        if descriptor.get("name", INPUT_NAME) != INPUT_NAME \
-                or not isinstance(dtype, str) or not isinstance(shape, list) \
-                or not all(type(size) is int and size >= 0 for size in shape):
-            return None
-        if len(shape) == self.rank:  # an empty request counts as a row: it costs a reply
-            return BatchShape((dtype, *shape[1:]), max(shape[0], 1))
-        if len(shape) == self.rank - 1:  # a bare row: a batch of one
-            return BatchShape((dtype, *shape), 1)
+        if route.count == self.rank:  # an empty request counts as a row: it costs a reply
+            return BatchShape(route.array_key(past_first_axis=True), max(route.first_axis(), 1))
+        if route.count == self.rank - 1:  # a bare row: a batch of one
+            return BatchShape(route.array_key(past_first_axis=False), 1)
         return None
 
     def hold_until(self, received: float, queued: int, running: int) -> float | None:

@@ -204,10 +204,11 @@ class Router:
 
     # Losing and stopping workers.
 
-    def lose(self, key: WorkerKey, why: str, *, asked: bool = False) -> None:
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, unsent: bool = False) -> None:
         """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
-        ``asked``: it left because it was told to (the supervisor logs that, not a loss)."""
-        self.recovery.lose(key, why, asked=asked)
+        ``asked``: it left because it was told to (the supervisor logs that, not a loss);
+        ``unsent``: the message that failed to reach it handed it the requests it holds."""
+        self.recovery.lose(key, why, asked=asked, unsent=unsent)
         self.dispatcher.drain()  # what it ran goes to the free workers now, not at the next tick
 
     def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:

@@ -156,7 +156,6 @@ class Dispatcher:
         shape = self._shape(pending)
         if shape is None or shape.rows >= self.batching.max_rows:
             return False
-        pending.read_deadline()
         if pending.expires is not None and pending.expires <= until:
             return False
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
@@ -213,6 +212,5 @@ class Dispatcher:
         """How ``pending`` batches (read once); None for a request that goes alone."""
         if not pending.shaped:
             pending.shaped = True
-            if len(pending.frames) <= 2:
-                pending.shape = self.batching.shape_of(pending.header(), len(pending.frames))
+            pending.shape = self.batching.shape_of(pending.route, len(pending.frames))
         return pending.shape

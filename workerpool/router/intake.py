@@ -1,7 +1,9 @@
 """The client side of the router: the client socket, and requests waiting for a free worker.
 
-Requests are checked only as far as routing needs (framing, total size, the server still
-accepting); the worker validates the rest. Waiting requests carry their deadlines.
+Requests are checked only as far as routing needs (framing, the route frame, total size, the
+server still accepting); the worker validates the rest. The router reads a request's route
+frame (``protocol/route.py``: method, deadline, how it batches) and decodes its JSON header only
+to answer it with an error. Waiting requests carry their deadlines.
 
 The queue is bounded twice, by count (``--max-queue``) and by the bytes its requests hold
 (``--max-queue-bytes``): the count alone let a client with large requests fill the
@@ -39,8 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ErrorCode
 from ..protocol import messages as protocol
+from ..protocol.route import Route, read_route
 from ..units import MS_PER_SECOND, KiB
-from .batching import HTTP_SHAPE, BatchShape
+from .batching import BatchShape
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -64,7 +67,8 @@ class Pending:
     """A request the router holds: queued, or in flight on one worker."""
 
     client: bytes
-    frames: list[Any]  # the header frame, then the array frames
+    frames: list[Any]  # the route frame, the header frame, then the array frames
+    route: Route
     received: float
     expires: float | None = None
     attempts: int = 0
@@ -72,34 +76,11 @@ class Pending:
     solo: bool = False  # sent alone from now on: it was in flight on a worker that was lost
     shape: BatchShape | None = None  # how it batches, once ``shaped``
     shaped: bool = False
-    deadline_read: bool = False
-    _header: dict[str, Any] | None = None
-    _decoded: bool = False
 
-    def header(self) -> dict[str, Any] | None:
-        """The decoded header, None when malformed (the worker's to answer in full); decoded
-        once, however many of batching, deadlines and errors read it."""
-        if not self._decoded:
-            self._decoded = True
-            try:
-                self._header = protocol.decode_header(self.frames[0])
-            except protocol.ProtocolError:
-                self._header = None
-        return self._header
-
-    def read_deadline(self) -> None:
-        """Set ``expires`` from the header: done only when the request has to wait, off the
-        fast path."""
-        if self.deadline_read:
-            return
-        self.deadline_read = True
-        header = self.header()
-        try:
-            budget = None if header is None else protocol.deadline_of(header)
-        except protocol.ProtocolError:
-            return
-        if budget is not None:
-            self.expires = self.received + budget
+    @property
+    def id(self) -> Any:
+        """The request's id, for an error reply: the one time the router decodes its header."""
+        return request_id_of(self.frames)
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires
@@ -287,50 +268,52 @@ class Intake:
         self.read += 1
         client = frames[0].bytes
         if len(frames) < 3 or frames[1].bytes != b"":
-            request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
-            self.reply_error(client, request_id, ErrorCode.BAD_REQUEST,
-                             "a request is an empty delimiter frame, a JSON header frame, then array frames")
+            self.reply_error(client, request_id_of(frames[1:]), ErrorCode.BAD_REQUEST,
+                             "a request is an empty delimiter frame, a route frame, a JSON header frame, "
+                             "then array frames")
             return
         connections = self.connections
         if connections is not None and client not in connections.serving:
             why = connections.admit(client, frames[0])
             if why is not None:
-                self.refuse(client, frames[2], ErrorCode.OVERLOADED, why)
+                self.refuse(client, frames[2:], ErrorCode.OVERLOADED, why)
                 return
         self.admit(client, frames[2:], sum(len(frame) for frame in frames))
 
     def overlong(self, frames: list[zmq.Frame], count: int) -> None:
         """A message of more frames than any request has: answered, though never held whole."""
         self.read += 1
-        request_id = protocol.request_id_of(frames[2]) if frames[1].bytes == b"" else None
+        request_id = request_id_of(frames[2:]) if frames[1].bytes == b"" else None
         self.reply_error(frames[0].bytes, request_id, ErrorCode.BAD_REQUEST,
-                         f"a message of {count - 1} frames: a request is at most {protocol.MAX_ARRAYS + 2} "
-                         f"(a delimiter, a header and {protocol.MAX_ARRAYS} arrays)")
+                         f"a message of {count - 1} frames: a request is at most {protocol.MAX_ARRAYS + 3} "
+                         f"(a delimiter, a route frame, a header and {protocol.MAX_ARRAYS} arrays)")
 
-    def admit_local(self, lane: bytes, frames: list[Any], size: int, *, deadline: float | None) -> None:
+    def admit_local(self, lane: bytes, frames: list[Any], size: int) -> None:
         """Take a request from the HTTP front door, in this process: ``lane`` (one HTTP
-        connection, which begins with :attr:`local_key`) is a client of its own. Its header
-        need not be decoded: it batches by count (an HTTP body is the worker's to read), and
-        ``deadline`` is the one its header holds."""
+        connection, which begins with :attr:`local_key`) is a client of its own."""
         self.read += 1
-        self.admit(lane, frames, size, known=(HTTP_SHAPE, deadline))
+        self.admit(lane, frames, size)
 
-    def admit(self, client: bytes, frames: list[Any], size: int,
-              known: tuple[BatchShape, float | None] | None = None) -> None:
-        """Take a request (header frame, then array frames) of ``size`` bytes from ``client``;
-        ``known``: its batch shape and deadline, when its sender knows them."""
+    def admit(self, client: bytes, frames: list[Any], size: int) -> None:
+        """Take a request (route frame, header frame, then array frames) of ``size`` bytes
+        from ``client``."""
         if not self.accepting:
-            self.refuse(client, frames[0], ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            self.refuse(client, frames, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             return
         if size > self.max_message_size:  # libzmq's own limit is per frame
-            self.refuse(client, frames[0], ErrorCode.BAD_REQUEST,
+            self.refuse(client, frames, ErrorCode.BAD_REQUEST,
                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
             return
-        pending = Pending(client, frames, time.monotonic(), size=size)
-        if known is not None:
-            pending.shape, deadline = known
-            pending.shaped = pending.deadline_read = True
-            pending.expires = None if deadline is None else pending.received + deadline
+        try:
+            route = read_route(frames[0])
+            if len(frames) < 2:
+                raise protocol.ProtocolError("a route frame with no header frame after it")
+        except protocol.ProtocolError as exc:
+            self.refuse(client, frames, ErrorCode.BAD_REQUEST, str(exc))
+            return
+        pending = Pending(client, frames, route, time.monotonic(), size=size)
+        if route.deadline is not None:
+            pending.expires = pending.received + route.deadline
         if not self.dispatch(pending):
             self._wait(pending)
 
@@ -365,19 +348,18 @@ class Intake:
             self.queue.put(pending, first=first)
 
     def _expired(self, pending: Pending) -> bool:
-        """Read ``pending``'s deadline; when it has passed, answer it and say so."""
-        pending.read_deadline()
+        """Whether ``pending``'s deadline has passed; then answer it and say so."""
         if not pending.expired(time.monotonic()):
             return False
         self.expire(pending)
         return True
 
-    def refuse(self, client: bytes, header: Any, code: ErrorCode, message: str) -> None:
-        self.reply_error(client, protocol.request_id_of(header), code, message)
+    def refuse(self, client: bytes, frames: list[Any], code: ErrorCode, message: str) -> None:
+        """Answer a request not taken in: ``frames`` are what it sent past the delimiter."""
+        self.reply_error(client, request_id_of(frames), code, message)
 
     def fail(self, pending: Pending, code: ErrorCode, message: str) -> None:
-        header = pending.header()
-        self.reply_error(pending.client, None if header is None else header.get("id"), code, message)
+        self.reply_error(pending.client, pending.id, code, message)
 
     def reply_error(self, client: bytes, request_id: Any, code: ErrorCode, message: str) -> None:
         self.outcomes[code] += 1
@@ -398,3 +380,13 @@ class Intake:
     def fail_queued(self, code: ErrorCode, message: str) -> None:
         for pending in self.queue.take_all():
             self.fail(pending, code, message)
+
+
+def request_id_of(frames: list[Any]) -> Any:
+    """The id of a request (route frame, header, arrays), best effort: None when its header
+    cannot be read. A protocol version 1 request has its header where the route frame is."""
+    if not frames:
+        return None
+    if bytes(memoryview(frames[0])[:1]) == b"{":
+        return protocol.request_id_of(frames[0])
+    return protocol.request_id_of(frames[1]) if len(frames) > 1 else None

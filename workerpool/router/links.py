@@ -17,7 +17,7 @@ import zmq
 from ..protocol.transport import NOBLOCK, receive_batch, send_parts
 from .core import Router
 from .intake import LOCAL_KEY_BYTES
-from .outbox import CLIENT, WORKER
+from .outbox import CLIENT, WORKER, carries_requests
 from .sockets import RouterSockets
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,6 @@ class RouterLinks:
                 send_parts(link, [address, *frames], NOBLOCK)
             except zmq.ZMQError as exc:
                 if kind == WORKER:
-                    self.router.lose(key, f"unreachable ({exc})")
+                    self.router.lose(key, f"unreachable ({exc})", unsent=carries_requests(frames))
                 else:  # a peer not registered: it is gone, or will say READY again
                     log.debug("message to unregistered worker %r dropped: %s", address, exc)

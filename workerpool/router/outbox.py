@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ..protocol import messages as protocol
+
 WorkerKey = tuple[bool, bytes]  # (local, routing id): a remote peer can never pose as a local worker
 
 CLIENT = 0  # to a client: a ZeroMQ routing id, or an HTTP connection's lane
@@ -31,9 +33,21 @@ class Outbox:
     def to_peer(self, key: WorkerKey, frames: list[Any]) -> None:
         self._sends.append((PEER, key, frames))
 
+    def withdraw(self, key: WorkerKey) -> bool:
+        """Drop what waits to go to ``key`` (a worker lost); whether any of it carried requests."""
+        mine = [send for send in self._sends if send[0] != CLIENT and send[1] == key]
+        for send in mine:
+            self._sends.remove(send)
+        return any(carries_requests(frames) for _, _, frames in mine)
+
     def take(self) -> Send | None:
         """The oldest message not yet sent, or None."""
         return self._sends.popleft() if self._sends else None
 
     def __len__(self) -> int:
         return len(self._sends)
+
+
+def carries_requests(frames: list[Any]) -> bool:
+    """Whether a message to a worker hands it requests (a worker holds one such at a time)."""
+    return frames[0] in (protocol.REQUEST, protocol.BATCH)

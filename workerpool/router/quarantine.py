@@ -26,16 +26,17 @@ MAX_ENTRIES = 1024
 
 
 def fingerprint(frames: list[Any]) -> bytes | None:
-    """What makes two requests the same: method, texts and arrays (not the id or deadline)."""
+    """What makes two requests (route, header, arrays) the same: method, texts and arrays (not
+    the id or deadline)."""
     try:
-        header = protocol.decode_header(frames[0])
+        header = protocol.decode_header(frames[1])
     except protocol.ProtocolError:
         return None
     digest = blake2b(digest_size=16)
     digest.update(protocol.encode_header({"method": header.get("method"), "arrays": header.get("arrays"),
                                           "text": header.get("text"),
-                                          "frames": [len(frame) for frame in frames[1:]]}))
-    for frame in frames[1:]:
+                                          "frames": [len(frame) for frame in frames[2:]]}))
+    for frame in frames[2:]:
         digest.update(frame.buffer if hasattr(frame, "buffer") else frame)
     return digest.digest()
 

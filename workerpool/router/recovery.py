@@ -37,17 +37,28 @@ class Recovery:
     lost: Callable[[WorkerRecord, str], None]
     request_timeout: float | None = None
 
-    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False) -> None:
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False,
+             unsent: bool = False) -> None:
         """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
         ``asked``: it left because it was told to (the supervisor logs that, not a loss);
-        ``killed``: by SIGKILL, which blames no request."""
+        ``killed``: by SIGKILL, which blames no request; ``unsent``: the message that failed to
+        reach it handed it its requests. Those, like requests still waiting in the outbox to be
+        sent to it, never ran there: they go to another worker as they were, counting no
+        attempt."""
         worker = self.workers.pop(key, None)
         if worker is None:
             return
         self.dispatcher.withdraw(key)
         self.rollout.forget(key)
+        unsent = self.intake.outbox.withdraw(key) or unsent
         inflight = self.take_inflight(worker)
-        if inflight:
+        if inflight and unsent:
+            log.warning("worker %d lost (%s) before it got %d requests; they go to another worker",
+                        worker.pid, why, len(inflight), extra={"worker": worker.pid})
+            for pending in reversed(inflight):
+                pending.attempts -= 1
+                self.intake.enqueue(pending, first=True)
+        elif inflight:
             self._recover(worker, why, inflight, killed)
         else:
             log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,

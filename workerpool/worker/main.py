@@ -49,7 +49,7 @@ from .spec import (
 log = logging.getLogger(__name__)
 
 BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
-BATCH_STRIDES = (b"2", b"3")  # frames per request in a BATCH: client, header, then its one array
+BATCH_STRIDES = (b"3", b"4")  # frames per request in a BATCH: client, route, header, then its one array or body
 IDLE_RELEASE = 1.0  # seconds without a request after which a worker gives back what serving took
 
 

@@ -31,7 +31,8 @@ class FakeServer:
     Set them before the client sends: ``drop`` ignores that many requests, ``error`` answers
     every request with that code, ``batch`` holds requests until that many arrived and answers
     them in reverse order, ``stale`` wraps each reply in replies the client never asked for,
-    ``malformed`` answers ``"frame"``: a header promising an array it lacks; ``"json"``: not JSON.
+    ``malformed`` answers ``"frame"``: a header promising an array it lacks; ``"json"``: not JSON;
+    ``"v1"``: what a server of protocol version 1 answers (it reads the route frame as its header).
     """
 
     def __init__(self) -> None:
@@ -93,9 +94,13 @@ class FakeServer:
         request_id, pid = message.id, os.getpid()
         if self.malformed == "json":
             reply = [b"{not json"]
+        elif self.malformed == "v1":
+            reply = [protocol.encode_header({"v": 1, "id": None, "status": "error", "arrays": [],
+                                             "error": {"code": "bad_request", "message": "header is not valid JSON"},
+                                             "worker_pid": None, "generation": None})]
         elif self.malformed == "frame":
             header = {
-                "v": 1,
+                "v": protocol.VERSION,
                 "id": request_id,
                 "status": "ok",
                 "arrays": [{"dtype": "<f4", "shape": [2]}],
@@ -220,6 +225,17 @@ def test_unattributable_reply_is_dropped_and_retried(server: FakeServer) -> None
     client = workerpool.Client(server.endpoint, timeout=0.1, retries=1)
     with client, pytest.raises(workerpool.Timeout):
         client.infer(arange(1))
+    assert len(server.wait_for_requests(2)) == 2
+
+
+def test_a_server_of_another_protocol_version_fails_every_call_once(server: FakeServer) -> None:
+    """Its error names no request (it could not read one), yet no call waits out its timeout
+    or is sent again: every outstanding call fails naming both versions."""
+    server.malformed = "v1"
+    server.batch = 2
+    with workerpool.Client(server.endpoint, timeout=60, retries=3) as client:
+        with pytest.raises(workerpool.BadRequest, match="protocol version 1 and this client version 2"):
+            list(client.infer_many([arange(1), arange(2)], window=2))
     assert len(server.wait_for_requests(2)) == 2
 
 

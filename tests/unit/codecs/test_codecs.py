@@ -15,6 +15,7 @@ from workerpool.codecs.http_call import KSERVE, OPENAI, decode_call, read_reply,
 from workerpool.codecs.view import Answer, view_of
 from workerpool.errors import BadRequest, DeadlineExceeded, ErrorCode, ModelNotFound
 from workerpool.protocol import messages as protocol
+from workerpool.protocol.route import route_for
 
 MLP = view_of("mlp", {"model": "mlp", "inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
                       "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 2]}]}, 3)
@@ -123,21 +124,22 @@ def test_texts_are_bounded_and_a_passed_timeout_is_answered_without_running() ->
     late = request_frames(1, KSERVE, "mlp", json.dumps({"inputs": [{"name": "input", "shape": [1, 4],
                           "datatype": "FP32", "data": [0] * 4}], "parameters": {"timeout": 1000}}).encode(),
                           head=None, deadline=None)
-    header = json.loads(late[0])
+    header = json.loads(late[1])
     header["http"]["at"] = time.time() - 1.0
     with pytest.raises(DeadlineExceeded, match="parameters.timeout"):
-        decode_call(protocol.decode_request([json.dumps(header).encode(), late[1]]), lambda name: MLP)
+        decode_call(protocol.decode_request([late[0], json.dumps(header).encode(), late[2]]), lambda name: MLP)
 
 
 @pytest.mark.parametrize("http", [[], {"api": "soap", "model": "m", "head": None, "at": 0},
                                   {"api": "kserve", "model": 1, "head": None, "at": 0},
                                   {"api": "kserve", "model": "m", "head": "12", "at": 0}])
 def test_a_malformed_http_header_is_a_bad_request(http) -> None:
-    frames = [json.dumps({"v": 1, "id": 1, "method": "infer", "http": http}).encode(), b"{}"]
+    header = {"v": protocol.VERSION, "id": 1, "method": "infer", "http": http}
+    frames = [route_for(header), json.dumps(header).encode(), b"{}"]
     with pytest.raises((BadRequest, protocol.ProtocolError)):
         decode_call(protocol.decode_request(frames), lambda name: MLP)
     with pytest.raises(protocol.ProtocolError, match="body frame"):
-        protocol.decode_request(frames[:1])
+        protocol.decode_request(frames[:2])
 
 
 @pytest.mark.parametrize("data, words", [

@@ -10,6 +10,7 @@ from workerpool.errors import ErrorCode
 from workerpool.gateway.http11 import Refusal, Request
 from workerpool.gateway.routes import Forward, Reply, Routes
 from workerpool.protocol import messages as protocol
+from workerpool.protocol.route import read_route
 
 SIGNATURE = {"model": "mlp", "inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
              "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 2]}]}
@@ -44,8 +45,9 @@ def test_an_inference_goes_to_the_router_with_its_body_unread() -> None:
     decision = routes().answer(request("POST", "/v2/models/mlp/infer", b"{raw}", inference_header_content_length="3",
                                        timeout="1.5"))
     assert isinstance(decision, Forward) and not decision.openai
-    header = protocol.decode_header(decision.frames[0])
-    assert header["http"]["head"] == 3 and header["deadline_ms"] == 1500.0 and decision.frames[1] == b"{raw}"
+    header = protocol.decode_header(decision.frames[1])
+    assert header["http"]["head"] == 3 and header["deadline_ms"] == 1500.0 and decision.frames[2] == b"{raw}"
+    assert read_route(decision.frames[0]).deadline == 1.5
     embeddings = routes().answer(request("POST", "/v1/embeddings", b"{}"))
     assert isinstance(embeddings, Forward) and embeddings.openai
 
@@ -92,8 +94,8 @@ def test_heads_that_cannot_carry_a_body_are_refused_before_it_is_read() -> None:
 ])
 def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type) -> None:
     frames = protocol.encode_error(1, code, "why")
-    kserve = routes().answer_forwarded(Forward([], False, None), frames)
-    openai = routes().answer_forwarded(Forward([], True, None), frames)
+    kserve = routes().answer_forwarded(Forward([], False), frames)
+    openai = routes().answer_forwarded(Forward([], True), frames)
     assert kserve.status == openai.status == status
     assert json.loads(openai.body)["error"]["type"] == openai_type
     assert ("why" in json.loads(kserve.body)["error"]) and kserve.close == (code == ErrorCode.SHUTTING_DOWN)
@@ -101,5 +103,5 @@ def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type)
 
 
 def test_a_malformed_reply_is_a_500_not_a_crash() -> None:
-    reply = routes().answer_forwarded(Forward([], False, None), [b"not json"])
+    reply = routes().answer_forwarded(Forward([], False), [b"not json"])
     assert reply.status == 500 and "malformed reply" in json.loads(reply.body)["error"]

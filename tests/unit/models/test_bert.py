@@ -14,7 +14,7 @@ from support.bert import HIDDEN, POSITIONS, VOCAB, tiny_bert, tiny_tokenizer
 from support.commands import cli
 from support.paths import FIXTURES
 from support.server import Server
-from support.sockets import dealer
+from support.sockets import dealer, raw_request
 
 import workerpool
 from workerpool import burnpack
@@ -197,9 +197,8 @@ def test_a_text_costs_its_own_tokens_whatever_its_company(minilm, reference):
 @pytest.mark.process
 def test_text_limits_are_bad_requests(minilm, context):
     with Server(minilm, workers=1) as server, workerpool.Client(server.endpoint) as client:
-        surrogate = json.dumps({"v": 1, "id": 7, "method": "infer", "arrays": [], "text": ["\ud800"]})
         with dealer(context, server.endpoint) as sock:
-            sock.send_multipart([b"", surrogate.encode()])
+            sock.send_multipart(raw_request(7, text=["\ud800"]))
             assert sock.poll(10_000)
             header = json.loads(sock.recv_multipart()[1])
         assert header["error"]["code"] == "bad_request" and "surrogate" in header["error"]["message"]

@@ -17,7 +17,7 @@ from workerpool.protocol import messages as protocol
 from workerpool.router.batching import BatchPolicy
 from workerpool.router.core import Router
 from workerpool.router.intake import Pending
-from workerpool.router.outbox import CLIENT, WORKER
+from workerpool.router.outbox import CLIENT, WORKER, carries_requests
 from workerpool.router.recovery import MAX_ATTEMPTS
 from workerpool.router.registry import WorkerRecord, WorkerState
 
@@ -63,7 +63,7 @@ class Pool:
                 continue
             worker = self.workers.get(key)
             if kind == WORKER and worker is not None and worker.pid in self.unreachable:
-                self.router.lose(key, "unreachable")
+                self.router.lose(key, "unreachable", unsent=carries_requests(frames))
             elif worker is not None:
                 self.sent.append((worker.pid, frames))
 
@@ -88,12 +88,12 @@ class Pool:
         self.router.intake.receive([zmq.Frame(client), zmq.Frame(b""), *map(zmq.Frame, frames)])
         self.flush()
         held = [p for w in self.workers.values() for p in w.inflight] + list(self.intake.queue._everything())
-        return next(p for p in held if protocol.decode_header(p.frames[0])["id"] == request_id)
+        return next(p for p in held if p.id == request_id)
 
     def answer(self, worker: WorkerRecord, status: bytes = b"ok") -> None:
         """``worker`` answers everything it holds, in order."""
         for pending in list(worker.inflight):
-            request_id = protocol.decode_header(pending.frames[0])["id"]
+            request_id = pending.id
             reply = protocol.encode_reply(request_id) if status == b"ok" else \
                 protocol.encode_error(request_id, status.decode(), "failed")
             self.router.from_worker(worker.local, [zmq.Frame(worker.address), zmq.Frame(protocol.REPLY),
@@ -116,10 +116,10 @@ class Pool:
 
 def _ids(frames: list[Any]) -> list[int] | bytes:
     if frames[0] == protocol.REQUEST:
-        return [protocol.decode_header(frames[2])["id"]]
+        return [protocol.decode_header(frames[3])["id"]]
     if frames[0] == protocol.BATCH:
         stride = int(frames[1])
-        return [protocol.decode_header(frames[i + 1])["id"] for i in range(2, len(frames), stride)]
+        return [protocol.decode_header(frames[i + 2])["id"] for i in range(2, len(frames), stride)]
     return frames[0]
 
 
@@ -221,7 +221,8 @@ def test_a_worker_that_cannot_be_reached_is_lost_and_the_request_goes_to_the_nex
     assert [w.pid for w in pool.workers.values()] == [1]
 
 
-def test_a_batch_that_cannot_be_sent_goes_back_first_in_the_queue_each_alone_in_order():
+def test_a_batch_that_cannot_be_sent_goes_back_first_in_the_queue_as_it_was():
+    """It never reached the worker: no attempt counts against it, and it stays one batch."""
     pool = Pool(batching=BatchPolicy(max_rows=8))
     busy = pool.worker(1, batching=True)
     pool.request(0)
@@ -230,10 +231,22 @@ def test_a_batch_that_cannot_be_sent_goes_back_first_in_the_queue_each_alone_in_
     pool.unreachable.add(1)
     pool.answer(busy)
     assert pool.lost == [1]
+    pool.request(4)
     spare = pool.worker(2, batching=True)
-    for _ in range(3):
-        pool.answer(spare)
-    assert pool.sends_to(2) == [[1], [2], [3]] and pool.errors() == {}
+    assert pool.sends_to(2) == [[1, 2, 3, 4]] and pool.errors() == {}
+    assert all(pending.attempts == 1 and not pending.solo for pending in spare.inflight)
+
+
+def test_requests_sent_to_workers_gone_one_after_another_are_blamed_for_nothing():
+    """A host that dies takes its workers with it; each send to one fails in turn. A request
+    that never ran is no killer, and identical requests are still served."""
+    pool = Pool()
+    for pid in (1, 2, 3, 4):
+        pool.worker(pid)
+    pool.unreachable.update({2, 3, 4})  # the most recently freed: tried first
+    pending = pool.request(5)
+    assert pool.lost == [4, 3, 2] and pool.sends_to(1) == [[5]] and pending.attempts == 1
+    assert not pool.quarantine and pool.errors() == {}
 
 
 def test_a_quarantined_request_is_refused_without_being_sent():
@@ -343,11 +356,11 @@ def test_deaths_from_outside_blame_no_client_and_only_distinct_killers_refuse_on
         assert pending.attempts == MAX_ATTEMPTS
     assert pool.errors() == {} and not pool.quarantine
     for number in range(3):
-        assert pool.quarantine.refusal(b"killer", [f"{number}".encode()]) is None
-        pool.quarantine.killed(b"killer", [protocol.encode_request(number, [f"killer {number}"])[1]])
-        pool.quarantine.killed(b"killer", [protocol.encode_request(number + 9, [f"killer {number}"])[1]])
-    assert "3 different requests" in pool.quarantine.refusal(b"killer", [b"anything"])
-    assert pool.quarantine.refusal(b"innocent", [b"anything"]) is None
+        assert pool.quarantine.refusal(b"killer", [b"", f"{number}".encode()]) is None
+        pool.quarantine.killed(b"killer", protocol.encode_request(number, [f"killer {number}"])[1:])
+        pool.quarantine.killed(b"killer", protocol.encode_request(number + 9, [f"killer {number}"])[1:])
+    assert "3 different requests" in pool.quarantine.refusal(b"killer", [b"", b"anything"])
+    assert pool.quarantine.refusal(b"innocent", [b"", b"anything"]) is None
 
 
 def test_a_lost_free_worker_is_taken_off_the_free_list():
@@ -434,7 +447,7 @@ def test_http_requests_batch_by_count_and_never_with_requests_of_arrays():
     lane = pool.intake.local_key + b"lane"
     for request_id in (1, 2, 3, 4, 5):
         frames = request_frames(request_id, KSERVE, "m", b"{}", head=None, deadline=None)
-        pool.intake.admit_local(lane + bytes([request_id]), frames, 100, deadline=None)
+        pool.intake.admit_local(lane + bytes([request_id]), frames, 100)
     pool.request(6)
     pool.flush()
     assert len(pool.intake.queue) == 6

@@ -12,6 +12,8 @@ import json
 import pytest
 import zmq
 
+from workerpool.protocol import messages as protocol
+from workerpool.protocol.route import read_route, route_for
 from workerpool.protocol.transport import receive_batch
 from workerpool.router.intake import BYTES, COUNT, Intake, Pending, QueueFull, RequestQueue
 from workerpool.router.outbox import Outbox
@@ -19,8 +21,11 @@ from workerpool.router.outbox import Outbox
 _endpoints = itertools.count()
 
 
+ROUTE = read_route(protocol.encode_request(0, None)[1])
+
+
 def request(client: str, number: int, size: int = 1, expires: float | None = None) -> Pending:
-    return Pending(client.encode(), [f"{client}{number}".encode()], 0.0, expires=expires, size=size)
+    return Pending(client.encode(), [f"{client}{number}".encode()], ROUTE, 0.0, expires=expires, size=size)
 
 
 def names(pendings: list[Pending]) -> list[bytes]:
@@ -182,8 +187,12 @@ class Front:
         return sock
 
     def send(self, sock: zmq.Socket, request_id: int, payload: bytes = b"") -> None:
-        head = json.dumps({"v": 1, "id": request_id, "method": "infer", "arrays": []}).encode()
-        sock.send_multipart([b"", head, payload])
+        header = {"v": protocol.VERSION, "id": request_id, "method": "infer", "arrays": []}
+        self.deliver(sock, [b"", route_for(header), json.dumps(header).encode(), payload])
+
+    def deliver(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        """``frames`` sent by ``sock``, taken in by the intake, and what it answered sent back."""
+        sock.send_multipart(frames)
         assert self.socket.poll(2000), "the request did not arrive"
         receive_batch(self.socket, self.intake.receive, self.intake.overlong)
         while (reply := self.outbox.take()) is not None:  # what the router's shell does
@@ -191,7 +200,7 @@ class Front:
             self.socket.send_multipart([client, b"", *frames])
 
     def queued_ids(self) -> list[int]:
-        return [json.loads(bytes(p.frames[0]))["id"] for p in self.intake.queue.take_all()]
+        return [p.id for p in self.intake.queue.take_all()]
 
 
 def refusal(sock: zmq.Socket) -> dict:
@@ -234,5 +243,17 @@ def test_a_queued_request_copies_its_small_frames(context):
     front = Front(context)
     sock = front.client()
     front.send(sock, 1, b"x" * (64 * 1024))
-    header, payload = front.intake.queue.take().frames
-    assert isinstance(header, bytes) and isinstance(payload, zmq.Frame)
+    route, header, payload = front.intake.queue.take().frames
+    assert isinstance(route, bytes) and isinstance(header, bytes) and isinstance(payload, zmq.Frame)
+
+
+def test_a_request_of_protocol_version_1_is_answered_with_its_id_and_what_to_do(context):
+    """A version 1 client sends its JSON header where the route frame belongs."""
+    front = Front(context)
+    sock = front.client()
+    front.deliver(sock, [b"", json.dumps({"v": 1, "id": 41, "method": "info"}).encode()])
+    assert sock.poll(2000), "no reply"
+    header = json.loads(sock.recv_multipart()[1])
+    assert header["id"] == 41 and header["error"]["code"] == "bad_request"
+    assert "protocol version 1" in header["error"]["message"] and "upgrade the client" in header["error"]["message"]
+    assert len(front.intake.queue) == 0

@@ -101,7 +101,7 @@ def reply_to(worker: zmq.Socket) -> int:
     """Answer the request waiting on a fake worker; returns its id."""
     frames = worker.recv_multipart()
     assert frames[0] == protocol.REQUEST
-    request_id = protocol.decode_header(frames[2])["id"]
+    request_id = protocol.decode_header(frames[3])["id"]
     worker.send_multipart([protocol.REPLY, frames[1], b"ok", *protocol.encode_reply(request_id)])
     return request_id
 
@@ -170,10 +170,14 @@ def test_a_lost_worker_request_is_retried_once_then_fails(context):
     pool.pump(lambda: pool.registered() == {1, 2})
     client = pool.client()
     request(client, 9)
-    pool.pump(lambda: pool.router.in_flight == 1)
+
+    def sent() -> bool:  # handed to a worker, not merely put in the outbox
+        return pool.router.in_flight == 1 and not pool.router.outbox
+
+    pool.pump(sent)
     busy = next(w for w in pool.router.workers if w.inflight)
     pool.router.lose(busy.key, "test")
-    pool.pump(lambda: pool.router.in_flight == 1)
+    pool.pump(sent)
     retried = next(w for w in pool.router.workers if w.inflight)
     assert retried.pid != busy.pid
     pool.router.lose(retried.key, "test")
@@ -281,9 +285,9 @@ def batch_ids(pool: Pool, worker: zmq.Socket) -> list[int]:
     """The ids of the next message a fake worker is sent: one for a REQUEST, all of a BATCH."""
     frames = next_message(pool, worker)
     if frames[0] == protocol.REQUEST:
-        return [protocol.decode_header(frames[2])["id"]]
-    assert frames[0] == protocol.BATCH and frames[1] == b"3" and len(frames) % 3 == 2
-    return [protocol.decode_header(frames[i + 1])["id"] for i in range(2, len(frames), 3)]
+        return [protocol.decode_header(frames[3])["id"]]
+    assert frames[0] == protocol.BATCH and frames[1] == b"4" and len(frames) % 4 == 2
+    return [protocol.decode_header(frames[i + 2])["id"] for i in range(2, len(frames), 4)]
 
 
 def busy_with_one(pool: Pool, client: zmq.Socket, **ready) -> zmq.Socket:
@@ -313,7 +317,7 @@ def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch_answered_in_
     assert pool.router.in_flight == 3
     for pending in list(pool.router.workers[0].inflight):
         worker.send_multipart([protocol.REPLY, pending.client, b"ok",
-                               *protocol.encode_reply(protocol.decode_header(pending.frames[0])["id"])])
+                               *protocol.encode_reply(pending.id)])
     pool.pump(lambda: pool.router.in_flight == 0 and client.poll(0) and other.poll(0))
     assert [answer(client)["id"] for _ in range(3)] == [0, 1, 2]
     assert answer(other)["id"] == 3
@@ -393,7 +397,7 @@ def test_a_lost_batch_is_retried_request_by_request_without_blaming_its_clients(
     for _ in range(3):  # each alone, in the order they had
         frames = next_message(pool, spare)
         assert frames[0] == protocol.REQUEST
-        sent.append(protocol.decode_header(frames[2])["id"])
+        sent.append(protocol.decode_header(frames[3])["id"])
         spare.send_multipart([protocol.REPLY, frames[1], b"ok", *protocol.encode_reply(sent[-1])])
     assert sent == [1, 3, 2]
     pool.pump(lambda: pool.router.in_flight == 0)
@@ -514,6 +518,6 @@ def test_texts_batch_as_one_list_of_texts_with_their_own_stride(context):
     record = pool.router.workers[0]
     worker.send_multipart([protocol.REPLY, record.inflight[0].client, b"ok", *protocol.encode_reply(0)])
     frames = next_message(pool, worker)
-    assert frames[:2] == [protocol.BATCH, b"2"] and len(frames) == 6  # client and header each
-    assert [protocol.decode_header(frames[i])["text"] for i in (3, 5)] == [["a", "b"], ["c"]]
+    assert frames[:2] == [protocol.BATCH, b"3"] and len(frames) == 8  # client, route and header each
+    assert [protocol.decode_header(frames[i])["text"] for i in (4, 7)] == [["a", "b"], ["c"]]
     assert record.rows == 1 + 3  # request 0's row, then three texts; ["d", "e"] would make five

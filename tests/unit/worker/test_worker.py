@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -10,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zmq
+from support.sockets import raw_request
 
 from workerpool import models
 from workerpool.models.loaded import LoadedModel
@@ -65,7 +65,7 @@ def test_an_input_that_does_not_fit_is_a_bad_request(pair, loaded, x):
 
 
 def test_a_malformed_request_is_a_bad_request_that_keeps_its_id(pair, loaded):
-    frames = [b"", b'{"v": 1, "id": 4, "method": "infer", "arrays": [{"dtype": "<f4", "shape": [9]}]}', b"x"]
+    frames = [*raw_request(4, [{"dtype": "<f4", "shape": [9]}]), b"x"]
     ok, reply = exchange(pair, loaded, frames)
     assert not ok and reply.id == 4 and reply.header["error"]["code"] == "bad_request"
 
@@ -86,8 +86,7 @@ POISON_SHAPES = [[0, 2**62], [2**40, 0, 2**40], [0, 2**61, 4], [0, 2**47], [2**6
 
 
 def empty_request(request_id: int, shape: list) -> list[bytes]:
-    header = {"v": 1, "id": request_id, "method": "infer", "arrays": [{"dtype": "<f4", "shape": shape}]}
-    return [b"", json.dumps(header).encode(), b""]
+    return [*raw_request(request_id, [{"dtype": "<f4", "shape": shape}]), b""]
 
 
 @pytest.mark.parametrize("shape", POISON_SHAPES)
