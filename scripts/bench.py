@@ -51,13 +51,14 @@ def drive(endpoint: str, frames: list, in_flight: int, seconds: float,
     sent: dict[int, float] = {}
     latencies: list[float] = []
     requests = frames if isinstance(frames[0], list) else [frames]
-    headers = [json.loads(request[1]) for request in requests]
+    headers = [json.loads(request[2]) for request in requests]  # after the delimiter and route
 
     def send(request_id: int) -> None:
         turn = request_id % len(requests)
         header = headers[turn]
         header["id"] = request_id
-        sock.send_multipart([b"", protocol.encode_header(header), *requests[turn][2:]], copy=False)
+        delimiter, route, _, *arrays = requests[turn]
+        sock.send_multipart([delimiter, route, protocol.encode_header(header), *arrays], copy=False)
         sent[request_id] = time.perf_counter()
 
     next_id = 0
@@ -193,7 +194,8 @@ def warm_workerpool(endpoint: str, frames: list, workers: int) -> set[int]:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(REPLY_TIMEOUT * 1000))
     sock.connect(endpoint)
-    header = json.loads(frames[1])
+    delimiter, route, encoded, *arrays = frames
+    header = json.loads(encoded)
     seen: set[int] = set()
     deadline = time.monotonic() + WARMUP_TIMEOUT
     try:
@@ -202,7 +204,7 @@ def warm_workerpool(endpoint: str, frames: list, workers: int) -> set[int]:
                 raise RuntimeError(f"only {len(seen)} of {workers} workerpool workers answered")
             for _ in range(workers):
                 header["id"] += 1
-                sock.send_multipart([b"", protocol.encode_header(header), *frames[2:]])
+                sock.send_multipart([delimiter, route, protocol.encode_header(header), *arrays])
             for _ in range(workers):
                 reply = json.loads(sock.recv_multipart()[1])
                 if reply["status"] != "ok":
@@ -256,9 +258,9 @@ def echo_worker(backend: str, model_path: str | None = None) -> None:
         message = sock.recv_multipart(copy=False)
         client = message[1:3]
         if model is None:
-            header = json.loads(message[3].bytes)
-            reply = [protocol.encode_header({"v": 1, "id": header["id"], "status": "ok",
-                                             "arrays": header["arrays"]}), *message[4:]]
+            header = json.loads(message[4].bytes)  # after the route frame
+            reply = [protocol.encode_header({"v": protocol.VERSION, "id": header["id"], "status": "ok",
+                                             "arrays": header["arrays"]}), *message[5:]]
         else:
             request = protocol.decode_request(message[3:])
             reply = protocol.encode_reply(request.id, model(request.payload()), worker_pid=0, generation=1)

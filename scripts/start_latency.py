@@ -94,8 +94,7 @@ class Driver:
         self.sock = self.context.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
-        self.header = json.loads(frames[1])
-        self.arrays = frames[2:]
+        self.route, self.header, self.arrays = frames[1], json.loads(frames[2]), frames[3:]
         self.seen: set[int] = set()
         self.last_reply = time.monotonic()
         for _ in range(in_flight):
@@ -103,7 +102,7 @@ class Driver:
 
     def send(self) -> None:
         self.header["id"] += 1
-        self.sock.send_multipart([b"", protocol.encode_header(self.header), *self.arrays])
+        self.sock.send_multipart([b"", self.route, protocol.encode_header(self.header), *self.arrays])
 
     def pump(self, timeout: float) -> list[tuple[float, int]]:
         """Take the replies that arrive within ``timeout`` s, sending one request for each;
