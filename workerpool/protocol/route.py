@@ -113,4 +113,4 @@ def route_for(header: Mapping[str, Any]) -> bytes:
     shape = arrays[0]["shape"]
     dtype = arrays[0]["dtype"].encode().ljust(DTYPE_BYTES, b"\0")
     return b"".join((HEAD.pack(VERSION, method, Form.ARRAY, flags, len(shape), deadline_ms), dtype,
-                     *(AXIS.pack(size) for size in shape), arrays[0].get("name", "").encode()))
+                     *(AXIS.pack(size) for size in shape), arrays[0].get("name", "").encode("utf-8", "surrogatepass")))
