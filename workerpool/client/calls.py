@@ -284,13 +284,21 @@ def _decode(frames: list) -> tuple[Any, Message | errors.RemoteError]:
             raise ProtocolError("reply does not start with an empty delimiter frame")
         message = protocol.decode_reply(frames[1:])
     except ProtocolError as exc:
-        request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
-        return request_id, errors.InternalError(f"malformed reply: {exc}")
-    version = message.header.get("v")
-    if version != protocol.VERSION:
-        return EVERY_CALL, errors.BadRequest(
-            f"the server speaks wire protocol version {version!r} and this client version "
-            f"{protocol.VERSION} (docs/protocol.md): run the same workerpool release on both sides")
+        try:  # a reply of another version need not be laid out as this version's are
+            header = protocol.decode_header(frames[1])
+        except (ProtocolError, IndexError):
+            return None, errors.InternalError(f"malformed reply: {exc}")
+        if header.get("v") != protocol.VERSION:
+            return EVERY_CALL, _other_version(header)
+        return header.get("id"), errors.InternalError(f"malformed reply: {exc}")
+    if message.header.get("v") != protocol.VERSION:
+        return EVERY_CALL, _other_version(message.header)
     if message.header["status"] == "ok":
         return message.id, message
     return message.id, errors.error_of_reply(message.header)
+
+
+def _other_version(header: dict[str, Any]) -> errors.BadRequest:
+    return errors.BadRequest(
+        f"the server speaks wire protocol version {header.get('v')!r} and this client version "
+        f"{protocol.VERSION} (docs/protocol.md): run the same workerpool release on both sides")

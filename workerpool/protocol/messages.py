@@ -17,10 +17,11 @@ from typing import Any, cast
 import numpy as np
 
 from ..units import MS_PER_SECOND
-from .route import read_route, route_for
+from .route import read_route, route_for, same_routing
 
 # The terms are read from here by the rest of the code, as ``protocol.VERSION`` and the like.
 from .terms import (
+    DTYPE_CODES,
     MAX_ARRAYS,
     MAX_EXTENT,
     MAX_HEADER_BYTES,
@@ -47,10 +48,7 @@ BYE = b"BYE"  # worker: I am leaving; answered with STOP once nothing is in flig
 WHO = b"WHO"  # router: I do not know you (it restarted); answered with READY
 REFUSE = b"REFUSE"  # router: your model does not fit mine; the worker exits
 
-ALLOWED_DTYPES = {
-    np.dtype(code).str: np.dtype(code)
-    for code in ("<f2", "<f4", "<f8", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?")
-}
+ALLOWED_DTYPES = {code: np.dtype(code) for code in DTYPE_CODES}
 
 Inputs = np.ndarray | Mapping[str, np.ndarray] | Sequence[str]
 
@@ -280,9 +278,9 @@ def decode_request(frames: Sequence[Any]) -> Message:
                 if arrays:
                     raise ProtocolError("a request carries texts or arrays, not both")
             message = Message(header, arrays, names)
-        if route_for(header) != route.frame:
+        if not same_routing(route_for(header), route.frame):
             raise ProtocolError("the route frame does not repeat what the header says (method, "
-                                "deadline, texts or the one array's dtype, shape and name)")
+                                "texts, or the one array's dtype, shape and name)")
     except ProtocolError as exc:
         raise ProtocolError(str(exc), request_id) from None
     return message

@@ -28,13 +28,24 @@ from collections.abc import Mapping
 from enum import IntEnum
 from typing import Any
 
-from .terms import MAX_HEADER_BYTES, MAX_RANK, MAX_TEXTS, METHODS, VERSION, ProtocolError
+from .terms import (
+    DTYPE_CODES,
+    MAX_HEADER_BYTES,
+    MAX_RANK,
+    MAX_TEXTS,
+    METHODS,
+    VERSION,
+    ProtocolError,
+)
 
 HEAD = struct.Struct("<BBBBId")
 DTYPE_BYTES = 4
 AXIS = struct.Struct("<Q")
 DEADLINE_GIVEN = 1
 ARRAY_TAIL = HEAD.size + DTYPE_BYTES  # where a form-1 frame's axes begin
+FLAGS_AT, DEADLINE_AT = 3, 8  # the fields only the router reads: the worker reads the header's
+DTYPES = {code.encode().ljust(DTYPE_BYTES, b"\0") for code in DTYPE_CODES}
+JSON_STARTS = (b"{", b"\xef\xbb\xbf", b" ", b"\t", b"\r", b"\n")  # a JSON object, a BOM, white space
 
 
 class Form(IntEnum):
@@ -63,11 +74,13 @@ class Route:
         return AXIS.unpack_from(self.frame, ARRAY_TAIL)[0]
 
     def array_key(self, *, past_first_axis: bool) -> bytes:
-        """What a form-1 request must share with another to stack: its dtype, its name and its
-        axes, all of them or those past the first."""
+        """What a form-1 request must share with another to stack: its form, dtype, name and
+        axes, all of them or those past the first. The form keeps it apart from every key of
+        another form, whatever bytes the client wrote."""
+        form = self.frame[2:3]
         if not past_first_axis:
-            return self.frame[HEAD.size:]
-        return self.frame[HEAD.size:ARRAY_TAIL] + self.frame[ARRAY_TAIL + AXIS.size:]
+            return form + self.frame[HEAD.size:]
+        return form + self.frame[HEAD.size:ARRAY_TAIL] + self.frame[ARRAY_TAIL + AXIS.size:]
 
 
 def read_route(frame: Any) -> Route:
@@ -75,7 +88,7 @@ def read_route(frame: Any) -> Route:
     if len(frame) > MAX_HEADER_BYTES:  # before copying it: a name is bounded by the header too
         raise ProtocolError(f"the route frame is {len(frame)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
     data = bytes(frame)
-    if data[:1] == b"{":
+    if is_json(data):
         raise ProtocolError(f"a JSON header where the route frame belongs: a protocol version 1 "
                             f"request; this server speaks version {VERSION} (docs/protocol.md): "
                             "upgrade the client")
@@ -92,6 +105,9 @@ def read_route(frame: Any) -> Route:
     if form == Form.ARRAY:
         if count > MAX_RANK or len(data) < ARRAY_TAIL + count * AXIS.size:
             raise ProtocolError(f"the route frame of one array of {count} axes is {len(data)} bytes")
+        if data[HEAD.size:ARRAY_TAIL] not in DTYPES:
+            raise ProtocolError(f"the route frame's dtype {data[HEAD.size:ARRAY_TAIL]!r} is not one of "
+                                f"{', '.join(DTYPE_CODES)}")
     elif len(data) != HEAD.size or (form == Form.TEXTS) != (count > 0) or count > MAX_TEXTS:
         raise ProtocolError(f"the route frame of form {form} is {len(data)} bytes with count {count}")
     return Route(data, METHODS[method], Form(form), count, deadline_ms / 1000.0 if flags else None)
@@ -112,5 +128,21 @@ def route_for(header: Mapping[str, Any]) -> bytes:
         return HEAD.pack(VERSION, method, Form.ALONE, flags, 0, deadline_ms)
     shape = arrays[0]["shape"]
     dtype = arrays[0]["dtype"].encode().ljust(DTYPE_BYTES, b"\0")
+    name = arrays[0].get("name") or ""  # null, as some encoders write it, is no name
     return b"".join((HEAD.pack(VERSION, method, Form.ARRAY, flags, len(shape), deadline_ms), dtype,
-                     *(AXIS.pack(size) for size in shape), arrays[0].get("name", "").encode("utf-8", "surrogatepass")))
+                     *(AXIS.pack(size) for size in shape), name.encode("utf-8", "surrogatepass")))
+
+
+def same_routing(expected: bytes, received: bytes) -> bool:
+    """Whether a received route frame routes as ``expected`` does: all but the deadline, which
+    is its sender's own business (the worker reads the header's) and need not be the very same
+    float64 that the header's decimal gives."""
+    return expected[:FLAGS_AT] == received[:FLAGS_AT] \
+        and expected[FLAGS_AT + 1:DEADLINE_AT] == received[FLAGS_AT + 1:DEADLINE_AT] \
+        and expected[HEAD.size:] == received[HEAD.size:]
+
+
+def is_json(data: bytes) -> bool:
+    """Whether a frame where a route frame belongs begins as a JSON header does (a protocol
+    version 1 request)."""
+    return data.startswith(JSON_STARTS)

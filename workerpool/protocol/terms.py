@@ -17,6 +17,9 @@ MAX_EXTENT = 2**48
 MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
 MAX_TEXTS = 1024  # texts in one request; their bytes are bounded by the header's limit
 
+# The array dtypes the wire carries, as numpy's ``dtype.str`` spells them.
+DTYPE_CODES = ("<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1")
+
 METHOD_INFER = "infer"
 METHOD_INFO = "info"
 METHODS = (METHOD_INFER, METHOD_INFO)

@@ -27,7 +27,7 @@ SERVICE_SMOOTHING = 0.2  # weight of the newest run in the moving average of run
 OUTLIER_FACTOR = 4.0  # a run is counted as at most this many times the average
 
 
-# An array's key begins with its dtype ("<f4"), so no array's key is one of these.
+# An array's key begins with its form's byte (1), so no array's key is one of these.
 TEXT_KEY = b"text"
 HTTP_KEY = b"http"  # HTTP requests' bodies are the worker's to read: they batch by count
 

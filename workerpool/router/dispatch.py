@@ -180,8 +180,9 @@ class Dispatcher:
 
     def _gather(self, worker: WorkerRecord, first: Pending) -> tuple[list[Pending], int]:
         """``first`` and the requests queued next that fit with it, and their rows: same
-        method, dtype and shape past the batch axis, at most ``max_rows`` rows together, for
-        clients that may see the worker's generation. A request past its deadline is answered."""
+        method, dtype and shape past the batch axis and as many frames (a batch is sent with one
+        stride), at most ``max_rows`` rows together, for clients that may see the worker's
+        generation. A request past its deadline is answered."""
         shape = self._shape(first)
         rows = 1 if shape is None else shape.rows
         batch = [first]
@@ -196,6 +197,7 @@ class Dispatcher:
                 continue
             fits = self._shape(candidate)
             if candidate.solo or fits is None or fits.key != shape.key \
+                    or len(candidate.frames) != len(first.frames) \
                     or rows + fits.rows > policy.max_rows \
                     or self._rollout.floor(candidate.client) > worker.generation:
                 break

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ErrorCode
 from ..protocol import messages as protocol
-from ..protocol.route import Route, read_route
+from ..protocol.route import Route, is_json, read_route
 from ..units import MS_PER_SECOND, KiB
 from .batching import BatchShape
 from .outbox import Outbox
@@ -387,6 +387,6 @@ def request_id_of(frames: list[Any]) -> Any:
     cannot be read. A protocol version 1 request has its header where the route frame is."""
     if not frames:
         return None
-    if bytes(memoryview(frames[0])[:1]) == b"{":
+    if is_json(bytes(memoryview(frames[0])[:3])):
         return protocol.request_id_of(frames[0])
     return protocol.request_id_of(frames[1]) if len(frames) > 1 else None

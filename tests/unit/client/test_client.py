@@ -95,7 +95,9 @@ class FakeServer:
         if self.malformed == "json":
             reply = [b"{not json"]
         elif self.malformed == "v1":
-            reply = [protocol.encode_header({"v": 1, "id": None, "status": "error", "arrays": [],
+            # Its arrays promise a frame that is missing: another version's layout need not be ours.
+            reply = [protocol.encode_header({"v": 1, "id": None, "status": "error",
+                                             "arrays": [{"dtype": "<f4", "shape": [2]}],
                                              "error": {"code": "bad_request", "message": "header is not valid JSON"},
                                              "worker_pid": None, "generation": None})]
         elif self.malformed == "frame":

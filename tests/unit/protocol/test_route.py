@@ -70,6 +70,10 @@ def test_the_router_batches_by_the_route_frame_alone():
     (HEAD.pack(2, 0, 2, 0, 0, 0.0), "count 0"),
     (HEAD.pack(2, 0, 2, 0, 1025, 0.0), "count 1025"),
     (HEAD.pack(2, 0, 0, 0, 0, 0.0) + b"x", "17 bytes"),
+    (HEAD.pack(2, 0, 1, 0, 1, 0.0) + b"text" + struct.pack("<Q", 1), "dtype b'text' is not one of"),
+    (HEAD.pack(2, 0, 1, 0, 0, 0.0) + b">f4\0", "dtype b'>f4"),
+    (b"\xef\xbb\xbf" + b'{"v":1,"id":1}', "protocol version 1"),
+    (b'\n {"v":1,"id":1}', "protocol version 1"),
     (HEAD.pack(2, 0, 1, 0, 1, 0.0) + b"<f4\0" + bytes(8) + b"n" * 70_000, "over the 65536-byte limit"),
 ])
 def test_a_malformed_route_frame_is_a_protocol_error(frame, words):
@@ -78,17 +82,40 @@ def test_a_malformed_route_frame_is_a_protocol_error(frame, words):
 
 
 def test_the_worker_refuses_a_route_frame_that_differs_from_its_header():
-    """A lie about rows (past --max-batch), deadline or method fails its request, naming it."""
-    three = protocol.encode_request(9, np.zeros((3, 4), np.float32), deadline_ms=100)[1:]
-    lies = [route_of(np.zeros((1, 4), np.float32), deadline_ms=100),
-            route_of(np.zeros((3, 4), np.float32)),
-            route_of(np.zeros((3, 4), np.float32), deadline_ms=100, method="info"),
-            route_of({"x": np.zeros((3, 4), np.float32)}, deadline_ms=100)]
+    """A lie about rows (past --max-batch), dtype, name or method fails its request, naming it;
+    the deadline is the sender's own (the worker reads the header's), so a float64 that is not
+    the very one its decimal gives is no lie."""
+    three = protocol.encode_request(9, np.zeros((3, 4), np.float32), deadline_ms=1000 / 3)[1:]
+    lies = [route_of(np.zeros((1, 4), np.float32), deadline_ms=1000 / 3),
+            route_of(np.zeros((3, 4), np.float64), deadline_ms=1000 / 3),
+            route_of(np.zeros((3, 4), np.float32), deadline_ms=1000 / 3, method="info"),
+            route_of({"x": np.zeros((3, 4), np.float32)}, deadline_ms=1000 / 3),
+            route_of(["a", "b", "c"])]
     for lie in lies:
         with pytest.raises(protocol.ProtocolError, match="route frame does not repeat") as caught:
             protocol.decode_request([lie, *three[1:]])
         assert caught.value.request_id == 9
-    assert protocol.decode_request(three).arrays[0].shape == (3, 4)
+    header = json.loads(three[1])
+    header["deadline_ms"] = 333.333333  # as a client printing six decimals writes it
+    assert protocol.decode_request([three[0], json.dumps(header).encode(), three[2]]).arrays[0].shape == (3, 4)
+    assert protocol.decode_request([route_of(np.zeros((3, 4), np.float32)), *three[1:]]).id == 9
+
+
+def test_an_array_key_is_never_another_forms_key():
+    """The form leads every array's key: no dtype, name or axes a client writes can make an
+    array stack with texts or HTTP bodies, whose batches have another stride."""
+    policy = BatchPolicy(max_rows=8, rank=1, text=True)
+    for payload in (np.zeros(1, np.float32), np.zeros(4, np.uint8)):
+        frames = protocol.encode_request(1, payload)[1:]
+        key = policy.shape_of(read_route(frames[0]), len(frames)).key
+        assert key.startswith(bytes([Form.ARRAY])) and key not in (TEXT_KEY, HTTP_SHAPE.key)
+
+
+def test_a_null_name_is_no_name():
+    header = {"v": 2, "id": 3, "method": "infer", "arrays": [{"dtype": "<f4", "shape": [1, 2], "name": None}]}
+    frames = [route_for(header), json.dumps(header).encode(), bytes(8)]
+    assert route_for(header) == route_of(np.zeros((1, 2), np.float32))
+    assert protocol.decode_request(frames).id == 3
 
 
 def test_route_for_matches_what_a_header_says():
