@@ -98,9 +98,9 @@ def kserve_body(row) -> tuple[bytes, dict[str, str]]:
 
 
 @contextlib.contextmanager
-def pool(load: Load, port: int) -> Iterator[ServerProcess]:
+def pool(load: Load, port: int, *extra: str) -> Iterator[ServerProcess]:
     args = serve_args(load.model, load.workers, "--http", f"127.0.0.1:{port}", "--model-name", "mlp",
-                      "--threads-per-worker", str(load.blas_threads),
+                      "--threads-per-worker", str(load.blas_threads), *extra,
                       "--control", f"ipc://{load.directory}/control.sock", "--log-level", "warning")
     with ServerProcess(args, log_path=os.path.join(load.directory, "workerpool.log")) as server:
         warm_workerpool(server.endpoint, protocol.encode_request(0, load.row), load.workers)
