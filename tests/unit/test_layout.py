@@ -19,7 +19,7 @@ PACKAGE = ROOT / "workerpool"
 LAYERS: list[dict[str, list[str]]] = [
     {"utilities": ["workerpool", "workerpool.errors", "workerpool.units", "workerpool.endpoints",
                    "workerpool.runtime", "workerpool.logs", "workerpool.security", "workerpool.atomic",
-                   "workerpool.linux"]},
+                   "workerpool.linux", "workerpool.extras"]},
     {"config": ["workerpool.config"]},
     {"burnpack": ["workerpool.burnpack"]},
     {"protocol": ["workerpool.protocol"]},

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from .. import security
+from .. import extras, security
 from ..config import settings
 from ..config import sources as config_sources
 from ..config.pool import HostConfig, PoolConfig, ServeConfig, StartupError
@@ -38,6 +38,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 0 and not args.backend:
         raise CommandError("--workers 0 serves nothing unless worker hosts can join: give --backend",
                            exit_code=2)
+    if args.http and not extras.installed("httptools"):
+        raise CommandError(extras.missing("httptools", "--http"), exit_code=2)
     return _run_pool(pool.serve, _pool_config(ServeConfig, args, server_keys=_server_keys(args)))
 
 

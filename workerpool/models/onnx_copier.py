@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .. import burnpack
+from .. import burnpack, extras
 from .onnx_layout import GRAPH_TENSOR, PLACEHOLDER
 
 MODEL_FILE, DATA_FILE = "model.onnx", "model.data"
@@ -30,7 +30,7 @@ def make_copy(path: str, folder: str, identity: list[int]) -> None:
     try:
         import onnx
     except ImportError:
-        raise NotPrepared("it needs the onnx package (pip install 'workerpool-mmap[onnx]')") from None
+        raise NotPrepared(extras.missing("onnx", "a prepacked copy")) from None
     import onnxruntime as ort
 
     pack = burnpack.read(path, mmap=True)

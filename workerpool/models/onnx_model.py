@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import extras
 from ..errors import NotAJSONObject, exception_text, json_object
 from ..linux import private_resident, release_free_memory
 from ..units import MiB
@@ -115,7 +116,7 @@ class OnnxModel:
         ``options.threads`` is the worker's CPU budget (None: onnxruntime's default), its
         intra-op threads."""
         graph = _graph_bytes(weights)
-        import onnxruntime
+        onnxruntime = extras.imported("onnxruntime", "an ONNX model", ModelError)
 
         # What onnxruntime raises for a request it cannot take: an input it refuses, or a graph
         # (one that built, on tensors that fit it) failing on this input.

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import extras
 from ..errors import NotAJSONObject, json_object
 from .base import ModelError, ModelInputError
 from .text_passes import plan_passes
@@ -96,8 +97,7 @@ def tokenizer(model: str, text: str | None, length: int) -> Any:
     try:
         return _tokenizer(text, length)
     except ImportError as exc:
-        raise ModelError(f"{model}: texts need Hugging Face's tokenizers package (pip install "
-                         "tokenizers)") from exc
+        raise ModelError(f"{model}: {extras.missing('tokenizers', 'texts')}") from exc
     except Exception as exc:
         raise ModelError(f"{model}: {TOKENIZER_KEY} cannot be read: {exc}") from exc
 

@@ -13,7 +13,6 @@ memory converts.
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import json
 import os
 import zipfile
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import burnpack
+from .. import burnpack, extras
 from ..burnpack import dtypes
 from ..errors import NotAJSONObject, exception_text, json_object
 from ..models.base import MODEL_KEY
@@ -213,9 +212,8 @@ def _onnx_source(source: str, model_file: str, include: Sequence[str],
     if include or exclude:
         raise ConvertError(f"{source}: --include and --exclude do not apply to an ONNX model, "
                            "whose graph needs every initializer")
-    if importlib.util.find_spec("onnx") is None:
-        raise ConvertError(f"{source}: converting an ONNX model needs the onnx package "
-                           "(pip install '.[onnx]')")
+    if not extras.installed("onnx"):
+        raise ConvertError(f"{source}: {extras.missing('onnx', 'converting an ONNX model')}")
     from .onnx_convert import onnx_tensors
 
     meta = _onnx_folder_metadata(source) if os.path.isdir(source) else {}
@@ -283,8 +281,7 @@ def _read_safetensors(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpa
     try:
         from safetensors import SafetensorError, safe_open
     except ImportError:
-        raise ConvertError(f"{path}: reading .safetensors needs the safetensors package "
-                           "(pip install safetensors)") from None
+        raise ConvertError(f"{path}: {extras.missing('safetensors', 'reading .safetensors')}") from None
 
     try:
         handle = stack.enter_context(safe_open(path, framework="np"))
