@@ -87,3 +87,25 @@ def drain_pipe(fd: int) -> None:
                 return
         except BlockingIOError:
             return
+
+
+def processes_mapping(path: str) -> list[int]:
+    """The processes (of those whose maps this one may read) that map the file at ``path``, by
+    its device and inode: a server's workers map the weights they serve."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return []
+    device = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}"
+    inode = str(found.st_ino)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as maps:
+                if any(line.split(maxsplit=5)[3:5] == [device, inode] for line in maps):
+                    pids.append(int(entry))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 
-from .. import burnpack, models
+from .. import burnpack, linux, models
 from ..units import format_size, parse_size
 from . import render
 from .arguments import add_model, add_source_and_destination, model_size
@@ -74,7 +75,7 @@ def add_convert(sub: Subcommands) -> None:
     parser = add_command(sub, cmd_convert)
     add_source_and_destination(parser, ("SRC", "a .safetensors file, an .npz archive, an .onnx model "
                                                 "or a model folder (safetensors or ONNX)"),
-                               "the Burnpack file to write (replaced atomically)")
+                               "the Burnpack file to write (an existing one only with --force; written atomically)")
     add_model(parser, "record this model in the metadata (default: 'onnx' for an ONNX model, 'bert' for a BERT model folder, "
               "else none)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
@@ -83,6 +84,9 @@ def add_convert(sub: Subcommands) -> None:
                         help="only tensors whose name matches (repeatable)")
     parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                         help="leave out tensors whose name matches (repeatable)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace DEST.bpk if it exists (never one a running server maps: give a server "
+                             "new weights with 'workerpool publish')")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -97,6 +101,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """
     from ..weights.convert import ConvertError, convert
 
+    _check_destination(args.destination, force=args.force)
     metadata = {}
     for pair in args.metadata:
         key, equals, value = pair.partition("=")
@@ -120,3 +125,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
             except WeightsRefused as exc:
                 print(f"workerpool: warning: serve would refuse it: {exc}", file=sys.stderr)
     return 0
+
+
+def _check_destination(destination: str, *, force: bool) -> None:
+    """Refuse to replace a file unasked, and ever a file a server maps: a served file changes
+    by ``publish``, which checks the new weights against the old first."""
+    if not os.path.lexists(destination):
+        return
+    publish = (f"to give a running server new weights, convert to another file and run "
+               f"'workerpool publish NEW.bpk {destination}'")
+    if not force:
+        raise CommandError(f"{destination} exists: give --force to replace it, or another name ({publish})",
+                           exit_code=2)
+    serving = linux.processes_mapping(destination)
+    if serving:
+        raise CommandError(f"{destination} is mapped by process{'es' if len(serving) > 1 else ''} "
+                           f"{', '.join(map(str, serving[:5]))}: a server serves it, so it is not replaced; "
+                           f"{publish}", exit_code=2)
