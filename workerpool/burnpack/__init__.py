@@ -6,7 +6,7 @@ are byte-for-byte what Burn's own writer produces for the same tensors.
 
 from .dtypes import DType, bf16_to_float32, qfloat
 from .layout import BurnpackError
-from .reader import Burnpack, FileIdentity, TensorInfo, read
+from .reader import Burnpack, FileIdentity, TensorInfo, read, resolve
 from .writer import Deferred, write
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "bf16_to_float32",
     "qfloat",
     "read",
+    "resolve",
     "write",
 ]

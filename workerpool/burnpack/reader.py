@@ -133,7 +133,7 @@ def read(path: str | os.PathLike, *, mmap: bool = True, source: str | None = Non
     ``path``, which still names the file in messages: a descriptor's ``/proc`` path reaches the
     version of the file a supervisor validated after ``path`` was replaced.
     """
-    path = _resolve(os.fsdecode(path))
+    path = resolve(os.fsdecode(path))
     try:
         # Non-blocking, so that a FIFO under this name is refused below instead of hanging here.
         fd = os.open(source or path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -154,8 +154,9 @@ def read(path: str | os.PathLike, *, mmap: bool = True, source: str | None = Non
     return Burnpack(path, identity, version, layout, data_start, infos, metadata, scalars, buffer)
 
 
-def _resolve(path: str) -> str:
-    # Burn's reader appends the extension to an extensionless path that does not exist.
+def resolve(path: str) -> str:
+    """The file ``path`` names, as Burn's reader finds it: an extensionless path that does not
+    exist gets the extension. Whatever checks the file again later checks this name."""
     if not os.path.splitext(path)[1] and not os.path.exists(path):
         return path + ".bpk"
     return path

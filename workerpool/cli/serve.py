@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from .. import extras, security
+from .. import burnpack, extras, security
 from ..config import settings
 from ..config import sources as config_sources
 from ..config.pool import HostConfig, PoolConfig, ServeConfig, StartupError
@@ -90,6 +90,7 @@ def _pool_config(kind: type[Config], args: argparse.Namespace, **derived: Any) -
     option), plus the settings ``derived`` from several options."""
     options = {f.name: getattr(args, f.name) for f in fields(kind) if hasattr(args, f.name)}
     options["watch_interval"] = None if args.no_watch else args.watch_interval
+    options["path"] = burnpack.resolve(args.path)  # "model" for model.bpk, as every later check reads it
     return kind(**options | derived)
 
 
