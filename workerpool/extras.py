@@ -28,7 +28,6 @@ def missing(module: str, purpose: str) -> str:
 
 def imported(module: str, purpose: str, error: type[Exception]) -> ModuleType:
     """``module``, or ``error`` saying what ``purpose`` lacks and how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise error(missing(module, purpose)) from None
+    if not installed(module):
+        raise error(missing(module, purpose))
+    return importlib.import_module(module)  # imported already: a look-up
