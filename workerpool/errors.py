@@ -70,6 +70,11 @@ class BadRequest(RemoteError, code=ErrorCode.BAD_REQUEST):
     """The request was malformed or does not fit the model's input: fix it before retrying."""
 
 
+class RequestTooLarge(BadRequest):
+    """The request is larger than the server's --max-message-size: it was never sent. Send
+    fewer rows per request, or raise the server's limit."""
+
+
 class Overloaded(RemoteError, code=ErrorCode.OVERLOADED):
     """The server's queue is full; retry later or add workers."""
 

@@ -203,3 +203,32 @@ def test_requests_that_found_no_server_are_not_delivered_later(context):
             router.close()
         with pytest.raises(workerpool.ConnectionLost):  # unanswered when the router went
             late.join(10)
+
+
+def test_a_request_over_the_servers_limit_is_refused_before_it_is_sent(small_model, local_model):
+    """80 MB against a 1 MiB limit: one typed error at once, never a resend or a dropped
+    connection; the client asked for the limit once, and the connection serves on."""
+    width = local_model.input_shape[1]
+    big = np.ones((5000, 4096), np.float32)
+    with Server(small_model, "--max-message-size", "1MiB", workers=1) as server:
+        with workerpool.Client(server.endpoint, timeout=10, retries=2) as client:
+            error, waited = timed(lambda: client.infer(big))
+            assert type(error) is workerpool.RequestTooLarge and isinstance(error, workerpool.BadRequest)
+            assert "the request is 78.1 MiB (81920" in str(error) and ", 1.0 MiB: " in str(error)
+            assert "not sent" in str(error) and waited < SLACK
+            timed(lambda: client.infer({"x": big}))  # the limit is known now: no second info
+            assert client.infer(np.ones((1, width), np.float32)).shape == (1, 10)
+
+        async def ask() -> list:
+            async with workerpool.AsyncClient(server.endpoint, timeout=10) as client:
+                return await asyncio.gather(*(client.infer(big) for _ in range(3)),
+                                            client.infer(np.ones((1, width), np.float32)),
+                                            return_exceptions=True)
+
+        *refused, answered = asyncio.run(ask())
+        assert all(type(error) is workerpool.RequestTooLarge for error in refused), refused
+        assert answered.shape == (1, 10)
+        server.stop()
+    # Read by the server: the sync client's info and small request, the async client's one
+    # shared info and its small request; none of the large ones.
+    assert "4 requests read, 4 answered" in server.log(), server.log()

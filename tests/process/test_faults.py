@@ -542,3 +542,4 @@ def test_many_frames_over_the_total_size_limit_are_refused(small_model, context)
         assert reply["status"] == "error" and reply["error"]["code"] == "bad_request"
         assert "over --max-message-size 1048576" in reply["error"]["message"] and reply["id"] == 1
         assert server.status()["workers"][0]["served"] == 0  # it never reached a worker
+        assert "refused a request of 4600" in server.log() and "over --max-message-size 1048576" in server.log()

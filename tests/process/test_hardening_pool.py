@@ -402,6 +402,7 @@ def test_control_commands_with_bad_arguments_are_answered_not_fatal(small_model)
     (("--graceful-timeout", "-1"), "not a number of seconds"),
     (("--max-connections", "0"), "at least 1"),
     (("--max-message-size", "0"), "more than 0 bytes"),
+    (("--max-message-size", "64KiB"), "below 1.0 MiB, the size up to which clients send"),
     (("--max-message-size", "100000000000000GiB"), "too large"),
     (("--workers", "0"), "give --backend"),
 ])

@@ -321,7 +321,7 @@ def test_curl_asking_for_http2_over_cleartext_is_served_its_post_in_http_1_1(mlp
 
 
 def test_an_early_refusal_is_read_by_the_client_not_lost_to_a_reset(small_model):
-    server, address = http_server(small_model, "--model-name", "mlp", "--max-message-size", "64KiB", workers=1)
+    server, address = http_server(small_model, "--model-name", "mlp", "--max-message-size", "1MiB", workers=1)
     with server:
         conn = http.client.HTTPConnection(*address, timeout=30)
         conn.request("POST", "/v2/models/mlp/infer", b"x" * 20_000_000)

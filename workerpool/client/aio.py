@@ -33,6 +33,7 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
     _poller_class = zmq.asyncio.Poller
     _poller: zmq.asyncio.Poller
     _reader: asyncio.Task[None] | None = None
+    _limit_asked: asyncio.Future[dict[str, Any]] | None = None
 
     @staticmethod
     def _settled(outcome: Any) -> Any:
@@ -41,7 +42,7 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
 
     async def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
         """Run the model on ``x``; see ``Client.request``."""
-        return (await self._wait(self._start(x, protocol.METHOD_INFER, deadline))).result()
+        return (await self._wait(await self._start_infer(x, deadline))).result()
 
     async def infer(self, x: Inputs, *, deadline: float | None = None) -> Outputs:
         """Like ``request``, returning only the outputs."""
@@ -84,7 +85,7 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
         calls: deque[Call] = deque()
         try:
             async for x in _aiter(inputs):
-                calls.append(self._start(x, protocol.METHOD_INFER, deadline))
+                calls.append(await self._start_infer(x, deadline))
                 if len(calls) == window:
                     yield (await self._wait(calls.popleft())).result().outputs
             while calls:
@@ -92,6 +93,14 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
         finally:
             for call in calls:
                 self._calls.forget(call)
+
+    async def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
+        """``Client._start_infer``; callers that need the limit at once share one ``info`` call."""
+        if self._calls.must_learn_limit(x):
+            if self._limit_asked is None or self._limit_asked.done():
+                self._limit_asked = asyncio.ensure_future(self.info())
+            await asyncio.shield(self._limit_asked)
+        return self._start(x, protocol.METHOD_INFER, deadline)
 
     def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> Call:
         call = super()._start(payload, method, deadline)

@@ -20,7 +20,7 @@ from .. import endpoints
 from ..endpoints import DEFAULT_BIND
 from ..errors import WorkerpoolError
 from ..protocol.messages import Inputs
-from ..protocol.transport import MONITOR_EVENT, readable
+from ..protocol.transport import MONITOR_EVENT, readable, stated_message_limit
 from ..security import ClientKeys
 from ..units import MS_PER_SECOND
 from .calls import Call, Calls, Outputs, Result
@@ -70,7 +70,11 @@ class BaseClient(Generic[SocketT]):
         self._calls = Calls(self.endpoint, timeout, retries, connect_timeout, self._connect())
 
     def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> Call:
-        """Send a new call, once the monitor's news (a drop while idle, say) is taken in."""
+        """Send a new call, once the monitor's news (a drop while idle, say) is taken in.
+
+        A request that may be over the server's --max-message-size waits for the front end to
+        learn that limit (``_calls.must_learn_limit``): over it, it fails without being sent.
+        """
         self._open()
         self._take_events()
         return self._calls.start(payload, method, deadline, self._send)
@@ -104,6 +108,8 @@ class BaseClient(Generic[SocketT]):
             frames = self._settled(self._open().recv_multipart(zmq.NOBLOCK, copy=False))
         except zmq.Again:
             return False
+        if not self._calls.limit_heard:
+            self._calls.hear_limit(stated_message_limit(frames[0]))
         self._calls.reply(frames)
         return True
 

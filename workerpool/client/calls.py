@@ -21,7 +21,7 @@ import numpy as np
 from .. import errors
 from ..protocol import messages as protocol
 from ..protocol.messages import Inputs, Message, ProtocolError
-from ..units import MS_PER_SECOND
+from ..units import MS_PER_SECOND, format_size
 from .link import Link
 
 _log = logging.getLogger(__name__)
@@ -111,6 +111,10 @@ class Calls:
     # The server on this connection answered shutting_down: nothing more is sent on it, where
     # it would race the server's exit (a request sent as it closes is read by no one).
     draining: bool = field(default=False, init=False)
+    # The largest request the server on this connection takes, as its replies state it; None
+    # before any reply (``limit_heard`` then False), or when it states none (an older server).
+    limit: int | None = field(default=None, init=False)
+    limit_heard: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -143,6 +147,15 @@ class Calls:
         call = Call(payload, method, deadline)
         self._attempt(call, time.monotonic(), send)
         return call
+
+    def must_learn_limit(self, payload: Inputs | None) -> bool:
+        """Whether ``payload`` may be over a limit not heard yet: the front end then asks the
+        server for ``info`` first, whose reply states it (``hear_limit``)."""
+        return not self.limit_heard and protocol.payload_bytes(payload) > protocol.MIN_MESSAGE_SIZE
+
+    def hear_limit(self, limit: int | None) -> None:
+        """Take the limit a reply from the server on this connection states."""
+        self.limit, self.limit_heard = limit, True
 
     def reply(self, frames: list) -> Call | None:
         """Settle the call a received message answers; anything not outstanding is dropped,
@@ -184,7 +197,8 @@ class Calls:
         ``Timeout``. The rest are resent.
         """
         self.link = link
-        self.draining = False  # a new connection: whoever is there has said nothing yet
+        # A new connection: whoever is there has said nothing yet.
+        self.draining, self.limit, self.limit_heard = False, None, False
         calls = list(self._outstanding.values())
         self._outstanding.clear()
         for call in calls:
@@ -245,6 +259,13 @@ class Calls:
             )
         except ProtocolError as exc:
             self._finish(call, errors.BadRequest(str(exc)))
+            return
+        size = protocol.request_bytes(frames)
+        if self.limit is not None and size > self.limit:
+            self._finish(call, errors.RequestTooLarge(
+                f"the request is {format_size(size)} ({size} bytes), over the --max-message-size "
+                f"of the server at {self.endpoint}, {format_size(self.limit)}: it was not sent; "
+                "send fewer rows per request, or raise the server's limit"))
             return
         if self.draining and call.attempts > self.retries:
             self._finish(call, errors.ShuttingDown(

@@ -52,7 +52,7 @@ class Client(BaseClient[zmq.Socket]):
         the request late. Inputs of a dtype the protocol cannot carry raise ``BadRequest``
         before anything is sent.
         """
-        return self._wait(self._start(x, protocol.METHOD_INFER, deadline)).result()
+        return self._wait(self._start_infer(x, deadline)).result()
 
     def infer(self, x: Inputs, *, deadline: float | None = None) -> Outputs:
         """Like ``request``, returning only the outputs."""
@@ -92,7 +92,7 @@ class Client(BaseClient[zmq.Socket]):
         calls: deque[Call] = deque()
         try:
             for x in inputs:
-                calls.append(self._start(x, protocol.METHOD_INFER, deadline))
+                calls.append(self._start_infer(x, deadline))
                 if len(calls) == window:
                     yield self._wait(calls.popleft()).result().outputs
             while calls:
@@ -100,6 +100,11 @@ class Client(BaseClient[zmq.Socket]):
         finally:
             for call in calls:
                 self._calls.forget(call)
+
+    def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
+        if self._calls.must_learn_limit(x):
+            self.info()  # its reply states the server's limit
+        return self._start(x, protocol.METHOD_INFER, deadline)
 
     def _push(self, frames: list) -> None:
         # Frame by frame with plain int flags: send_multipart combines pyzmq's enum flags for

@@ -178,9 +178,10 @@ _SERVE_SETTINGS = (
             "`overloaded` at once (see [Security and reliability](security.md) for how the queue is "
             "shared)"),
     Setting("--max-message-size", commands=SERVE_ONLY, parse=values.positive_size, metavar="SIZE",
-            help="largest request accepted (default: room for a batch of 4096 of the model's inputs, "
-            "at least 1MiB; 64MiB when the model declares no input shape)",
-            doc="the largest request accepted; libzmq drops a larger frame and closes that connection",
+            help="largest request accepted, at least 1MiB (default: room for a batch of 4096 of the "
+            "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)",
+            doc="the largest request accepted, at least 1MiB; clients learn it and refuse larger "
+            "requests (`RequestTooLarge`, HTTP 413)",
             doc_default="room for 4096 inputs of the model, at least 1MiB (64MiB if the model declares "
             "no input shape)"),
     Setting("--max-queue-bytes", commands=SERVE_ONLY, parse=values.positive_size,

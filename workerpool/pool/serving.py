@@ -28,6 +28,7 @@ import zmq
 from .. import models, runtime, security
 from ..config.pool import STOP_TIMEOUT_SECONDS, ServeConfig, StartupError
 from ..control.server import ControlServer
+from ..protocol import messages as protocol
 from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
@@ -173,6 +174,10 @@ class ServingRole:
                      secure: Callable[[zmq.Socket, str], None] | None) -> tuple[Router, RouterLinks]:
         config, current = self.config, self.pool.watcher.current
         max_message_size = config.max_message_size or default_max_message_size(current.signature)
+        if max_message_size < protocol.MIN_MESSAGE_SIZE:
+            raise StartupError(f"--max-message-size {format_size(max_message_size)} is below "
+                               f"{format_size(protocol.MIN_MESSAGE_SIZE)}, the size up to which "
+                               "clients send a request before learning the server's limit")
         if config.max_worker_memory is not None and config.max_worker_memory < max_message_size:
             raise StartupError(f"--max-worker-memory {format_size(config.max_worker_memory)} is below "
                                f"--max-message-size {format_size(max_message_size)}: a worker could not "

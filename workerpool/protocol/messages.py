@@ -31,9 +31,12 @@ from .terms import (
     METHOD_INFER,
     METHOD_INFO,  # noqa: F401
     METHODS,
+    MIN_MESSAGE_SIZE,  # noqa: F401
     VERSION,
     ProtocolError,
 )
+
+ROUTING_ID_BYTES = 5  # the id a ROUTER gives a peer that sets none
 
 # Router <-> worker commands: the first frame of every backend message.
 READY = b"READY"
@@ -163,6 +166,22 @@ def pack_arrays(payload: Inputs | None) -> tuple[list[dict[str, Any]], list[Any]
         descriptors.append(descriptor)
         buffers.append(array if array.nbytes else b"")
     return descriptors, buffers
+
+
+def payload_bytes(payload: Inputs | None) -> int:
+    """The most bytes a request for ``payload`` can take: its arrays', and the route frame and
+    header at their limits (texts travel in the header)."""
+    if payload is None or is_text(payload):
+        arrays: list[Any] = []
+    else:
+        arrays = list(payload.values()) if isinstance(payload, Mapping) else [payload]
+    return sum(np.asarray(array).nbytes for array in arrays) + 2 * MAX_HEADER_BYTES
+
+
+def request_bytes(frames: Sequence[Any]) -> int:
+    """The bytes of a request's frames, as the server counts them against its limit; its
+    routing id (5 bytes, as libzmq makes them) included."""
+    return ROUTING_ID_BYTES + sum(memoryview(frame).nbytes for frame in frames)
 
 
 def unpack_arrays(descriptors: Any, frames: Sequence[Any]) -> tuple[list[np.ndarray], list[str | None]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..units import KiB
+from ..units import KiB, MiB
 
 VERSION = 2  # 2: every request starts with a route frame (route.py)
 MAX_HEADER_BYTES = 64 * KiB
@@ -16,6 +16,11 @@ MAX_ARRAYS = 64
 MAX_EXTENT = 2**48
 MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
 MAX_TEXTS = 1024  # texts in one request; their bytes are bounded by the header's limit
+# The least --max-message-size a server takes: a client sends a request up to this size before
+# it has learnt the server's own limit, which the server states in its connections' metadata
+# under LIMIT_PROPERTY (ZMTP handshake properties, read from any message it sends).
+MIN_MESSAGE_SIZE = MiB
+LIMIT_PROPERTY = "X-Max-Message-Size"
 
 # The array dtypes the wire carries, as numpy's ``dtype.str`` spells them.
 DTYPE_CODES = ("<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1")

@@ -11,6 +11,7 @@ import zmq
 
 from ..units import MS_PER_SECOND, KiB
 from .messages import MAX_ARRAYS
+from .terms import LIMIT_PROPERTY
 
 # Below this, copying a part into a new message is cheaper than handing libzmq a buffer it must
 # give back later (pyzmq's own copy threshold); above it, arrays go out without a copy.
@@ -86,6 +87,23 @@ def _discard_rest(sock: zmq.Socket) -> int:
         sock.recv(copy=True)
         count += 1
     return count
+
+
+def state_message_limit(sock: zmq.Socket, limit: int) -> None:
+    """Tell every peer of ``sock`` (set before bind) the largest message it takes, in the
+    handshake's metadata: a client learns it from any reply and refuses larger requests itself,
+    where libzmq would drop them and close the connection without a word."""
+    sock.setsockopt(zmq.METADATA, f"{LIMIT_PROPERTY}:{limit}".encode("ascii"))
+
+
+def stated_message_limit(frame: zmq.Frame) -> int | None:
+    """The limit the peer that sent ``frame`` states (``state_message_limit``); None when it
+    states none (an older server), or nothing a limit can be."""
+    try:
+        text = frame.get(LIMIT_PROPERTY)
+    except zmq.ZMQError:
+        return None
+    return int(text) if isinstance(text, str) and text.isdigit() and int(text) > 0 else None
 
 
 def transport_heartbeats(sock: zmq.Socket, interval: float, liveness: int) -> None:

@@ -32,6 +32,7 @@ drops the rest, so a stalled client never delays anyone else.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter, deque
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ErrorCode
+from ..logs import Throttle
 from ..protocol import messages as protocol
 from ..protocol.route import Route, is_json, read_route
 from ..units import MS_PER_SECOND, KiB
@@ -51,6 +53,9 @@ if TYPE_CHECKING:
 
     from .connections import ConnectionLimit
 
+log = logging.getLogger(__name__)
+
+WARN_INTERVAL = 10.0  # seconds between warnings about requests refused for their size
 EXPIRY_SCAN_INTERVAL = 0.01  # seconds between scans of the queue for passed deadlines
 # libzmq's ZMQ_IN_BATCH_SIZE: a received frame up to this size may point into a shared receive
 # buffer of about 18 KiB, which it keeps alive for as long as it lives.
@@ -262,6 +267,8 @@ class Intake:
         self.accepting = True
         self.outcomes: Counter[str] = Counter()  # replies sent, by "ok" or error code
         self.read = 0  # requests taken in, answered or not yet
+        self.too_large = 0  # requests refused for their size
+        self._warnings = Throttle(WARN_INTERVAL)
 
     def receive(self, frames: list[zmq.Frame]) -> None:
         """A message from the client socket: the client's routing id, then what it sent."""
@@ -301,6 +308,10 @@ class Intake:
             self.refuse(client, frames, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             return
         if size > self.max_message_size:  # libzmq's own limit is per frame
+            self.too_large += 1
+            if self._warnings.due("too large"):
+                log.warning("refused a request of %d bytes, over --max-message-size %d (%d so far)",
+                            size, self.max_message_size, self.too_large)
             self.refuse(client, frames, ErrorCode.BAD_REQUEST,
                         f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
             return

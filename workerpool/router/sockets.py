@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import zmq
 
 from ..config.pool import HEARTBEAT_SECONDS, LIVENESS_BEATS
-from ..protocol.transport import transport_heartbeats
+from ..protocol.transport import state_message_limit, transport_heartbeats
 from ..security import CLIENTS, WORKER_HOSTS
 from ..units import MS_PER_SECOND, MiB
 
@@ -76,6 +76,7 @@ def _bind(context: zmq.Context, endpoint: str, max_message_size: int | None = No
         sock.setsockopt(zmq.RCVHWM, read_ahead)
     if max_message_size is not None:
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
+        state_message_limit(sock, max_message_size)
     if secure is not None:
         secure(sock)
     if beats is not None:

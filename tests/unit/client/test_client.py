@@ -17,6 +17,8 @@ import zmq
 import workerpool
 from workerpool.errors import ERRORS_BY_CODE
 from workerpool.protocol import messages as protocol
+from workerpool.protocol.transport import state_message_limit
+from workerpool.units import MiB
 
 pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 
@@ -35,10 +37,12 @@ class FakeServer:
     ``"v1"``: what a server of protocol version 1 answers (it reads the route frame as its header).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if limit is not None:
+            state_message_limit(self.socket, limit)
         self.socket.bind("tcp://127.0.0.1:*")
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.drop: float = 0
@@ -342,6 +346,30 @@ def test_unsupported_dtype_raises_bad_request_without_sending(
             client.infer(bad)
     client.infer(arange(1))
     assert len(server.wait_for_requests(1)) == 1
+
+
+def test_a_request_over_the_stated_limit_fails_unsent_after_one_info() -> None:
+    fake = FakeServer(limit=protocol.MIN_MESSAGE_SIZE)
+    fake.start()
+    try:
+        with workerpool.Client(fake.endpoint, **FAST) as client:
+            small = arange(1000)
+            np.testing.assert_array_equal(client.infer(small), small * 2)
+            for _ in range(2):
+                with pytest.raises(workerpool.RequestTooLarge, match=r"over the --max-message-size .* 1\.0 MiB"):
+                    client.infer(np.zeros(MiB, np.uint8))
+        assert [header["method"] for header in fake.requests] == ["infer"]  # the reply stated it
+    finally:
+        fake.stop()
+
+
+def test_a_large_request_asks_a_server_that_states_no_limit_once(
+    client: workerpool.Client, server: FakeServer
+) -> None:
+    big = np.zeros(2 * MiB, np.uint8)
+    for _ in range(2):
+        np.testing.assert_array_equal(client.infer(big), big * 2)
+    assert [header["method"] for header in server.requests] == ["info", "infer", "infer"]
 
 
 def test_closed_client_refuses_requests(server: FakeServer) -> None:
