@@ -42,7 +42,8 @@ def call(endpoint: str, command: str, *, timeout: float = 5.0, **arguments: Any)
         # poll takes whole milliseconds; pyzmq truncated a float and waited forever when negative.
         if not sock.poll(None if timeout < 0 else int(timeout * MS_PER_SECOND)):
             raise Unanswered(f"the server at {endpoint} completed a handshake but did not "
-                               f"answer in {timeout:g} s: its loop is stuck or very busy")
+                               f"answer in {timeout:g} s: its loop is stuck or very busy (give it longer "
+                               "with --timeout)")
         frames = sock.recv_multipart()
     finally:
         sock.close(linger=0)

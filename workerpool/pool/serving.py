@@ -316,7 +316,8 @@ class ServingRole:
 
     def worker_lost(self, worker: WorkerRecord, why: str) -> None:
         child = self._local_child(worker)
-        if child is not None and child.alive():
+        # One told to stop is on its way out: the supervisor kills it if it overstays.
+        if child is not None and child.alive() and not child.stopping:
             log.warning("killing worker %d: %s", worker.pid, why)
             child.kill()
 

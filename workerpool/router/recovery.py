@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..control.status import WorkerState
 from ..errors import ErrorCode
 from .dispatch import Dispatcher
 from .intake import Intake, Pending
@@ -48,6 +49,7 @@ class Recovery:
         worker = self.workers.pop(key, None)
         if worker is None:
             return
+        asked = asked or worker.state == WorkerState.STOPPING  # gone between its BYE and our STOP
         self.dispatcher.withdraw(key)
         self.rollout.forget(key)
         unsent = self.intake.outbox.withdraw(key) or unsent

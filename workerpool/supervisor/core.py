@@ -33,6 +33,9 @@ from .template_starter import TemplateStarter
 
 log = logging.getLogger(__name__)
 
+KILLS_NAMED = 10  # pids a warning about workers killed at a stop names; the rest are counted
+CROWDED = 4  # workers per CPU past which starting warns: the others only wait, and cost memory
+
 
 class Supervisor:
     """Spawns, reaps and replaces workers with back-off, scales on TTIN/TTOU, reloads on
@@ -53,6 +56,7 @@ class Supervisor:
         self.stopping = False
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
+        self.stopped_from: tuple[float, int] | None = None  # when the workers were told to stop, and how many
         self.loop = Loop(idle_timeout=config.heartbeat / POLLS_PER_HEARTBEAT)
         self.signals = Signals(self)
         self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
@@ -74,6 +78,7 @@ class Supervisor:
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
         self._check_memory_limit()
+        self._warn_if_crowded()
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
             self.signals.defer()
@@ -93,6 +98,9 @@ class Supervisor:
             self.announce_if_ready()
             while not self._finished():
                 self.loop.turn()
+            if self.stopped_from is not None:
+                began, count = self.stopped_from
+                log.info("%s stopped in %.1fs", worker_count(count), time.monotonic() - began)
         log.info("stopped")
         return 0
 
@@ -102,6 +110,17 @@ class Supervisor:
         if limit is not None and self.config.load == "copy" and limit <= size:
             raise StartupError(f"--max-worker-memory {format_size(limit)} is below the private copy of "
                                f"the weights each worker holds with --load copy ({format_size(size)})")
+
+    def _warn_if_crowded(self) -> None:
+        cpus = len(os.sched_getaffinity(0))
+        if self.target > CROWDED * cpus:
+            running = max(1, cpus // self.threads_per_worker)
+            log.warning("--workers %d is %d times the %d CPU%s this process may use: with %d BLAS "
+                        "thread%s each, %d run at a time and the other %d wait, each costing memory "
+                        "and start-up time; --workers %d serves as fast here", self.target,
+                        self.target // cpus, cpus, "" if cpus == 1 else "s", self.threads_per_worker,
+                        "" if self.threads_per_worker == 1 else "s", running,
+                        self.target - running, running)
 
     def _duties(self) -> None:
         self.notifier.ping()
@@ -206,7 +225,8 @@ class Supervisor:
         why = describe_exit(code)
         self.role.child_exited(child, why)
         if child.stopping or self.stopping:
-            log.info("worker %d stopped (%s)", child.pid, why)
+            # One line per worker when one leaves; the pool's stop sums them up (_shutdown_step).
+            log.log(logging.DEBUG if self.stopping else logging.INFO, "worker %d stopped (%s)", child.pid, why)
             return
         if code == -signal.SIGBUS:
             log.error("worker %d was killed by SIGBUS: %s was truncated or rewritten in place while "
@@ -319,13 +339,16 @@ class Supervisor:
                 log.warning("graceful timeout: failing %d unfinished requests", unfinished)
                 self.role.requests.fail_all(ErrorCode.SHUTTING_DOWN,
                                             "the server stopped before the request finished")
+            self.stopped_from = (now, len(self.children))
             for child in list(self.children.values()):
                 self.stop_child(child)
             self.kill_deadline = now + self.role.leave_timeout
         elif now >= self.kill_deadline:
+            pids = sorted(self.children)
+            log.warning("%s did not stop in %gs; killing %s: %s", worker_count(len(pids)),
+                        self.role.leave_timeout, "it" if len(pids) == 1 else "them",
+                        " ".join(map(str, pids[:KILLS_NAMED])) + (" ..." if len(pids) > KILLS_NAMED else ""))
             for child in self.children.values():
-                log.warning("worker %d did not stop in %gs; killing it", child.pid,
-                            self.role.leave_timeout)
                 child.kill()
             self.kill_deadline = float("inf")
 

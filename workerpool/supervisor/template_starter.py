@@ -211,11 +211,13 @@ class TemplateStarter:
         worker a dying template forked but could not report is not one of ours: the router
         refuses it, as its token is unknown, and it exits.)"""
         ours = self.workers() | ({self.template.pid} if self.template else set())
-        try:
-            strays = [c.pid for c in psutil.Process().children() if c.pid not in ours]
-        except psutil.Error:
-            return
-        for pid in strays:
+        children = linux.child_pids()
+        if children is None:
+            try:
+                children = {c.pid for c in psutil.Process().children()}
+            except psutil.Error:
+                return
+        for pid in children - ours:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
