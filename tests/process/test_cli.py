@@ -421,6 +421,21 @@ def test_a_safetensors_file_in_a_model_folder_is_told_to_convert_the_folder(tmp_
     assert "config and tokenizer included" in done.stderr and done.stderr.count("\n") == 1
 
 
+def test_a_model_folder_given_as_weights_is_told_to_convert_the_folder(tmp_path):
+    """The folder a Hugging Face download makes, given to every command that reads weights."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(_safetensors_bytes())
+    for command in ("inspect", "serve", "publish"):
+        args = (folder, tmp_path / "served.bpk") if command == "publish" else (f"{folder}/",)
+        done = cli(command, *args, timeout=60)
+        assert done.returncode in (1, 2), done.stderr
+        assert f"a folder, not a Burnpack file; it looks like a model folder: 'workerpool convert " \
+            f"{folder} {folder}.bpk' makes a Burnpack file of it" in done.stderr, (command, done.stderr)
+        assert "Traceback" not in done.stderr and "not a regular file" not in done.stderr
+
+
 def _safetensors_bytes() -> bytes:
     from safetensors.numpy import save
 

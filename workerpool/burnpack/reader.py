@@ -141,6 +141,8 @@ def read(path: str | os.PathLike, *, mmap: bool = True, source: str | None = Non
         raise BurnpackError(f"{path}: cannot open: {getattr(exc, 'strerror', None) or exc}") from exc
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise BurnpackError(f"{path}: a folder, not a Burnpack file; {_folder_hint(path)}")
         if not stat.S_ISREG(st.st_mode):
             raise BurnpackError(f"{path}: not a regular file")
         identity = FileIdentity.of(st)
@@ -201,9 +203,8 @@ def _what_else(path: str, head: bytes) -> str:
     if len(head) > 8 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100 * 1024**2:
         folder = os.path.dirname(os.path.abspath(path))
         if os.path.isfile(os.path.join(folder, "config.json")):  # a Hugging Face model folder
-            return (f"it is a safetensors file in a model folder: 'workerpool convert "
-                    f"{shlex.quote(folder)} {shlex.quote(folder + '.bpk')}' makes a Burnpack file "
-                    "of the folder, its config and tokenizer included")
+            return (f"it is a safetensors file in a model folder: {_folder_command(folder)} makes "
+                    "a Burnpack file of the folder, its config and tokenizer included")
         return f"it is a safetensors file: {_convert_command(path)} makes a Burnpack file of it"
     if head.startswith(b"PK\x03\x04"):
         first = head[30:30 + int.from_bytes(head[26:28], "little")]
@@ -221,6 +222,19 @@ def _what_else(path: str, head: bytes) -> str:
 
 _NOT_CONVERTED = ("which workerpool convert does not read: save its state dict with "
                   "safetensors.torch.save_file and convert that")
+
+
+def _folder_hint(folder: str) -> str:
+    """What to do with a folder given where a weights file belongs."""
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return (f"it looks like a model folder: {_folder_command(folder)} makes a Burnpack file of "
+                "it, its config and tokenizer included")
+    return "give the path of a .bpk file (workerpool convert makes one from a model folder)"
+
+
+def _folder_command(folder: str) -> str:
+    folder = folder.rstrip(os.sep) or folder
+    return f"'workerpool convert {shlex.quote(folder)} {shlex.quote(folder + '.bpk')}'"
 
 
 def _convert_command(path: str) -> str:

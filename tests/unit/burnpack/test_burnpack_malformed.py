@@ -193,7 +193,8 @@ def test_missing_file(tmp_path):
 
 def test_directory_is_not_a_burnpack(tmp_path):
     (tmp_path / "d.bpk").mkdir()
-    with pytest.raises(burnpack.BurnpackError, match="not a regular file") as info:
+    with pytest.raises(burnpack.BurnpackError, match="a folder, not a Burnpack file; give the path of "
+                       "a .bpk file") as info:
         burnpack.read(tmp_path / "d.bpk")
     assert str(tmp_path / "d.bpk") in str(info.value)
 
