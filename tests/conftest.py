@@ -46,7 +46,9 @@ def burn_mnist_path() -> Path:
     """Path of the Burn-written MNIST weights (``burn-mnist.bpk``); skips the test if absent."""
     if not BURN_MNIST.is_file():
         pytest.skip(
-            f"Burn-written fixture not found at {BURN_MNIST} (expected ../shared beside the repo)"
+            f"Burn-written fixture not found at {BURN_MNIST}: the weights of Burn's "
+            "examples/mnist-inference-web model as Burn 0.22 saves a module record; where it comes "
+            "from and why no file of ours stands in: docs/architecture.md#development"
         )
     return BURN_MNIST
 

@@ -23,8 +23,8 @@ def check(text: str, *, bind: bool = False) -> str:
                          "a local socket)")
     if scheme in ("http", "https"):
         raise ValueError(f"{text!r}: an HTTP address, but this speaks ZeroMQ: write "
-                         "tcp://HOST:PORT, the server's --bind (its --http port serves metrics "
-                         "and probes)")
+                         "tcp://HOST:PORT, the server's --bind (its --http port is for HTTP "
+                         "clients: KServe v2, OpenAI embeddings, metrics and probes)")
     if scheme == "inproc":
         raise ValueError(f"{text!r}: inproc:// reaches only sockets inside one process; use "
                          "tcp:// or ipc://")

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from support.bert import tiny_bert
 from support.commands import cli
 from support.keys import CurveKeys
 from support.server import Server
@@ -367,6 +368,26 @@ def test_infer_writes_exactly_the_output_path_given(small_model, local_model, tm
     assert not (tmp_path / "y.txt.npy").exists()
 
 
+def test_infer_prints_and_saves_named_outputs_as_what_they_are(tmp_path):
+    """A model of two named outputs: each printed under its name, and saved as an .npz archive
+    that is never given an .npy name."""
+    model = tiny_bert(tmp_path / "bert.bpk")
+    np.savez(tmp_path / "ids.npz", input_ids=np.array([[1, 5, 7, 2]], np.int64),
+             attention_mask=np.ones((1, 4), np.int64))
+    with Server(model, workers=1) as server:
+        printed = cli("infer", "--input", tmp_path / "ids.npz", "--endpoint", server.endpoint)
+        saved = cli("infer", "--input", tmp_path / "ids.npz", "--output", tmp_path / "y.npy",
+                    "--endpoint", server.endpoint)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.startswith("embedding: float32 [1, 8]\n[[") and "\nlast_hidden_state: float32 [1, 4, 8]\n" \
+        in printed.stdout and "{" not in printed.stdout, printed.stdout
+    assert saved.returncode == 0 and saved.stdout.startswith(f"workerpool: wrote {tmp_path / 'y.npz'} (worker ")
+    assert saved.stdout.endswith(f"; the outputs are named, so an .npz archive, not {tmp_path / 'y.npy'}\n")
+    assert not (tmp_path / "y.npy").exists()
+    with np.load(tmp_path / "y.npz") as archive:
+        assert sorted(archive.files) == ["embedding", "last_hidden_state"]
+
+
 def test_texts_for_an_array_model_are_refused_saying_so(small_model, local_model):
     """The server's own message, so that library users read it too, not only ``embed``'s."""
     width = local_model.input_shape[1]
@@ -455,13 +476,17 @@ def test_publishing_what_is_already_published_is_refused(small_model, tmp_path):
     assert served.stat().st_ino == inode and sorted(os.listdir(tmp_path)) == ["served.bpk"]
 
 
-def test_status_fits_the_terminal_and_json_keeps_everything(small_model):
+def test_status_fits_the_terminal_and_json_keeps_everything(small_model, local_model):
     def status(*args: str, env: dict[str, str]) -> str:
         done = cli("status", "--control", server.control, *args, env=env, timeout=30)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
     with Server(small_model, workers=2) as server:
+        idle = status(env={"COLUMNS": ""})
+        with workerpool.Client(server.endpoint) as client:  # one at a time: one worker serves them
+            for _ in range(3):
+                client.infer(np.ones((1, local_model.input_shape[1]), np.float32))
         narrow, wide = status(env={"COLUMNS": "80"}), status(env={"COLUMNS": ""})  # "": unset
         described = json.loads(status("--json", env={"COLUMNS": "80"}))
     lines = narrow.splitlines()
@@ -473,6 +498,10 @@ def test_status_fits_the_terminal_and_json_keeps_everything(small_model):
     assert row.split()[1:3] == ["worker", "ready"] and len(row) == len(header)  # under its titles
     assert "weights" in wide and "pte" in wide  # not a terminal: every column
     assert {"rss", "uss", "pss", "shared", "anon", "pte"} <= set(worker["memory"])
+    # Why one worker holds all the private memory is said where it shows, and only then.
+    assert sorted(w["served"] for w in described["workers"]) == [0, 3]
+    assert "1 of 2 workers have served nothing yet: the worker freed last takes the next request" \
+        in " ".join(wide.split()) and "served nothing" not in idle
 
 
 def test_publish_without_a_server_checks_the_model_against_the_one_at_dest(small_model, tmp_path):

@@ -31,7 +31,7 @@ def test_workers_far_over_the_cpus_warn_at_start_and_stop_without_kills(small_mo
     assert (f"--workers {WORKERS} is {WORKERS} times the 1 CPU this process may use: with 1 BLAS "
             f"thread each, 1 run at a time and the other {WORKERS - 1} wait") in log, log
     assert "--workers 1 serves as fast here" in log
-    assert f"{WORKERS} workers stopped in " in log, log
+    assert f"INFO workerpool.supervisor.core: stopped: {WORKERS} workers in " in log, log
     for noise in ("did not stop", "killing", " lost (", "stopped (exited"):
         assert noise not in log, (noise, log)
 

@@ -421,6 +421,8 @@ def test_a_refused_publish_costs_no_capacity_and_the_pool_says_it_is_degraded(
     with Server(path, "--http", f"127.0.0.1:{port}", workers=2) as server:
         refused = cli("publish", misfit, path, env=dict(os.environ, WORKERPOOL_CONTROL=server.control))
         assert refused.returncode == 1 and "the running server refuses it" in refused.stderr
+        assert (f"model mlp does not fit the served one: inputs are <f4 [None, {2 * width}], the served "
+                f"model's <f4 [None, {width}]") in refused.stderr, refused.stderr  # as the README quotes it
         assert cli("status", "--ready", "--control", server.control).returncode == 0
         done = cli("publish", misfit, path, "--no-check")
         assert done.returncode == 0, done.stderr

@@ -170,8 +170,8 @@ def test_config_file_environment_and_command_line_in_that_order(tmp_path, small_
                "--print-config")
     assert done.returncode == 0, done.stderr
     effective = dict(line.split(" = ", 1) for line in done.stdout.splitlines() if " = " in line)
-    assert (effective["workers"], effective["max_batch"], effective["max_queue"]) == ("3", "5", "13")
-    assert effective["no_watch"] == "true" and effective["batch_wait"] == "0.0"
+    assert (effective["workers"], effective["max-batch"], effective["max-queue"]) == ("3", "5", "13")
+    assert effective["no-watch"] == "true" and effective["batch-wait"] == "0.0"  # as the docs write keys
     assert "# control: not set" in done.stdout
     (tmp_path / "again.toml").write_text(done.stdout)  # the printed file reads back
     monkeypatch.delenv("WORKERPOOL_MAX_BATCH")
@@ -181,7 +181,9 @@ def test_config_file_environment_and_command_line_in_that_order(tmp_path, small_
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    ("wrkers = 3\n", "unknown key 'wrkers'"),
+    ("wrkers = 3\n", ("unknown key 'wrkers'; did you mean 'workers'? (the keys are the long options of "
+                       "'workerpool serve --help')")),
+    ("max_bach = 3\n", "unknown key 'max_bach'; did you mean 'max-batch'?"),
     ("no-watch = 3\n", "--no-watch is a switch"),
     ("workers = [1]\n", "--workers takes a value"),
     ("workers = \n", "not valid TOML"),
@@ -204,6 +206,32 @@ def test_a_bad_value_from_the_environment_names_the_variable(small_model, monkey
     done = cli("serve", small_model, "--print-config")
     assert done.returncode == 2 and done.stderr.startswith(f"workerpool: error: {name}: {message}")
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_misspelt_variable_is_named_with_the_one_meant(small_model, monkeypatch):
+    """A misspelt file key is an error; a misspelt variable may belong to another tool's
+    environment, so it warns, naming the variable it resembles, and the rest goes on."""
+    monkeypatch.setenv("WORKERPOOL_WORKRES", "3")
+    monkeypatch.setenv("WORKERPOOL_CONTROL", "")  # read by status and reload: no warning
+    done = cli("serve", small_model, "--print-config")
+    assert done.returncode == 0 and "workers = " in done.stdout and "workers = 3" not in done.stdout
+    assert done.stderr == ("workerpool: warning: WORKERPOOL_WORKRES names no option of 'workerpool "
+                           "serve' and is ignored; did you mean 'WORKERPOOL_WORKERS'?\n"), done.stderr
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (("serve", "--workrs", "2", "MODEL"), "workerpool serve: error: unknown option --workrs; did you mean '--workers'?"),
+    (("serve", "MODEL", "--max-bach=3"), "workerpool serve: error: unknown option --max-bach; did you mean '--max-batch'?"),
+    (("status", "--jsn"), "workerpool status: error: unknown option --jsn; did you mean '--json'?"),
+    (("--verison",), "workerpool: error: unknown option --verison; did you mean '--version'?"),
+    (("serve", "--curve-server-key", "x", "MODEL"),  # serve's own key is the secret one
+     "workerpool serve: error: unknown option --curve-server-key; did you mean '--curve-secret-key'?"),
+    (("serve", "MODEL", "--zzz"), "workerpool serve: error: unknown option --zzz (see 'workerpool serve --help')"),
+])
+def test_a_misspelt_option_is_named_alone_with_the_closest(small_model, arguments, message):
+    done = cli(*(small_model if word == "MODEL" else word for word in arguments))
+    assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
+    assert done.stderr.count("\n") == 1 and str(small_model) not in done.stderr  # not the path's fault
 
 
 def test_json_logs_are_one_object_per_line(small_model):
@@ -276,7 +304,7 @@ def test_deployment_examples_are_valid_kubernetes_and_use_what_serve_accepts():
 def test_the_unit_file_passes_systemd_analyze(tmp_path):
     unit = tmp_path / "workerpool.service"
     unit.write_text((ROOT / "deploy" / "workerpool.service").read_text().replace(
-        "/usr/local/bin/workerpool", shutil.which("true") or "/bin/true"))
+        "/opt/workerpool/bin/workerpool", shutil.which("true") or "/bin/true"))
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], check=False, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
@@ -293,7 +321,7 @@ def test_the_readmes_config_example_is_accepted(tmp_path, small_model):
         done = cli("serve", small_model, "--config", tmp_path / "serve.toml", "--print-config")
         assert done.returncode == 0, done.stderr
         printed.append(done.stdout)
-    assert 'http = "127.0.0.1:8002"' in printed[0] and "max_batch = 16" in printed[0]
+    assert 'http = "127.0.0.1:8002"' in printed[0] and "max-batch = 16" in printed[0]
 
 
 def test_workers_take_connect_from_the_environment_too(small_model, monkeypatch):

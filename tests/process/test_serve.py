@@ -211,6 +211,12 @@ def test_a_second_server_is_told_what_it_shares_with_the_first(small_model, tmp_
         refused_at_start(Server(small_model, "--bind", first.endpoint, workers=1),
                          f"cannot bind --bind {first.endpoint}: Address already in use: stop what uses "
                          "it, or choose another with --bind")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        second = Server(small_model, "--http", address, workers=1)
+        refused_at_start(second, f"workerpool: error: cannot serve --http {address}: Address already in "
+                         "use: stop what uses it, or choose another with --http\n")
+        assert "requests read" not in second.log()  # it served nothing: nothing to account for
     os.chmod(tmp_path, 0o700)
     (tmp_path / "file").write_bytes(b"")
     for control, message in ((tmp_path / "file", "exists and is not a socket; choose another --control"),

@@ -32,6 +32,21 @@ def test_readme_main_command_installs_creates_and_serves():
     assert "pip install" in main and "workerpool new-model" in main and "workerpool serve" in main
 
 
+VENV = "python3 -m venv .venv && . .venv/bin/activate && "
+
+
+def test_the_readme_commands_for_a_fresh_machine_start_by_making_a_venv():
+    """Debian's and Ubuntu's system Python refuse ``pip install`` (externally-managed-environment):
+    every README line that installs and then runs something, the main command and the test
+    command among them, makes and activates a venv first."""
+    commands = shell_blocks((ROOT / "README.md").read_text())
+    fresh = [line for command in commands for line in command.splitlines()
+             if "pip install" in line and "&&" in line]
+    test_command = next(c for c in commands if "pytest" in c)
+    assert commands[0] in fresh and test_command in fresh
+    assert [line for line in fresh if not line.startswith(VENV)] == []
+
+
 def test_no_install_hint_names_the_unrelated_workerpool_package():
     """``workerpool`` on the package index is someone else's project: every hint installs the
     checkout (``.``) or the distribution ``workerpool-mmap``."""
@@ -101,3 +116,10 @@ def test_every_relative_link_in_the_docs_points_at_something_that_exists():
                 if anchor not in github_anchors(resolved.read_text()):
                     broken.append(f"{where} (no such heading)")
     assert broken == []
+
+
+def test_the_openai_example_follows_the_model_it_calls():
+    """The OpenAI snippet embeds with the text model, so it comes once that model is served."""
+    readme = (ROOT / "README.md").read_text()
+    served = readme.index("workerpool serve --workers 8 --http :8000 minilm.bpk")
+    assert readme.index("client.embeddings.create(") > served

@@ -29,9 +29,9 @@ def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
         if setting.positional:
             parser.add_argument(setting.name, metavar=setting.metavar, help=text)
         elif setting.switch:
-            parser.add_argument(setting.flag, *setting.aliases, action="store_true", help=text)
+            parser.add_argument(setting.flag, action="store_true", help=text)
         else:
-            parser.add_argument(setting.flag, *setting.aliases, dest=setting.name, type=setting.parse or str,
+            parser.add_argument(setting.flag, dest=setting.name, type=setting.parse or str,
                                 default=default, metavar=setting.metavar, choices=setting.choices,
                                 help=text)
 

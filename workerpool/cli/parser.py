@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from collections.abc import Callable
-from typing import NoReturn, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeAlias
+
+from ..config.sources import closest
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
@@ -17,13 +19,28 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: Any = None) -> argparse.Namespace:
+        """argparse's, but an unknown option is named alone, with the closest the command has,
+        by the command's parser: the arguments after it (``--workrs 2 model.bpk`` leaves
+        ``model.bpk`` over) are not the mistake."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if not extras:
+            return parsed
+        command: Parser = getattr(parsed, "command_parser", self)
+        unknown = [extra.partition("=")[0] for extra in extras if extra.startswith("-")]
+        if not unknown:
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
+        options = [option for action in command._actions for option in action.option_strings]
+        command.error(f"unknown option {unknown[0]}{closest(unknown[0], options)}")
+
 
 def add_command(sub: Subcommands, handler: Handler) -> Parser:
     """The subcommand ``handler`` runs, named after it (``cmd_new_model`` is ``new-model``), its
     help texts from its docstring: the first paragraph is its line in ``workerpool --help``, the
     rest heads its own ``--help``, so that a command's words stand beside its code."""
     parser = add_group(sub, command_name(handler), inspect.getdoc(handler) or "")
-    parser.set_defaults(handler=handler)
+    parser.set_defaults(handler=handler, command_parser=parser)
     return parser
 
 

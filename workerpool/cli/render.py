@@ -116,6 +116,12 @@ def print_status(status: dict[str, Any], width: int, *, explain: bool = False) -
     processes = "supervisor, template and" if template and template["pid"] else "supervisor and"
     say(f"total PSS of the {processes} {totals['workers']} workers: {format_size(totals['pss'])} "
         f"(workers alone {format_size(totals['workers_pss'])}; model file {model_size})")
+    served = [worker["served"] for worker in status["workers"]]
+    if any(served) and not all(served):
+        say(f"{served.count(0)} of {len(served)} workers have served nothing yet: the worker freed "
+            "last takes the next request (its caches are warm), so requests sent one at a time all go "
+            "to one worker, and only workers that ran requests hold private memory (what a run "
+            "allocates; the weights stay shared)")
     if explain:
         for key, column in _MEMORY_COLUMNS.items():
             if column in shown:

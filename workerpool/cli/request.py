@@ -28,7 +28,8 @@ def add_infer(sub: Subcommands) -> None:
                         help="the input array (.npy, float32 for the built-in models), or named "
                         "input arrays (.npz)")
     parser.add_argument("--output", metavar="Y.npy",
-                        help="write the output here (.npy; .npz for named outputs) instead of printing it")
+                        help="write the output here (.npy) instead of printing it; named outputs go to "
+                        "an .npz archive (Y.npz for Y.npy)")
     _add_client_options(parser, "infer")
 
 
@@ -41,8 +42,12 @@ def cmd_infer(args: argparse.Namespace) -> int:
         _check_writable(args.output)
     result = _request(args, load_input(args.input))
     if args.output:
-        _save(args.output, result.outputs)
-        print(f"workerpool: wrote {args.output} (worker {result.worker_pid}, generation {result.generation})")
+        path = _save(args.output, result.outputs)
+        moved = "" if path == args.output else f"; the outputs are named, so an .npz archive, not {args.output}"
+        print(f"workerpool: wrote {path} (worker {result.worker_pid}, generation {result.generation}){moved}")
+    elif isinstance(result.outputs, dict):
+        for name, array in result.outputs.items():
+            print(f"{name}: {array.dtype} {list(array.shape)}\n{array}")
     else:
         print(result.outputs)
     return 0
@@ -114,11 +119,14 @@ def _check_writable(path: str) -> None:
         raise CommandError(f"{path}: not writable")
 
 
-def _save(path: str, outputs: Outputs) -> None:
-    """Named outputs as an .npz, one unnamed output (or none) as an .npy, at exactly ``path``:
-    given a name, numpy would add its own extension to one without it."""
+def _save(path: str, outputs: Outputs) -> str:
+    """Named outputs as an .npz, one unnamed output (or none) as an .npy, at exactly ``path``
+    (given a name, numpy would add its own extension to one without it), but an archive never
+    under an .npy name: there it goes beside it, as .npz. The path written."""
     import numpy as np
 
+    if isinstance(outputs, dict) and path.endswith(".npy"):
+        path = path.removesuffix(".npy") + ".npz"
     with (
         reported(OSError, saying=lambda exc: f"{path}: cannot write it: {exc.strerror or exc}"),
         open(path, "wb") as f,
@@ -127,3 +135,4 @@ def _save(path: str, outputs: Outputs) -> None:
             np.savez(f, **cast(dict[str, Any], outputs))
         else:
             np.save(f, np.asanyarray(outputs))
+    return path

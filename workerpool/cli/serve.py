@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
@@ -62,10 +63,9 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 
 def _add_pool_command(sub: Subcommands, handler: Handler) -> None:
-    """A command whose options are the settings it takes; its parser is kept in its arguments,
-    for :func:`with_sources` to read the file and the environment by."""
+    """A command whose options are the settings it takes (:func:`with_sources` reads the file
+    and the environment by its parser, ``command_parser``)."""
     parser = add_command(sub, handler)
-    parser.set_defaults(command_parser=parser)
     add_settings(parser, command_name(handler))
 
 
@@ -73,6 +73,8 @@ def with_sources(parser: argparse.ArgumentParser, argv: list[str],
                  args: argparse.Namespace) -> argparse.Namespace:
     """``args`` again with the settings of ``--config`` and ``WORKERPOOL_*`` placed before the
     command line's, which therefore wins."""
+    for line in config_sources.unknown_variables(args.command_parser, os.environ):
+        print(f"workerpool: warning: {line}", file=sys.stderr)
     with reported(config_sources.SourceError, exit_code=2):
         extra = config_sources.arguments(args.command_parser, args.config, os.environ)
     return parser.parse_args(config_sources.command_line(argv, extra)) if extra else args
@@ -103,7 +105,7 @@ def _run_pool(run: Callable[[Config], int], config: Config) -> int:
 
 def _server_keys(args: argparse.Namespace) -> security.ServerKeys | None:
     """``serve``'s CURVE keys: its own secret key and the allowed clients' (and worker hosts')."""
-    mismatch = unpaired(("--curve-server-key", args.curve_secret_key),
+    mismatch = unpaired(("--curve-secret-key", args.curve_secret_key),
                         ("--curve-client-keys", args.curve_client_keys))
     if mismatch:
         raise CommandError(mismatch, exit_code=2)

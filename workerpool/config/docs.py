@@ -20,8 +20,7 @@ def _option(setting: Setting) -> str:
     value = setting.metavar or "|".join(setting.choices or ())
     if not value and not setting.switch:
         value = setting.name.upper()  # argparse's own metavar
-    text = f"`{setting.flag} {value}`" if value else f"`{setting.flag}`"
-    return text + "".join(f" (also spelled `{alias}`)" for alias in setting.aliases)
+    return f"`{setting.flag} {value}`" if value else f"`{setting.flag}`"
 
 
 def _default(setting: Setting) -> str:

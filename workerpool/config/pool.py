@@ -35,6 +35,7 @@ LIVENESS_BEATS = 5  # heartbeats missed before a peer counts as gone
 POLLS_PER_HEARTBEAT = 4  # an idle loop wakes this often per heartbeat interval
 STOP_TIMEOUT_SECONDS = 5.0  # a local worker told to stop gets this long before it is killed
 RELOAD_TIMEOUT_SECONDS = 120.0
+CROWDED = 4  # workers per CPU past which a pool warns at start
 
 
 class StartupError(Exception):
@@ -66,6 +67,19 @@ class PoolConfig:
         if self.threads_per_worker is not None:
             return self.threads_per_worker
         return max(1, len(os.sched_getaffinity(0)) // max(1, self.workers))
+
+    def crowding(self) -> str | None:
+        """What each of the workers gets when they are far more than the CPUs, or None: the
+        others only wait, each costing memory and start-up time."""
+        workers, cpus = self.workers, len(os.sched_getaffinity(0))
+        if workers <= CROWDED * cpus:
+            return None
+        threads = self.cpu_budget()
+        running = max(1, cpus // threads)
+        return (f"--workers {workers} is {workers // cpus} times the {cpus} CPU{'' if cpus == 1 else 's'} "
+                f"this process may use: with {threads} BLAS thread{'' if threads == 1 else 's'} each, "
+                f"{running} run at a time and the other {workers - running} wait, each costing memory "
+                f"and start-up time; --workers {running} serves as fast here")
 
 
 @dataclass(kw_only=True)

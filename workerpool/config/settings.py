@@ -49,7 +49,6 @@ class Setting:
     _: KW_ONLY
     help: str | Mapping[str, str]  # by command where they differ; {placeholders}: see cli.arguments
     commands: frozenset[str] = POOL
-    aliases: tuple[str, ...] = ()
     default: Any = None
     default_factory: Callable[[], Any] | None = None  # a default found at run time
     parse: Callable[[str], Any] | None = None
@@ -130,8 +129,9 @@ _POOL_SETTINGS = (
             "(a worker costs a few MiB); spawn: start each worker as a fresh interpreter, for models or "
             "libraries that are not safe to fork (default: %(default)s)",
             doc="`fork`: each worker is forked from a warm template process that has already imported "
-            "everything (a worker costs about 5 MiB and is ready in milliseconds); `spawn`: each worker "
-            "is a fresh interpreter (about 19 MiB, and it starts in a second or two). See [Fork or "
+            "everything (a worker costs a few MiB, [measured](benchmarks.md#memory), and is ready in "
+            "milliseconds); `spawn`: each worker is a fresh interpreter (about four times the memory, "
+            "and it starts in a second or two). See [Fork or "
             "spawn](benchmarks.md#fork-or-spawn)"),
     Setting("--threads-per-worker", parse=values.positive_count, metavar="N",
             help="threads for each worker's numpy BLAS and OpenMP pools and onnxruntime session "
@@ -249,10 +249,8 @@ _SERVE_SETTINGS = (
             "join (default: none; local workers always use a private ipc socket)",
             doc="a TCP endpoint where worker hosts join (see [Scaling out](operations.md#scaling-out)); "
             "local workers always use a private ipc socket"),
-    # serve's own key is a secret one; --curve-server-key, the server's public key elsewhere,
-    # still works here
-    Setting("--curve-secret-key", commands=SERVE_ONLY, aliases=("--curve-server-key",),
-            metavar="FILE",
+    # One flag per meaning: --curve-server-key is the server's public key, on clients and hosts.
+    Setting("--curve-secret-key", commands=SERVE_ONLY, metavar="FILE",
             help="this server's secret key file (from 'workerpool keys generate'): authenticate and "
             "encrypt the client and TCP worker endpoints with CURVE",
             doc="this server's secret key file: CURVE authentication and encryption of the client and "

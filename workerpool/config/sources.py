@@ -6,22 +6,26 @@ command-line arguments placed before the real ones, file first, so that argparse
 applies the precedence: command line over environment over file over default. Every value goes
 through the same checks as on the command line, first here, so that a bad one is reported with
 the key and file, or the variable, it came from. A key the command does not know is an error
-naming it; environment variables that name no option are left alone, and an empty one counts as
-unset.
+naming it and the closest one; a ``WORKERPOOL_`` variable that names no option gets a warning
+(:func:`unknown_variables`), and an empty one counts as unset. Keys are written as the options
+are, with dashes (``max-batch``); underscores are read too.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .settings import SETTINGS
 
 ENV_PREFIX = "WORKERPOOL_"
 NOT_FROM_SOURCES = {"help"} | {setting.name for setting in SETTINGS if not setting.from_files}
+# Variables read by other commands or by workers, not options of serve and workers.
+OTHER_VARIABLES = {ENV_PREFIX + "CONTROL", ENV_PREFIX + "WORKER_TOKEN"}
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
@@ -43,14 +47,34 @@ def arguments(parser: argparse.ArgumentParser, config: str | None, environ: Mapp
         for key, value in _read(config).items():
             action = options.get(key.replace("-", "_"))
             if action is None:
-                raise SourceError(f"{config}: unknown key {key!r} (the options of "
-                                  f"'{parser.prog}' are: {', '.join(sorted(options))})")
+                raise SourceError(f"{config}: unknown key {key!r}{closest(key_of(key), map(key_of, options))} "
+                                  f"(the keys are the long options of '{parser.prog} --help')")
             found += _as_arguments(parser, action, value, f"{config}: {key}")
     for dest, action in options.items():
         name = ENV_PREFIX + dest.upper()
         if environ.get(name):  # set and not empty: `WORKERPOOL_X=` unsets X, as shells expect
             found += _as_arguments(parser, action, environ[name], name)
     return found
+
+
+def unknown_variables(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
+    """A line for each ``WORKERPOOL_`` variable that names no option of ``parser``: a misspelt
+    one would otherwise be ignored without a word."""
+    known = {ENV_PREFIX + dest.upper() for dest in options_of(parser)}
+    return [f"{name} names no option of '{parser.prog}' and is ignored{closest(name, known)}"
+            for name in sorted(environ) if name.startswith(ENV_PREFIX) and name not in known
+            and name not in OTHER_VARIABLES]
+
+
+def closest(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the choice nearest ``word``, or nothing when none is near."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def key_of(dest: str) -> str:
+    """How a setting is written in a file and in docs: ``max_batch`` is ``max-batch``."""
+    return dest.replace("_", "-")
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -88,14 +112,15 @@ def effective(parser: argparse.ArgumentParser, args: argparse.Namespace,
     lines = []
     for dest in sorted(options_of(parser)):
         value = (shown or {}).get(dest, getattr(args, dest))
+        key = key_of(dest)
         if value is None:
-            lines.append(f"# {dest}: not set")
+            lines.append(f"# {key}: not set")
         elif isinstance(value, bool):
-            lines.append(f"{dest} = {'true' if value else 'false'}")
+            lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, int | float):
-            lines.append(f"{dest} = {value!r}")
+            lines.append(f"{key} = {value!r}")
         else:
-            lines.append(f"{dest} = {json.dumps(str(value))}")
+            lines.append(f"{key} = {json.dumps(str(value))}")
     return "\n".join(lines)
 
 

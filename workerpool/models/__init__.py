@@ -133,10 +133,23 @@ def choose_model(
     recognised = recognise(weights)
     if recognised is None:
         raise ModelError(
-            f"no model named and none recognised from the {len(weights)} tensors: "
-            f"name {CHOICES}, or set metadata {MODEL_KEY}"
+            f"no model named and none recognised from the {len(weights)} tensors"
+            f"{_transposed_hint(weights)}: name {CHOICES}, or set metadata {MODEL_KEY}"
         )
     return recognised, BUILTIN_MODELS[recognised]
+
+
+def _transposed_hint(weights: Mapping[str, np.ndarray]) -> str:
+    """Why a file of a built-in model's tensors is not recognised when its matrices are stored
+    ``[out, in]``, as PyTorch's ``nn.Linear`` keeps them (Burn's Linear is ``[in, out]``)."""
+    flipped = {name: tensor.T if tensor.ndim == 2 else tensor for name, tensor in weights.items()}
+    fits = recognise(flipped)
+    if fits is None:
+        return ""
+    first = min(name for name, tensor in weights.items() if tensor.ndim == 2)
+    return (f" (they fit '{fits}' with every 2-D weight transposed: {first} is "
+            f"{list(weights[first].shape)}, stored [out, in] as PyTorch's nn.Linear keeps it, where "
+            f"'{fits}' takes [in, out]; save each one transposed, w.T.copy(), before converting)")
 
 
 def build_model(

@@ -42,6 +42,7 @@ from ..supervisor.ready_line import serve_line
 from ..units import MS_PER_SECOND, KiB, MiB, format_size
 from ..worker.spec import WorkerSpec
 from .commands import ControlCommands
+from .exposure import open_doors
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,10 @@ class ServingRole:
             sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                         backlog=HTTP_BACKLOG)
         except OSError as exc:
-            raise StartupError(f"cannot serve --http {config.http}: {exc}") from exc
+            hint = ": stop what uses it, or choose another with --http" if exc.errno == errno.EADDRINUSE else ""
+            # create_server's own message repeats the address: the error number's text is enough.
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise StartupError(f"cannot serve --http {config.http}: {reason}{hint}") from exc
         model_name = config.model_name or _model_name(config.path)
         routes = Routes(model_name, self._describe, OpsAnswers(self._snapshot, config.path).answer,
                         token=_token(config))
@@ -217,7 +221,10 @@ class ServingRole:
                         due=lambda: router.wake_at)
 
     def _secure(self, context: zmq.Context, cleanup: ExitStack) -> Callable[[zmq.Socket, str], None] | None:
-        """Start CURVE when keys are given; warn about endpoints open to the network without."""
+        """Start CURVE when keys are given; warn about every door open to the network without
+        keys or a token."""
+        for warning in open_doors(self.config):
+            log.warning("%s", warning)
         keys = self.config.server_keys
         if keys is not None:
             if self.config.backend and keys.worker_dir is None:
@@ -229,14 +236,6 @@ class ServingRole:
                 raise StartupError(str(exc)) from exc
             cleanup.callback(authenticator.stop)
             return keys.apply
-        for endpoint in (self.config.bind, self.config.backend):
-            if endpoint and not runtime.is_local(endpoint):
-                log.warning("%s is open to the network without CURVE keys: anyone who can reach it "
-                            "can use it (see --curve-server-key)", endpoint)
-        if self.config.backend and runtime.is_local(self.config.backend):
-            log.warning("worker hosts join %s without CURVE keys: any local user can register there "
-                        "as a worker and answer clients' requests (see --curve-worker-keys)",
-                        self.config.backend)
         return None
 
     def _answer_stragglers(self) -> None:
@@ -255,6 +254,8 @@ class ServingRole:
         frontend.close(linger=STRAGGLER_LINGER_MS)
         intake = router.intake
         answered = sum(intake.outcomes.values())
+        if not self.pool.announced and not intake.read:  # it never served: nothing to account for
+            return
         log.log(logging.INFO if answered == intake.read else logging.WARNING,
                 "%d requests read, %d answered", intake.read, answered)
 

@@ -34,7 +34,6 @@ from .template_starter import TemplateStarter
 log = logging.getLogger(__name__)
 
 KILLS_NAMED = 10  # pids a warning about workers killed at a stop names; the rest are counted
-CROWDED = 4  # workers per CPU past which starting warns: the others only wait, and cost memory
 
 
 class Supervisor:
@@ -78,7 +77,8 @@ class Supervisor:
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
         self._check_memory_limit()
-        self._warn_if_crowded()
+        if (crowded := self.config.crowding()) is not None:
+            log.warning("%s", crowded)
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
         with ExitStack() as cleanup:
             self.signals.defer()
@@ -98,10 +98,8 @@ class Supervisor:
             self.announce_if_ready()
             while not self._finished():
                 self.loop.turn()
-            if self.stopped_from is not None:
-                began, count = self.stopped_from
-                log.info("%s stopped in %.1fs", worker_count(count), time.monotonic() - began)
-        log.info("stopped")
+        log.info("stopped%s", "" if self.stopped_from is None else
+                 f": {worker_count(self.stopped_from[1])} in {time.monotonic() - self.stopped_from[0]:.1f}s")
         return 0
 
     def _check_memory_limit(self) -> None:
@@ -110,17 +108,6 @@ class Supervisor:
         if limit is not None and self.config.load == "copy" and limit <= size:
             raise StartupError(f"--max-worker-memory {format_size(limit)} is below the private copy of "
                                f"the weights each worker holds with --load copy ({format_size(size)})")
-
-    def _warn_if_crowded(self) -> None:
-        cpus = len(os.sched_getaffinity(0))
-        if self.target > CROWDED * cpus:
-            running = max(1, cpus // self.threads_per_worker)
-            log.warning("--workers %d is %d times the %d CPU%s this process may use: with %d BLAS "
-                        "thread%s each, %d run at a time and the other %d wait, each costing memory "
-                        "and start-up time; --workers %d serves as fast here", self.target,
-                        self.target // cpus, cpus, "" if cpus == 1 else "s", self.threads_per_worker,
-                        "" if self.threads_per_worker == 1 else "s", running,
-                        self.target - running, running)
 
     def _duties(self) -> None:
         self.notifier.ping()
@@ -344,13 +331,16 @@ class Supervisor:
                 self.stop_child(child)
             self.kill_deadline = now + self.role.leave_timeout
         elif now >= self.kill_deadline:
-            pids = sorted(self.children)
-            log.warning("%s did not stop in %gs; killing %s: %s", worker_count(len(pids)),
-                        self.role.leave_timeout, "it" if len(pids) == 1 else "them",
-                        " ".join(map(str, pids[:KILLS_NAMED])) + (" ..." if len(pids) > KILLS_NAMED else ""))
+            log.warning("%s did not stop in %gs; killing: %s", worker_count(len(self.children)),
+                        self.role.leave_timeout, _some(sorted(self.children)))
             for child in self.children.values():
                 child.kill()
             self.kill_deadline = float("inf")
+
+
+def _some(pids: list[int]) -> str:
+    """The first ``KILLS_NAMED`` of ``pids``, and an ellipsis for the rest."""
+    return " ".join(map(str, pids[:KILLS_NAMED])) + (" ..." if len(pids) > KILLS_NAMED else "")
 
 
 def raise_fd_limit() -> None:

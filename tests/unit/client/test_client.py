@@ -513,3 +513,14 @@ def test_async_close_fails_waiting_calls(server: FakeServer) -> None:
             await waiting
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("client_class", [workerpool.Client, workerpool.AsyncClient])
+def test_an_http_address_is_refused_naming_the_zeromq_endpoint(client_class: type) -> None:
+    """``--http`` serves HTTP clients (KServe v2, OpenAI embeddings), not only metrics: the error
+    says so and points at the ``tcp://`` endpoint of ``--bind``, which this client speaks to."""
+    with pytest.raises(ValueError) as refused:
+        client_class("http://127.0.0.1:8002")
+    message = str(refused.value)
+    assert "tcp://HOST:PORT, the server's --bind" in message
+    assert "KServe v2" in message and "OpenAI embeddings" in message

@@ -32,7 +32,7 @@ def test_each_option_of_a_pool_command_is_a_setting(command):
     declared = settings.of_command(command)
     assert [a.dest for a in actions] == [s.name for s in declared]
     for action, setting in zip(actions, declared, strict=True):
-        assert action.option_strings == ([] if setting.positional else [setting.flag, *setting.aliases])
+        assert action.option_strings == ([] if setting.positional else [setting.flag])
         if setting.default_factory is None:
             assert action.default == (False if setting.switch else setting.default), setting.name
 

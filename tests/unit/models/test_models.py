@@ -305,6 +305,19 @@ def mlp_weights(dims: list[int], dtype=np.float32) -> dict[str, np.ndarray]:
     return weights
 
 
+def test_weights_stored_as_pytorch_keeps_them_are_named_transposed():
+    """nn.Linear's [out, in] matrices, converted as they are: not 'none recognised' alone."""
+    weights = {name: tensor.T.copy() for name, tensor in mlp_weights([8, 32, 10]).items()}
+    with pytest.raises(ModelError, match=r"none recognised from the 4 tensors \(they fit 'mlp' with every "
+                       r"2-D weight transposed: layers.0.weight is \[32, 8\], stored \[out, in\] as "
+                       r"PyTorch's nn.Linear keeps it, where 'mlp' takes \[in, out\]; save each one "
+                       r"transposed, w.T.copy\(\), before converting\): name "):
+        choose_model(None, weights, {})
+    weights["extra"] = np.zeros(3, np.float32)  # fits nothing either way: no such guess
+    with pytest.raises(ModelError, match=r"none recognised from the 5 tensors: name "):
+        choose_model(None, weights, {})
+
+
 def test_mlp_refuses_misfit_weights():
     weights = mlp_weights([8, 32, 10])
     weights["layers.1.weight"] = np.zeros((64, 10), np.float32)
