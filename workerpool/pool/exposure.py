@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from .. import runtime
 from ..config.pool import ServeConfig
-from ..ops.http import parse_address
 
 
 def open_doors(config: ServeConfig) -> list[str]:
@@ -29,6 +28,8 @@ def open_doors(config: ServeConfig) -> list[str]:
 
 
 def _local_http(address: str) -> bool:
+    from ..ops.http import parse_address  # with prometheus_client: only for a pool serving HTTP
+
     try:
         host, _ = parse_address(address)
     except ValueError:  # refused when the pool opens it
