@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
@@ -21,12 +22,20 @@ def replace_atomically(path: str | os.PathLike) -> Iterator[BinaryIO]:
 
     Success: fsync the file, rename it over ``path``, fsync the directory, so the new version
     survives a crash. Failure (any exception): remove the temporary file; ``path`` is untouched.
+    The new file keeps the permissions of the one it replaces, not the writer's umask: a
+    service that could read the old weights can read the new ones.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     temp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}-{next(_counter)}.tmp")
     try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    try:
         with open(temp, "xb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             yield f
             f.flush()
             os.fsync(f.fileno())

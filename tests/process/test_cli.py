@@ -369,22 +369,27 @@ def test_infer_writes_exactly_the_output_path_given(small_model, local_model, tm
 
 
 def test_infer_prints_and_saves_named_outputs_as_what_they_are(tmp_path):
-    """A model of two named outputs: each printed under its name, and saved as an .npz archive
-    that is never given an .npy name."""
+    """A model of two named outputs: each printed under its name, and saved as an .npz archive,
+    never under an .npy name nor anywhere the user did not name."""
     model = tiny_bert(tmp_path / "bert.bpk")
     np.savez(tmp_path / "ids.npz", input_ids=np.array([[1, 5, 7, 2]], np.int64),
              attention_mask=np.ones((1, 4), np.int64))
     with Server(model, workers=1) as server:
         printed = cli("infer", "--input", tmp_path / "ids.npz", "--endpoint", server.endpoint)
-        saved = cli("infer", "--input", tmp_path / "ids.npz", "--output", tmp_path / "y.npy",
+        (tmp_path / "y.npz").write_bytes(b"the user's own file")
+        refused = cli("infer", "--input", tmp_path / "ids.npz", "--output", tmp_path / "y.npy",
+                      "--endpoint", server.endpoint)
+        saved = cli("infer", "--input", tmp_path / "ids.npz", "--output", tmp_path / "out.npz",
                     "--endpoint", server.endpoint)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.startswith("embedding: float32 [1, 8]\n[[") and "\nlast_hidden_state: float32 [1, 4, 8]\n" \
         in printed.stdout and "{" not in printed.stdout, printed.stdout
-    assert saved.returncode == 0 and saved.stdout.startswith(f"workerpool: wrote {tmp_path / 'y.npz'} (worker ")
-    assert saved.stdout.endswith(f"; the outputs are named, so an .npz archive, not {tmp_path / 'y.npy'}\n")
-    assert not (tmp_path / "y.npy").exists()
-    with np.load(tmp_path / "y.npz") as archive:
+    assert refused.returncode == 1 and refused.stderr == (
+        "workerpool: error: the model's outputs are named (embedding, last_hidden_state): an .npz archive "
+        f"holds them; give --output {tmp_path / 'y'}.npz (nothing was written)\n"), refused.stderr
+    assert not (tmp_path / "y.npy").exists() and (tmp_path / "y.npz").read_bytes() == b"the user's own file"
+    assert saved.returncode == 0 and saved.stdout.startswith(f"workerpool: wrote {tmp_path / 'out.npz'} (worker ")
+    with np.load(tmp_path / "out.npz") as archive:
         assert sorted(archive.files) == ["embedding", "last_hidden_state"]
 
 
@@ -455,12 +460,29 @@ def test_a_model_folder_given_as_weights_is_told_to_convert_the_folder(tmp_path)
         assert f"a folder, not a Burnpack file; it looks like a model folder: 'workerpool convert " \
             f"{folder} {folder}.bpk' makes a Burnpack file of it" in done.stderr, (command, done.stderr)
         assert "Traceback" not in done.stderr and "not a regular file" not in done.stderr
+    (folder / "model.safetensors").unlink()  # a config alone is nothing convert can read
+    done = cli("inspect", folder, timeout=60)
+    assert done.stderr == f"workerpool: error: {folder}: a folder, not a Burnpack file; give the path of " \
+        "a .bpk file (workerpool convert makes one from a model folder)\n", done.stderr
 
 
 def _safetensors_bytes() -> bytes:
     from safetensors.numpy import save
 
     return save({"w": np.ones(3, np.float32)})
+
+
+def test_published_weights_keep_the_permissions_of_the_file_they_replace(small_model, tmp_path):
+    """Root publishing under umask 077 must not leave weights the service user cannot read."""
+    served = tmp_path / "served.bpk"
+    models.generate_mlp(served, 1024 * 1024, seed=1)
+    served.chmod(0o644)
+    done = subprocess.run(["sh", "-c", 'umask 077 && exec "$0" -m workerpool publish --no-check "$1" "$2"',
+                           sys.executable, str(small_model), str(served)], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, WORKERPOOL_CONTROL=f"ipc://{tmp_path}/none"))
+    assert done.returncode == 0, done.stderr
+    assert served.read_bytes() == Path(small_model).read_bytes()
+    assert served.stat().st_mode & 0o777 == 0o644
 
 
 def test_publishing_what_is_already_published_is_refused(small_model, tmp_path):

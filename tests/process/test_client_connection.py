@@ -214,7 +214,7 @@ def test_a_request_over_the_servers_limit_is_refused_before_it_is_sent(small_mod
         with workerpool.Client(server.endpoint, timeout=10, retries=2) as client:
             error, waited = timed(lambda: client.infer(big))
             assert type(error) is workerpool.RequestTooLarge and isinstance(error, workerpool.BadRequest)
-            assert "the request is 78.1 MiB (81920" in str(error) and ", 1.0 MiB: " in str(error)
+            assert "the request is 78.1 MiB (81920" in str(error) and ", 1.0 MiB (1048576 bytes): " in str(error)
             assert "not sent" in str(error) and waited < SLACK
             timed(lambda: client.infer({"x": big}))  # the limit is known now: no second info
             assert client.infer(np.ones((1, width), np.float32)).shape == (1, 10)
@@ -232,3 +232,24 @@ def test_a_request_over_the_servers_limit_is_refused_before_it_is_sent(small_mod
     # Read by the server: the sync client's info and small request, the async client's one
     # shared info and its small request; none of the large ones.
     assert "4 requests read, 4 answered" in server.log(), server.log()
+
+
+def test_a_server_restarted_with_a_lower_limit_is_asked_again(small_model):
+    """The limit belongs to a connection: after a restart with a lower one, the first large
+    request asks again and is refused unsent, never dropped with the connection."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    mid = np.ones((1500, 512), np.float32)  # 3 MiB, of a width the model does not take
+    first = Server(small_model, "--bind", endpoint, "--max-message-size", "8MiB", workers=1).start()
+    second = Server(small_model, "--bind", endpoint, "--max-message-size", "1MiB", workers=1)
+    try:
+        with workerpool.Client(endpoint, connect_timeout=30) as client:
+            with pytest.raises(workerpool.BadRequest) as sent:
+                client.infer(mid)
+            assert type(sent.value) is workerpool.BadRequest  # a worker's answer: it was sent
+            assert first.stop() == 0
+            second.start()
+            error, _ = timed(lambda: client.infer(mid))
+            assert type(error) is workerpool.RequestTooLarge, error
+    finally:
+        first.stop()
+        second.stop()

@@ -28,8 +28,8 @@ def add_infer(sub: Subcommands) -> None:
                         help="the input array (.npy, float32 for the built-in models), or named "
                         "input arrays (.npz)")
     parser.add_argument("--output", metavar="Y.npy",
-                        help="write the output here (.npy) instead of printing it; named outputs go to "
-                        "an .npz archive (Y.npz for Y.npy)")
+                        help="write the output here (.npy) instead of printing it; named outputs "
+                        "need an .npz name (Y.npz)")
     _add_client_options(parser, "infer")
 
 
@@ -42,9 +42,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
         _check_writable(args.output)
     result = _request(args, load_input(args.input))
     if args.output:
-        path = _save(args.output, result.outputs)
-        moved = "" if path == args.output else f"; the outputs are named, so an .npz archive, not {args.output}"
-        print(f"workerpool: wrote {path} (worker {result.worker_pid}, generation {result.generation}){moved}")
+        _save(args.output, result.outputs)
+        print(f"workerpool: wrote {args.output} (worker {result.worker_pid}, generation {result.generation})")
     elif isinstance(result.outputs, dict):
         for name, array in result.outputs.items():
             print(f"{name}: {array.dtype} {list(array.shape)}\n{array}")
@@ -119,14 +118,15 @@ def _check_writable(path: str) -> None:
         raise CommandError(f"{path}: not writable")
 
 
-def _save(path: str, outputs: Outputs) -> str:
-    """Named outputs as an .npz, one unnamed output (or none) as an .npy, at exactly ``path``
-    (given a name, numpy would add its own extension to one without it), but an archive never
-    under an .npy name: there it goes beside it, as .npz. The path written."""
+def _save(path: str, outputs: Outputs) -> None:
+    """Named outputs as an .npz, one unnamed output (or none) as an .npy, at exactly ``path``:
+    given a name, numpy would add its own extension to one without it. An archive is never
+    written under an .npy name, nor anywhere the user did not name."""
     import numpy as np
 
     if isinstance(outputs, dict) and path.endswith(".npy"):
-        path = path.removesuffix(".npy") + ".npz"
+        raise CommandError(f"the model's outputs are named ({', '.join(outputs)}): an .npz archive "
+                           f"holds them; give --output {path.removesuffix('.npy')}.npz (nothing was written)")
     with (
         reported(OSError, saying=lambda exc: f"{path}: cannot write it: {exc.strerror or exc}"),
         open(path, "wb") as f,
@@ -135,4 +135,3 @@ def _save(path: str, outputs: Outputs) -> str:
             np.savez(f, **cast(dict[str, Any], outputs))
         else:
             np.save(f, np.asanyarray(outputs))
-    return path

@@ -96,7 +96,7 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
 
     async def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
         """``Client._start_infer``; callers that need the limit at once share one ``info`` call."""
-        if self._calls.must_learn_limit(x):
+        if self._must_learn_limit(x):
             if self._limit_asked is None or self._limit_asked.done():
                 self._limit_asked = asyncio.ensure_future(self.info())
             await asyncio.shield(self._limit_asked)

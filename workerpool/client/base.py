@@ -73,11 +73,18 @@ class BaseClient(Generic[SocketT]):
         """Send a new call, once the monitor's news (a drop while idle, say) is taken in.
 
         A request that may be over the server's --max-message-size waits for the front end to
-        learn that limit (``_calls.must_learn_limit``): over it, it fails without being sent.
+        learn that limit (``_must_learn_limit``): over it, it fails without being sent.
         """
         self._open()
         self._take_events()
         return self._calls.start(payload, method, deadline, self._send)
+
+    def _must_learn_limit(self, payload: Inputs) -> bool:
+        """Whether to ask ``info`` before sending ``payload``, on the connection as the monitor
+        says it is now: a server restarted while the client idled may have another limit."""
+        self._open()
+        self._take_events()
+        return self._calls.must_learn_limit(payload)
 
     def _poll_ms(self) -> int | None:
         """How long to poll before the next call runs out of time; None once one has, and then

@@ -264,7 +264,8 @@ class Calls:
         if self.limit is not None and size > self.limit:
             self._finish(call, errors.RequestTooLarge(
                 f"the request is {format_size(size)} ({size} bytes), over the --max-message-size "
-                f"of the server at {self.endpoint}, {format_size(self.limit)}: it was not sent; "
+                f"of the server at {self.endpoint}, {format_size(self.limit)} ({self.limit} bytes): it "
+                "was not sent; "
                 "send fewer rows per request, or raise the server's limit"))
             return
         if self.draining and call.attempts > self.retries:

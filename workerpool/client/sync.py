@@ -102,7 +102,7 @@ class Client(BaseClient[zmq.Socket]):
                 self._calls.forget(call)
 
     def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
-        if self._calls.must_learn_limit(x):
+        if self._must_learn_limit(x):
             self.info()  # its reply states the server's limit
         return self._start(x, protocol.METHOD_INFER, deadline)
 

@@ -128,8 +128,9 @@ class ServingRole:
                                         backlog=HTTP_BACKLOG)
         except OSError as exc:
             hint = ": stop what uses it, or choose another with --http" if exc.errno == errno.EADDRINUSE else ""
-            # create_server's own message repeats the address: the error number's text is enough.
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            # create_server's own message repeats the address: the error number's text is enough
+            # (a name that does not resolve has a negative one, and its own text).
+            reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
             raise StartupError(f"cannot serve --http {config.http}: {reason}{hint}") from exc
         model_name = config.model_name or _model_name(config.path)
         routes = Routes(model_name, self._describe, OpsAnswers(self._snapshot, config.path).answer,
