@@ -265,8 +265,7 @@ class Calls:
             self._finish(call, errors.RequestTooLarge(
                 f"the request is {format_size(size)} ({size} bytes), over the --max-message-size "
                 f"of the server at {self.endpoint}, {format_size(self.limit)} ({self.limit} bytes): it "
-                "was not sent; "
-                "send fewer rows per request, or raise the server's limit"))
+                "was not sent; send fewer rows per request, or raise the server's limit"))
             return
         if self.draining and call.attempts > self.retries:
             self._finish(call, errors.ShuttingDown(

@@ -212,7 +212,7 @@ class Supervisor:
         why = describe_exit(code)
         self.role.child_exited(child, why)
         if child.stopping or self.stopping:
-            # One line per worker when one leaves; the pool's stop sums them up (_shutdown_step).
+            # One line per worker when one leaves; the pool's stop sums them up in its last line.
             log.log(logging.DEBUG if self.stopping else logging.INFO, "worker %d stopped (%s)", child.pid, why)
             return
         if code == -signal.SIGBUS:
