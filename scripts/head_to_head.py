@@ -229,8 +229,8 @@ def print_memory(load: Load, memory: dict[str, list[dict[str, Any]]]) -> None:
         totals[server] = median_of(server_runs, "pss")
         spread = f"{mib(min(r['pss'] for r in server_runs))} to {mib(max(r['pss'] for r in server_runs))}"
         root = "supervisor" if server == WORKERPOOL else "arbiter"
-        parts = [f"{root} {figure(server_runs, 'root', 'pss')} ({figure(server_runs, 'root', 'pss_anon')} "
-                 "anonymous)"]
+        parts = [(f"{root} {figure(server_runs, 'root', 'pss')} ({figure(server_runs, 'root', 'pss_anon')} "
+                  "anonymous)")]
         if server == WORKERPOOL:
             parts.append(f"template {figure(server_runs, 'other', 'pss')}")
         parts.append(f"each worker {figure(server_runs, 'worker', 'pss')} ({figure(server_runs, 'worker', 'weights_pss')} "

@@ -225,8 +225,8 @@ def main() -> int:
     print("| ---: " * (6 + 2 * mosec) + "|")
     for index, k in enumerate(LEVELS):
         cells = {}
-        for name in runs:
-            rps, p50, p99 = (median_of(runs[name], index, key) for key in ("rps", "p50_us", "p99_us"))
+        for name, run in runs.items():
+            rps, p50, p99 = (median_of(run, index, key) for key in ("rps", "p50_us", "p99_us"))
             cells[name] = (rps, p50, p99)
         text = {name: f"{rps:.0f}, {p50 / 1e3:.2f} ms, {p99 / 1e3:.2f} ms" for name, (rps, p50, p99) in cells.items()}
         print(f"| {k} | {text['http']} | {text['zmq']} | {text['gunicorn']} | "

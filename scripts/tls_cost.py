@@ -21,7 +21,15 @@ import sys
 
 from bench import load_average, scratch_run
 from compare import Load
-from http_bench import LEVELS, free_port, kserve_body, pool, run_wrk, with_supervisor_cpu, wrk_script
+from http_bench import (
+    LEVELS,
+    free_port,
+    kserve_body,
+    pool,
+    run_wrk,
+    with_supervisor_cpu,
+    wrk_script,
+)
 
 
 def self_signed(directory: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any
+from typing import Any, Self
 
 
 class ErrorCode(enum.StrEnum):
@@ -27,7 +27,7 @@ class ErrorCode(enum.StrEnum):
 
     http_status: int
 
-    def __new__(cls, value: str, http_status: int) -> ErrorCode:
+    def __new__(cls, value: str, http_status: int) -> Self:
         member = str.__new__(cls, value)
         member._value_ = value
         member.http_status = http_status

@@ -479,7 +479,8 @@ def test_published_weights_keep_the_permissions_of_the_file_they_replace(small_m
     served.chmod(0o644)
     done = subprocess.run(["sh", "-c", 'umask 077 && exec "$0" -m workerpool publish --no-check "$1" "$2"',
                            sys.executable, str(small_model), str(served)], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, WORKERPOOL_CONTROL=f"ipc://{tmp_path}/none"))
+                          timeout=60, env=dict(os.environ, WORKERPOOL_CONTROL=f"ipc://{tmp_path}/none"),
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert served.read_bytes() == Path(small_model).read_bytes()
     assert served.stat().st_mode & 0o777 == 0o644

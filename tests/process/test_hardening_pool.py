@@ -91,9 +91,9 @@ def test_a_client_key_cannot_register_a_worker_host(small_model, tmp_path):
         # The host's key does not admit a client either.
         x = np.zeros((1, 64), np.float32)
         with workerpool.Client(server.endpoint, connect_timeout=1,
-                               keys=workerpool.ClientKeys(host_secret, keys.server_public)) as client:
-            with pytest.raises(workerpool.Unreachable, match="refused this client's key"):
-                client.infer(x)
+                               keys=workerpool.ClientKeys(host_secret, keys.server_public)) as client, \
+                pytest.raises(workerpool.Unreachable, match="refused this client's key"):
+            client.infer(x)
 
 
 def test_a_secured_tcp_backend_still_serves_with_local_workers(small_model, tmp_path):

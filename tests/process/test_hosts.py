@@ -137,9 +137,9 @@ def test_curve_serves_allowed_keys_only(host_model, tmp_path):
         for keys_used, why in ((None, "the server requires CURVE keys"),
                                (workerpool.ClientKeys(mallory_secret, server_public),
                                 "the server refused this client's key")):
-            with workerpool.Client(router.endpoint, connect_timeout=1, keys=keys_used) as client:
-                with pytest.raises(workerpool.Unreachable, match=why):
-                    client.infer(x)
+            with workerpool.Client(router.endpoint, connect_timeout=1, keys=keys_used) as client, \
+                    pytest.raises(workerpool.Unreachable, match=why):
+                client.infer(x)
         assert answering_pids(router.endpoint, 5, keys=alice) == worker_pids(host)
 
 

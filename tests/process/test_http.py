@@ -197,8 +197,8 @@ def test_every_malformed_request_gets_its_status_and_the_pool_serves_on(mlp):
         (("POST", "/v2/models/mlp/infer", good, {"Inference-Header-Content-Length": length, "Timeout": "soon"}),
          400, "Timeout header"),
         (("POST", "/v2/models/mlp/infer", gzip.compress(good), {"Content-Encoding": "gzip"}), 415, "gzip"),
-        (("POST", "/v2/models/mlp/infer", b'{"inputs": [{"name": "input", "shape": [1, 1], "datatype": "FP32", '
-          b'"data": [NaN]}]}', json_headers), 400, "NaN is not JSON"),
+        (("POST", "/v2/models/mlp/infer", (b'{"inputs": [{"name": "input", "shape": [1, 1], "datatype": "FP32", '
+          b'"data": [NaN]}]}'), json_headers), 400, "NaN is not JSON"),
         (("POST", "/v2/models/mlp/infer", json.dumps({"inputs": [{"name": "input", "shape": [1, WIDTH],
           "datatype": "FP32", "data": [None] * WIDTH}]}).encode(), json_headers), 400, "hold null"),
     ]

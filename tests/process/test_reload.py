@@ -9,6 +9,7 @@ import subprocess
 import threading
 from collections import defaultdict
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import pytest
@@ -58,7 +59,7 @@ class Load:
                     continue
                 self.replies[index].append((result.generation, result.outputs))
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Self:
         for thread in self.threads:
             thread.start()
         return self
@@ -136,6 +137,20 @@ def test_old_file_is_unmapped_after_reload(tmp_path, versions):
             assert not maps_inode(pid, old_inode), f"worker {pid} still maps the replaced file"
             assert maps_inode(pid, new_inode)
         assert not maps_inode(server.proc.pid, old_inode)
+        # Nor does the supervisor keep the replaced file open (on disk) until the next reload.
+        server.wait_for(lambda _: not holds_inode(server.proc.pid, old_inode), timeout=10)
+        assert holds_inode(server.proc.pid, new_inode)
+
+
+def holds_inode(pid: int, inode: int) -> bool:
+    """Whether ``pid`` has a descriptor open on the file of ``inode``."""
+    found = False
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found = found or os.stat(f"/proc/{pid}/fd/{fd}").st_ino == inode
+        except OSError:  # closed meanwhile
+            continue
+    return found
 
 
 def test_the_template_lets_go_of_a_file_the_supervisor_has_let_go_of(tmp_path, versions):

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -159,7 +160,7 @@ def test_bad_model_file_exits_2_without_starting_workers(tmp_path, small_model, 
     if defect == "garbage":
         path.write_bytes(b"NRUB\x01\x00" + b"\xff" * 64)
     elif defect == "misfit":
-        path.write_bytes(open(small_model, "rb").read())
+        path.write_bytes(Path(small_model).read_bytes())
         args = ["--model", "burn-mnist"]
     server = Server(path, *args)
     try:
@@ -194,7 +195,7 @@ def test_supervisor_sigkill_leaves_no_orphans(small_model):
         workers = [psutil.Process(pid) for pid in server.worker_pids()]
         server.proc.kill()
         server.proc.wait()
-        gone, alive = psutil.wait_procs(workers, timeout=10)
+        _, alive = psutil.wait_procs(workers, timeout=10)
         assert alive == [], f"workers outlived the supervisor: {alive}"
         assert os.path.exists(server.control.removeprefix("ipc://"))  # left behind
         successor = Server(small_model, "--control", server.control, workers=1)

@@ -112,9 +112,8 @@ def test_every_relative_link_in_the_docs_points_at_something_that_exists():
             where = f"{page.relative_to(ROOT)}: {target}"
             if not resolved.exists():
                 broken.append(f"{where} (no such file)")
-            elif anchor and resolved.suffix == ".md":
-                if anchor not in github_anchors(resolved.read_text()):
-                    broken.append(f"{where} (no such heading)")
+            elif anchor and resolved.suffix == ".md" and anchor not in github_anchors(resolved.read_text()):
+                broken.append(f"{where} (no such heading)")
     assert broken == []
 
 

@@ -73,8 +73,8 @@ def cmd_new_model(args: argparse.Namespace) -> int:
 
 def add_convert(sub: Subcommands) -> None:
     parser = add_command(sub, cmd_convert)
-    add_source_and_destination(parser, ("SRC", "a .safetensors file, an .npz archive, an .onnx model "
-                                                "or a model folder (safetensors or ONNX)"),
+    add_source_and_destination(parser, ("SRC", ("a .safetensors file, an .npz archive, an .onnx model "
+                                                 "or a model folder (safetensors or ONNX)")),
                                "the Burnpack file to write (an existing one only with --force; written atomically)")
     add_model(parser, "record this model in the metadata (default: 'onnx' for an ONNX model, 'bert' for a BERT model folder, "
               "else none)")

@@ -21,7 +21,6 @@ import numpy as np
 from ..errors import NotAJSONObject, json_object
 from .base import Model, ModelError, ModelInputError, require_tensor
 from .ops import gelu_float32
-from .texts import MAX_LENGTH_KEY as MAX_LENGTH_KEY  # where convert and the tests read it
 from .texts import (
     MEAN_NORMALIZED,
     TOKENIZER_KEY,

@@ -12,9 +12,10 @@ from ..router.registry import WorkerRecord
 from ..supervisor.process import Child
 
 
-def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord], generation: int,
+def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord],
                 memory: dict[int, Any] | None) -> list[WorkerStatus]:
-    """One row per local child (registered or still starting), then the remote workers."""
+    """One row per local child (registered or still starting, with the generation it was
+    started on), then the remote workers."""
     local = {w.pid: w for w in registered if w.local}
     remote = [w for w in registered if not w.local]
     rows: list[WorkerStatus] = []
@@ -25,7 +26,7 @@ def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord], g
             if child.stopping:
                 row["state"] = WorkerState.STOPPING
         else:
-            row = {"pid": child.pid, "host": os.uname().nodename, "generation": generation,
+            row = {"pid": child.pid, "host": os.uname().nodename, "generation": child.generation,
                    "served": 0, "errors": 0, "batches": 0, "rows": 0, "batch_sizes": {},
                    "started": child.started,
                    "state": WorkerState.STOPPING if child.stopping else WorkerState.STARTING,

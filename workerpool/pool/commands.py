@@ -163,7 +163,7 @@ class ControlCommands:
                       "in_flight": router.in_flight},
             "connections": {"served": len(connections.serving), "open": len(connections.open),
                             "max": connections.limit},
-            "workers": worker_rows(pool.children.values(), router.workers, current.generation,
+            "workers": worker_rows(pool.children.values(), router.workers,
                                    memory.workers if memory else None),
             "totals": memory.totals if memory else None,
         }

@@ -116,6 +116,8 @@ class Supervisor:
         if self.reloading and not self.stopping and self.role.reload_done():
             self.reloading = False
             self.notifier.ready(self._summary())
+        elif not self.reloading and not self.starter.pending and all(c.ready for c in self.children.values()):
+            self.watcher.release_previous()  # no worker serves or starts on it any more
         if self.stopping:
             self._shutdown_step()
         else:
@@ -194,8 +196,7 @@ class Supervisor:
 
     def helper_pids(self) -> list[int]:
         """The pool's processes that are neither the supervisor nor a worker: the template."""
-        template = self.starter.template
-        return [] if template is None else [template.pid]
+        return [] if self.starter.template is None else [self.starter.template.pid]
 
     def _spawn_due(self) -> None:
         now = time.monotonic()
@@ -212,7 +213,6 @@ class Supervisor:
         why = describe_exit(code)
         self.role.child_exited(child, why)
         if child.stopping or self.stopping:
-            # One line per worker when one leaves; the pool's stop sums them up in its last line.
             log.log(logging.DEBUG if self.stopping else logging.INFO, "worker %d stopped (%s)", child.pid, why)
             return
         if code == -signal.SIGBUS:

@@ -28,11 +28,12 @@ from .. import burnpack, extras
 from ..burnpack import dtypes
 from ..errors import NotAJSONObject, exception_text, json_object
 from ..models.base import MODEL_KEY
-from ..models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
+from ..models.bert import CONFIG_KEY, TOKENIZER_KEY
 from ..models.bert import NAME as BERT
 from ..models.onnx_layout import NAME as ONNX
 from ..models.onnx_layout import POOLING_KEY
 from ..models.texts import (
+    MAX_LENGTH_KEY,
     POOLING_MODES,  # sentence-transformers 5 names them ("pooling_mode": "mean")
 )
 from . import npy

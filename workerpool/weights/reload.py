@@ -79,7 +79,8 @@ class Watcher:
         ``cache_dir`` is there before the first worker starts."""
         self.path = path
         self.cache_dir = cache_dir
-        self._held: list[int] = []  # descriptors of the current generation's file and the one before
+        # Descriptors of the current generation's file and, until no worker needs it, the one before.
+        self._held: list[int] = []
         for _ in range(HOLD_ATTEMPTS):
             name, identity, signature = validate(path, model, cache_dir)
             source = self._hold(identity)
@@ -148,6 +149,12 @@ class Watcher:
     def held(self) -> tuple[int, ...]:
         """The descriptors kept open for workers to open their generation's file by."""
         return tuple(self._held)
+
+    def release_previous(self) -> None:
+        """Close the generation before's file once no worker needs it: a replaced file would
+        otherwise stay on disk, held open, until the next reload."""
+        while len(self._held) > 1:
+            os.close(self._held.pop(0))
 
     @property
     def degraded(self) -> str | None:

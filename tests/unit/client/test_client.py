@@ -20,8 +20,6 @@ from workerpool.protocol import messages as protocol
 from workerpool.protocol.transport import state_message_limit
 from workerpool.units import MiB
 
-pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
-
 GENERATION = 7
 FAST = {"timeout": 0.2, "retries": 2}
 T = TypeVar("T")

@@ -147,8 +147,8 @@ def graph_edited(tmp_path, edit) -> tuple[dict[str, np.ndarray], dict[str, str]]
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda graph: graph[:-9], "onnx: onnxruntime cannot build the graph: Failed to load model because "
-     "protobuf parsing failed"),
+    (lambda graph: graph[:-9], ("onnx: onnxruntime cannot build the graph: Failed to load model because "
+                                "protobuf parsing failed")),
     (lambda graph: graph.replace(b"Relu", b"Relx"),
      "onnx: onnxruntime cannot build the graph: This is an invalid model. In Node"),
 ])

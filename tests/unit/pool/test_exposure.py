@@ -28,12 +28,12 @@ def test_loopback_and_guarded_doors_say_nothing(settings):
 
 def test_an_http_port_open_to_all_without_a_token_is_named_with_what_to_add():
     warnings = open_doors(config(http="0.0.0.0:8000"))
-    assert warnings == ["--http 0.0.0.0:8000 is open to the network without a token: anyone who can "
-                        "reach it can run the model (see --http-token-file, and --http-cert so that the "
-                        "token is not sent in clear)"]
+    assert warnings == [("--http 0.0.0.0:8000 is open to the network without a token: anyone who can "
+                         "reach it can run the model (see --http-token-file, and --http-cert so that the "
+                         "token is not sent in clear)")]
     assert open_doors(config(http="[::]:8000", http_cert="cert.pem", http_key="key.pem")) == [
-        "--http [::]:8000 is open to the network without a token: anyone who can reach it can run "
-        "the model (see --http-token-file)"]
+        ("--http [::]:8000 is open to the network without a token: anyone who can reach it can run "
+         "the model (see --http-token-file)")]
 
 
 def test_zeromq_doors_without_keys_name_the_servers_own_flags():

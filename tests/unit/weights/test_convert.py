@@ -13,7 +13,8 @@ import pytest
 from support.commands import cli
 
 from workerpool import burnpack
-from workerpool.models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
+from workerpool.models.bert import CONFIG_KEY, TOKENIZER_KEY
+from workerpool.models.texts import MAX_LENGTH_KEY
 from workerpool.weights.convert import ConvertError, convert
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="needs the safetensors package")

@@ -12,7 +12,7 @@ import pytest
 from support.commands import cli
 
 from workerpool import burnpack
-from workerpool.models.bert import CONFIG_KEY, MAX_LENGTH_KEY, TOKENIZER_KEY
+from workerpool.models.bert import CONFIG_KEY, TOKENIZER_KEY
 from workerpool.models.onnx_layout import (
     GRAPH_TENSOR,
     INITIALIZERS_KEY,
@@ -21,6 +21,7 @@ from workerpool.models.onnx_layout import (
     PLACEHOLDER_FOLDER,
     POOLING_KEY,
 )
+from workerpool.models.texts import MAX_LENGTH_KEY
 from workerpool.weights.convert import ConvertError, convert
 from workerpool.weights.onnx_convert import INTEGER_TYPES
 
