@@ -1,5 +1,6 @@
 """The few Linux process controls the pool relies on, through ``prctl(2)`` (and glibc's
-``malloc_trim``), and reading a wake-up pipe empty.
+``malloc_trim``), reading a wake-up pipe empty, and what /proc says of processes: their
+children, and which of them map a file.
 
 Elsewhere they do nothing: the worker's loop still notices between requests that its
 supervisor is gone.
@@ -12,6 +13,7 @@ import functools
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 PR_SET_NAME = 15
@@ -89,22 +91,52 @@ def drain_pipe(fd: int) -> None:
             return
 
 
+@dataclass(frozen=True)
+class MappedFile:
+    """How a file shows in /proc/<pid>/maps and smaps: device, inode and the path it was mapped
+    under; the one rule for telling a mapping of it."""
+
+    device: int
+    inode: int
+    size: int
+    path: bytes
+
+    @classmethod
+    def of(cls, path: str) -> MappedFile | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cls(st.st_dev, st.st_ino, st.st_size, os.fsencode(os.path.realpath(path)))
+
+    def mapped_in(self, line: bytes) -> bool:
+        """Whether a line of /proc/<pid>/maps (or a mapping's first line in smaps) maps this
+        file: the same inode, and the same device or path (overlayfs shows the backing device).
+
+        An older file renamed away keeps its mapping under the old path plus " (deleted)", but
+        not this inode, so a worker still running on it is not counted.
+        """
+        fields = line.split(None, 5)
+        if len(fields) != 6 or int(fields[4]) != self.inode:
+            return False
+        major, minor = (int(part, 16) for part in fields[3].split(b":"))
+        path = fields[5].rstrip(b"\n").removesuffix(b" (deleted)")
+        return os.makedev(major, minor) == self.device or path == self.path
+
+
 def processes_mapping(path: str) -> list[int]:
-    """The processes (of those whose maps this one may read) that map the file at ``path``, by
-    its device and inode: a server's workers map the weights they serve."""
-    try:
-        found = os.stat(path)
-    except OSError:
+    """The processes (of those whose maps this one may read) that map the file at ``path``: a
+    server's workers map the weights they serve."""
+    found = MappedFile.of(path)
+    if found is None:
         return []
-    device = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}"
-    inode = str(found.st_ino)
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/maps") as maps:
-                if any(line.split(maxsplit=5)[3:5] == [device, inode] for line in maps):
+            with open(f"/proc/{entry}/maps", "rb") as maps:
+                if any(found.mapped_in(line) for line in maps):
                     pids.append(int(entry))
         except OSError:  # gone, or not ours to read
             continue

@@ -437,11 +437,17 @@ def test_a_file_of_another_format_says_what_it_is_and_how_to_convert_it(tmp_path
         assert done.stderr.count("\n") == 1, done.stderr
 
 
-def test_a_safetensors_file_in_a_model_folder_is_told_to_convert_the_folder(tmp_path):
+def _model_folder(tmp_path: Path) -> Path:
+    """A folder as a Hugging Face download leaves it: its config and safetensors weights."""
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(_safetensors_bytes())
+    return folder
+
+
+def test_a_safetensors_file_in_a_model_folder_is_told_to_convert_the_folder(tmp_path):
+    folder = _model_folder(tmp_path)
     done = cli("inspect", folder / "model.safetensors", timeout=60)
     assert done.returncode == 1 and f"'workerpool convert {folder} {folder}.bpk'" in done.stderr
     assert "config and tokenizer included" in done.stderr and done.stderr.count("\n") == 1
@@ -449,10 +455,7 @@ def test_a_safetensors_file_in_a_model_folder_is_told_to_convert_the_folder(tmp_
 
 def test_a_model_folder_given_as_weights_is_told_to_convert_the_folder(tmp_path):
     """The folder a Hugging Face download makes, given to every command that reads weights."""
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(_safetensors_bytes())
+    folder = _model_folder(tmp_path)
     for command in ("inspect", "serve", "publish"):
         args = (folder, tmp_path / "served.bpk") if command == "publish" else (f"{folder}/",)
         done = cli(command, *args, timeout=60)

@@ -227,7 +227,10 @@ _NOT_CONVERTED = ("which workerpool convert does not read: save its state dict w
 def _folder_hint(folder: str) -> str:
     """What to do with a folder given where a weights file belongs: convert it, when it holds
     what convert reads (a config.json, and .safetensors weights or a model.onnx)."""
-    names = os.listdir(folder) if os.access(folder, os.R_OK | os.X_OK) else []
+    try:
+        names = os.listdir(folder)
+    except OSError:  # not ours to list: nothing to say of it
+        names = []
     weights = "model.onnx" in names or any(name.endswith(".safetensors") for name in names)
     if weights and "config.json" in names:
         return (f"it looks like a model folder: {_folder_command(folder)} makes a Burnpack file of "

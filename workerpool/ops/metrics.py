@@ -16,12 +16,12 @@ for the weights' residency; the supervisor reads them on a thread beside its loo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psutil
 
+from ..linux import MappedFile
 from ..units import KiB
 
 MEMORY_FIELDS: dict[str, str] = {
@@ -48,35 +48,6 @@ _STATUS_FIELDS = {b"RssAnon:": "anon", b"VmPTE:": "pte"}
 
 
 @dataclass(frozen=True)
-class _MappedFile:
-    """How a file shows in /proc/<pid>/smaps: device, inode and the path it was mapped under."""
-
-    device: int
-    inode: int
-    size: int
-    path: bytes
-
-    @classmethod
-    def of(cls, path: str) -> _MappedFile | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return cls(st.st_dev, st.st_ino, st.st_size, os.fsencode(os.path.realpath(path)))
-
-    def matches(self, device: bytes, inode: bytes, path: bytes) -> bool:
-        """Same inode, and the same device or path: overlayfs shows the backing device.
-
-        An older file renamed away keeps its mapping under the old path plus " (deleted)", but
-        not this inode, so a worker still running on it is not counted.
-        """
-        if int(inode) != self.inode:
-            return False
-        major, minor = (int(part, 16) for part in device.split(b":"))
-        return os.makedev(major, minor) == self.device or path == self.path
-
-
-@dataclass(frozen=True)
 class PoolMemory:
     """``workers`` and ``helpers`` (the supervisor, the template) map each pid to its figures
     (None when it could not be read)."""
@@ -93,7 +64,7 @@ def pool_memory(pids: list[int], model_path: str, helpers: Sequence[int] = ()) -
     ``weights_resident`` counts the file now at ``model_path``; it is 0 in a worker that does
     not map that file (``--load copy``); ``model_size`` is None when the file is gone.
     """
-    weights = _MappedFile.of(model_path)
+    weights = MappedFile.of(model_path)
     workers = {pid: _process_memory(pid, weights) for pid in pids}
     others = {pid: _process_memory(pid, weights) for pid in helpers}
     read = [m for m in workers.values() if m is not None]
@@ -107,7 +78,7 @@ def pool_memory(pids: list[int], model_path: str, helpers: Sequence[int] = ()) -
     return PoolMemory(workers, others, totals)
 
 
-def _process_memory(pid: int, weights: _MappedFile | None) -> dict[str, int] | None:
+def _process_memory(pid: int, weights: MappedFile | None) -> dict[str, int] | None:
     """One process's figures in bytes, or None when it is gone (it may exit at any moment)."""
     try:
         full = psutil.Process(pid).memory_full_info()
@@ -138,19 +109,15 @@ def _status_figures(pid: int) -> dict[str, int]:
     return figures
 
 
-def _resident(pid: int, weights: _MappedFile) -> int:
+def _resident(pid: int, weights: MappedFile) -> int:
     """Rss of the mappings of ``weights`` in /proc/<pid>/smaps, in bytes."""
     total = 0
     matching = False
     with open(f"/proc/{pid}/smaps", "rb") as f:
         for line in f:
-            fields = line.split(None, 5)
-            if not fields[0].endswith(b":"):  # a mapping's header line
-                if len(fields) == 6:
-                    path = fields[5].rstrip(b"\n").removesuffix(b" (deleted)")
-                    matching = weights.matches(fields[3], fields[4], path)
-                else:
-                    matching = False
+            fields = line.split(None, 2)
+            if not fields[0].endswith(b":"):  # a mapping's first line
+                matching = weights.mapped_in(line)
             elif matching and fields[0] == b"Rss:":
                 total += int(fields[1]) * KiB
     return total

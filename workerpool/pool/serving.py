@@ -127,11 +127,10 @@ class ServingRole:
             sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                         backlog=HTTP_BACKLOG)
         except OSError as exc:
-            hint = ": stop what uses it, or choose another with --http" if exc.errno == errno.EADDRINUSE else ""
             # create_server's own message repeats the address: the error number's text is enough
             # (a name that does not resolve has a negative one, and its own text).
             reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
-            raise StartupError(f"cannot serve --http {config.http}: {reason}{hint}") from exc
+            raise StartupError(f"cannot serve --http {config.http}: {reason}{_in_use(exc.errno, '--http')}") from exc
         model_name = config.model_name or _model_name(config.path)
         routes = Routes(model_name, self._describe, OpsAnswers(self._snapshot, config.path).answer,
                         token=_token(config))
@@ -364,14 +363,14 @@ def _tls(config: ServeConfig) -> Any:
 
 
 def default_max_message_size(signature: dict[str, Any]) -> int:
-    """Room for a batch of 4096 inputs of the model's declared shape (at least 1 MiB); 64 MiB
-    when the model declares none."""
+    """Room for a batch of 4096 inputs of the model's declared shape (at least the protocol's
+    least limit, 1 MiB); 64 MiB when the model declares none."""
     declared = models.array_input(signature) or {}
     dtype, shape = declared.get("dtype"), declared.get("shape")
     if dtype is None or shape is None or any(d is None for d in shape[1:]):
         return UNDECLARED_MESSAGE_SIZE
     sample = math.prod(shape[1:]) * np.dtype(dtype).itemsize
-    return max(MiB, BATCH_ROOM * sample + 64 * KiB)
+    return max(protocol.MIN_MESSAGE_SIZE, BATCH_ROOM * sample + 64 * KiB)
 
 
 def _bind_failure(exc: zmq.ZMQError, options: dict[str | None, str]) -> str:
@@ -384,5 +383,9 @@ def _bind_failure(exc: zmq.ZMQError, options: dict[str | None, str]) -> str:
     option = options.get(endpoint)
     if option is None:
         return f"cannot bind {endpoint}: {reason}"
-    hint = f": stop what uses it, or choose another with {option}" if exc.errno == errno.EADDRINUSE else ""
-    return f"cannot bind {option} {endpoint}: {reason}{hint}"
+    return f"cannot bind {option} {endpoint}: {reason}{_in_use(exc.errno, option)}"
+
+
+def _in_use(errno_value: int | None, option: str) -> str:
+    """What to do about an address another process holds, for the option that names it."""
+    return f": stop what uses it, or choose another with {option}" if errno_value == errno.EADDRINUSE else ""
