@@ -116,16 +116,16 @@ class Supervisor:
         if self.reloading and not self.stopping and self.role.reload_done():
             self.reloading = False
             self.notifier.ready(self._summary())
-        elif not self.reloading and not self.starter.pending and all(c.ready for c in self.children.values()):
-            self.watcher.release_previous()  # no worker serves or starts on it any more
+        elif self.watcher.holds_previous and not (self.reloading or self.starter.pending) \
+                and all(c.ready for c in self.children.values()):  # none serves or starts on it
+            self.watcher.release_previous()
         if self.stopping:
             self._shutdown_step()
         else:
             self._kill_overdue()
 
     def _kill_overdue(self) -> None:
-        """A worker told to stop that is still here long after (its model ignores the stop
-        signal, say) would keep the pool one worker over its target for good."""
+        """A worker outstaying its stop (its model ignores the signal) keeps the pool one over."""
         deadline = time.monotonic() - self.role.stop_patience
         for child in self.children.values():
             if child.stopping and child.told_to_stop < deadline:

@@ -150,6 +150,11 @@ class Watcher:
         """The descriptors kept open for workers to open their generation's file by."""
         return tuple(self._held)
 
+    @property
+    def holds_previous(self) -> bool:
+        """Whether the generation before's file is still held open."""
+        return len(self._held) > 1
+
     def release_previous(self) -> None:
         """Close the generation before's file once no worker needs it: a replaced file would
         otherwise stay on disk, held open, until the next reload."""
