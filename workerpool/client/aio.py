@@ -50,6 +50,7 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
 
     async def info(self) -> dict[str, Any]:
         """The server's description of itself and its model."""
+        self._take_news()
         return (await self._wait(self._start(None, protocol.METHOD_INFO, None))).info()
 
     def infer_many(
@@ -96,7 +97,8 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
 
     async def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
         """``Client._start_infer``; callers that need the limit at once share one ``info`` call."""
-        if self._must_learn_limit(x):
+        self._take_news()
+        if self._calls.must_learn_limit(x):
             if self._limit_asked is None or self._limit_asked.done():
                 self._limit_asked = asyncio.ensure_future(self.info())
             await asyncio.shield(self._limit_asked)

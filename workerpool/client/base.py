@@ -69,22 +69,18 @@ class BaseClient(Generic[SocketT]):
         self._socket: SocketT | None = None
         self._calls = Calls(self.endpoint, timeout, retries, connect_timeout, self._connect())
 
+    def _take_news(self) -> None:
+        """Take in what the monitor said while no call waited (a drop while idle, say), once per
+        public call before anything about the connection is decided: a server restarted
+        meanwhile may have another --max-message-size."""
+        self._open()
+        self._take_events()
+
     def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> Call:
-        """Send a new call, once the monitor's news (a drop while idle, say) is taken in.
-
-        A request that may be over the server's --max-message-size waits for the front end to
-        learn that limit (``_must_learn_limit``): over it, it fails without being sent.
-        """
-        self._open()
-        self._take_events()
+        """Send a new call on the connection as last heard of (``_take_news`` first). A request
+        that may be over the server's --max-message-size waits for the front end to learn that
+        limit (``Calls.must_learn_limit``): over it, it fails without being sent."""
         return self._calls.start(payload, method, deadline, self._send)
-
-    def _must_learn_limit(self, payload: Inputs) -> bool:
-        """Whether to ask ``info`` before sending ``payload``, on the connection as the monitor
-        says it is now: a server restarted while the client idled may have another limit."""
-        self._open()
-        self._take_events()
-        return self._calls.must_learn_limit(payload)
 
     def _poll_ms(self) -> int | None:
         """How long to poll before the next call runs out of time; None once one has, and then

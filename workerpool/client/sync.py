@@ -60,6 +60,7 @@ class Client(BaseClient[zmq.Socket]):
 
     def info(self) -> dict[str, Any]:
         """The server's description of itself and its model."""
+        self._take_news()
         return self._wait(self._start(None, protocol.METHOD_INFO, None)).info()
 
     def infer_many(
@@ -102,7 +103,8 @@ class Client(BaseClient[zmq.Socket]):
                 self._calls.forget(call)
 
     def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
-        if self._must_learn_limit(x):
+        self._take_news()
+        if self._calls.must_learn_limit(x):
             self.info()  # its reply states the server's limit
         return self._start(x, protocol.METHOD_INFER, deadline)
 
