@@ -32,8 +32,8 @@ import numpy as np
 import zmq
 
 from workerpool import burnpack, models
-from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import NotReady, ServerProcess, serve_args
 
 WARMUP_TIMEOUT = 60.0  # seconds for every worker of a server to answer once
 REPLY_TIMEOUT = 30.0  # seconds any single reply may take before the run is abandoned

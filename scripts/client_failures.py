@@ -30,7 +30,7 @@ import numpy as np
 import workerpool
 from workerpool import models
 from workerpool.control import client as control
-from workerpool.pool.launcher import ServerProcess, serve_args
+from workerpool.testing import ServerProcess, serve_args
 
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
 HOLD = 120.0  # seconds a held request sleeps on its worker: far past any wait measured here

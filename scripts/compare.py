@@ -51,8 +51,8 @@ from threadpoolctl import threadpool_limits
 
 from workerpool.control import client as control
 from workerpool.models.loaded import LoadedModel
-from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import NotReady, ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
 
 IN_PROCESS_WARMUP = 20  # forward passes in this process before the timed ones

@@ -15,8 +15,8 @@ import tempfile
 
 from bench import demo_model, drive
 
-from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
 
 

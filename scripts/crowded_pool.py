@@ -22,7 +22,7 @@ import psutil
 from bench import load_average, scratch_run
 from http_bench import free_port
 
-from workerpool.pool.launcher import ServerProcess
+from workerpool.testing import ServerProcess
 
 MiB = 1 << 20
 

@@ -33,8 +33,8 @@ from threadpoolctl import threadpool_limits
 
 from workerpool.control import client as control
 from workerpool.models.loaded import LoadedModel
-from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import MiB
 from workerpool.weights.convert import convert
 

@@ -80,8 +80,8 @@ from compare_gunicorn import http_request, listening_session, stop_session, warm
 from http_bench import free_port, wrk_command, wrk_figures
 from server_memory import tree_memory
 
-from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import NotReady, ServerProcess, serve_args
 from workerpool.units import MiB
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))

@@ -58,8 +58,8 @@ from compare_gunicorn import gunicorn_server, http_drive, http_request, warm_gun
 from server_memory import tree_memory
 
 import workerpool
-from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import NotReady, ServerProcess, serve_args
 from workerpool.units import MiB, format_size, parse_size
 
 LIBRARY_CALLS_WARMUP = 20  # calls through each library client before the timed ones

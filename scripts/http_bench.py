@@ -34,8 +34,8 @@ from bench import drive, load_average, scratch_run, warm_workerpool
 from compare import Load
 from compare_gunicorn import APP_DIR, gunicorn_server, stop_session
 
-from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import ServerProcess, serve_args
 
 LEVELS = (1, 16, 64)
 UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}  # as wrk prints a latency

@@ -39,7 +39,7 @@ from server_memory import tree_memory
 
 import workerpool
 from workerpool.control import client as control
-from workerpool.pool.launcher import ServerProcess, serve_args
+from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
 
 TOUCHED = 0.95  # a worker has touched its weights when this much of the file is resident

@@ -45,8 +45,8 @@ from bench import drive, load_arguments, load_average, warm_workerpool
 from embed_bench import SENTENCES, sentences_per_second
 
 from workerpool.control import client as control
-from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import MiB
 from workerpool.weights.convert import convert
 

@@ -45,8 +45,8 @@ import zmq
 import workerpool
 from workerpool import burnpack, models
 from workerpool.control import client as control
-from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import ServerProcess, serve_args
 from workerpool.weights.publish import publish
 
 WIDTH = 256  # the generated model's input

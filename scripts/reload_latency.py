@@ -19,7 +19,7 @@ import time
 
 from workerpool import models
 from workerpool.control import client as control
-from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
+from workerpool.testing import NotReady, ServerProcess, serve_args
 from workerpool.units import parse_size
 
 

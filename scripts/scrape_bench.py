@@ -22,8 +22,8 @@ import urllib.request
 
 from bench import demo_model, drive, load_arguments, load_average
 
-from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import MiB
 
 

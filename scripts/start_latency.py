@@ -46,8 +46,8 @@ from bench import (
 )
 
 from workerpool import models
-from workerpool.pool.launcher import NotReady, ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import NotReady, ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
 
 STARTS = ("fork", "spawn")

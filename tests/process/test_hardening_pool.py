@@ -29,8 +29,8 @@ from support.status import pool_ready
 
 import workerpool
 from workerpool.control import client as control
-from workerpool.pool.launcher import ServerProcess, serve_args
 from workerpool.protocol import messages as protocol
+from workerpool.testing import ServerProcess, serve_args
 
 SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
 

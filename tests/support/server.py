@@ -14,7 +14,7 @@ import pytest
 
 from support.paths import MODELS
 from workerpool.control import client as control
-from workerpool.pool.launcher import ServerProcess, serve_args, workers_args
+from workerpool.testing import ServerProcess, serve_args, workers_args
 
 START = "fork"  # how servers start their workers; the start_method fixture sets it
 

@@ -1,6 +1,6 @@
 """The line a pool prints on stdout once every worker is ready: its readiness signal.
 
-``serve`` and ``workers`` write it here and the launcher (tests, benchmarks, users' scripts)
+``serve`` and ``workers`` write it here and workerpool.testing (tests, benchmarks, users' scripts)
 reads it here, so the two can never disagree.
 """
 

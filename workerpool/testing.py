@@ -1,4 +1,5 @@
-"""Run ``workerpool serve`` or ``workerpool workers`` as a child process, for tests and benchmarks.
+"""Run ``workerpool serve`` or ``workerpool workers`` as a child process: for your tests and
+benchmarks, as for ours. Nothing in the pool imports this module.
 
 The line a pool prints on stdout once every worker is ready (``ready_line.py``) is its only
 readiness signal: no sleeps, no polling of ports.
@@ -16,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Self
 
-from ..supervisor.ready_line import Ready, parse_ready_line
+from .supervisor.ready_line import Ready, parse_ready_line
 
 LOOPBACK = "tcp://127.0.0.1:*"  # an ephemeral port: parallel runs never collide
 
