@@ -4,9 +4,9 @@ Composed with a :class:`~workerpool.supervisor.Supervisor`, it gives ``workerpoo
 the same supervision as ``serve`` (fresh processes, replacement, back-off, signals, watching
 the weight file) without a router: the workers connect to the router host's backend endpoint
 over TCP and register there. Each worker tells this host through a pipe when its model is
-built. New weights roll through the host one worker at a time: a new worker starts on the new
-file, and once it is ready an old one says goodbye to the router and leaves, so the host never
-serves with fewer than N workers.
+built. New weights roll through the host one worker at a time: the host asks for one worker
+over its count (``surge``), which starts on the new file, and once it is ready an old one says
+goodbye to the router and leaves, so the host never serves with fewer than N workers.
 """
 
 from __future__ import annotations
@@ -84,12 +84,23 @@ class HostRole:
     def child_exited(self, child: Child, why: str) -> None:
         self.roll_out()
 
+    def _older(self) -> list[Child]:
+        """Running workers of a generation before the newest."""
+        generation = self.pool.watcher.current.generation
+        return [c for c in self.pool.children.values() if not c.stopping and c.generation < generation]
+
+    @property
+    def surge(self) -> int:
+        """One worker over the count while older generations remain and none is leaving."""
+        children = self.pool.children.values()
+        return 1 if self._older() and not any(c.stopping for c in children) else 0
+
     def roll_out(self) -> None:
-        """Replace one worker of an older generation: start a new one, then stop an old one."""
+        """Replace one worker of an older generation: once the one over the count is ready, the
+        oldest of them leaves; the supervisor's count then starts the next."""
         pool = self.pool
-        generation = pool.watcher.current.generation
         active = [c for c in pool.children.values() if not c.stopping]
-        old = [c for c in active if c.generation < generation]
+        old = self._older()
         if pool.stopping or not old:
             return
         if pool.starter.pending or any(not c.ready for c in active):
@@ -98,8 +109,8 @@ class HostRole:
             pool.stop_child(min(old, key=lambda c: c.started))
         else:
             log.info("starting a worker on generation %d to replace one on generation %d",
-                     generation, old[0].generation)
-            pool.spawn()
+                     pool.watcher.current.generation, old[0].generation)
+            pool.manage_workers()
 
     def reload_done(self) -> bool:
         generation = self.pool.watcher.current.generation

@@ -292,6 +292,8 @@ class ServingRole:
     def reload_done(self) -> bool:
         return self.router.reload_complete()
 
+    surge = 0  # workers switch to new weights in place, one at a time: none starts for it
+
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
         return serve_line(path, size, model, workers, self.links.endpoint)
 

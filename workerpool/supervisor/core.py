@@ -22,6 +22,7 @@ from ..errors import ErrorCode
 from ..units import format_size
 from ..weights import reload
 from ..worker.spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
+from .headcount import Correction, correct
 from .loop import Loop
 from .process import Backoff, Child, Process, describe_exit
 from .ready_line import worker_count
@@ -37,15 +38,16 @@ KILLS_NAMED = 10  # pids a warning about workers killed at a stop names; the res
 
 
 class Supervisor:
-    """Spawns, reaps and replaces workers with back-off, scales on TTIN/TTOU, reloads on
-    HUP or a changed file, and shuts down gracefully on TERM/INT."""
+    """Keeps the worker count (``manage_workers``: replacing the dead, with back-off after
+    failed starts; TTIN/TTOU move its target), reloads on HUP or a changed file, and shuts down
+    gracefully on TERM/INT."""
 
     def __init__(self, config: PoolConfig, role: Role) -> None:
         self.config = config
         self.role = role
-        self.target = config.workers
+        self.target = config.workers  # what TTIN/TTOU move; the role may ask for more (surge)
         self.children: dict[int, Child] = {}
-        self.spawn_at: list[float] = []  # monotonic times of delayed (re)starts
+        self.spawn_at: list[float] = []  # monotonic times of restarts waiting out a back-off
         self.start_failures = Backoff()
         self.refusals = Backoff()
         self.announced = False
@@ -61,7 +63,6 @@ class Supervisor:
         self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
         self.watcher: reload.Watcher
         self._next_watch = 0.0
-        self.surplus = 0  # workers on the way that SIGTTOU asked for one fewer of
         self.starter: Starter = (
             TemplateStarter(self._started, self._start_failed, log_level=config.log_level,
                             model=lambda: self.config.model or self.watcher.current.model,
@@ -79,7 +80,8 @@ class Supervisor:
         self._check_memory_limit()
         if (crowded := self.config.crowding()) is not None:
             log.warning("%s", crowded)
-        self.loop.every_tick(self._duties, urgent=lambda: self.stopping)  # before the role's duties
+        self.loop.every_tick(self._duties, urgent=lambda: self.stopping,  # before the role's duties
+                             due=lambda: min(self.spawn_at, default=None))
         with ExitStack() as cleanup:
             self.signals.defer()
             self.starter.open(self.loop)  # first: a template is forked before any thread
@@ -93,8 +95,7 @@ class Supervisor:
                      worker_count(self.target), self.config.path, self.watcher.current.model, self.config.load,
                      "forked from a template" if self.config.start == "fork" else "spawned",
                      self.threads_per_worker, "" if self.threads_per_worker == 1 else "s")
-            for _ in range(self.target):
-                self.spawn()
+            self.manage_workers()
             self.announce_if_ready()
             while not self._finished():
                 self.loop.turn()
@@ -111,7 +112,7 @@ class Supervisor:
 
     def _duties(self) -> None:
         self.notifier.ping()
-        self._spawn_due()
+        self.manage_workers()
         self._watch()
         if self.reloading and not self.stopping and self.role.reload_done():
             self.reloading = False
@@ -147,6 +148,26 @@ class Supervisor:
 
     # Workers.
 
+    def manage_workers(self) -> None:
+        """Close the gap between the workers wanted and those running, starting or scheduled
+        (``headcount.py``): on every tick, and at once after an event that opens one."""
+        if self.stopping:
+            return
+        correction = self._correction()
+        if correction.cancel:
+            self.spawn_at = sorted(self.spawn_at)[:-correction.cancel]
+        for child in correction.stop:
+            self.stop_child(child)
+        for _ in range(correction.start):
+            self.spawn()
+
+    def _correction(self) -> Correction:
+        now = time.monotonic()
+        self.spawn_at = [t for t in self.spawn_at if t > now]  # those due count as missing
+        running = [c for c in self.children.values() if not c.stopping]
+        return correct(self.target + self.role.surge, running, self.starter.pending,
+                       len(self.spawn_at), self.watcher.current.generation)
+
     def spawn(self) -> None:
         """Start a worker; when the system refuses (no descriptors, no processes left), try
         again after a back-off instead of failing the pool."""
@@ -179,16 +200,10 @@ class Supervisor:
         self.loop.read(child.pidfd, lambda: self._reap(child))
         log.debug("started worker %d", child.pid)
         self.role.child_started(child)
-        if self.surplus:
-            self.surplus -= 1
-            self.stop_child(child)
 
     def _start_failed(self, order: StartOrder, why: str) -> None:
         order.abandon()
         if self.stopping:
-            return
-        if self.surplus:  # one fewer was asked for meanwhile: this one need not be retried
-            self.surplus -= 1
             return
         delay = self.start_failures.fail()
         log.error("cannot start a worker: %s; trying again in %.1fs", why, delay)
@@ -197,14 +212,6 @@ class Supervisor:
     def helper_pids(self) -> list[int]:
         """The pool's processes that are neither the supervisor nor a worker: the template."""
         return [] if self.starter.template is None else [self.starter.template.pid]
-
-    def _spawn_due(self) -> None:
-        now = time.monotonic()
-        due = [t for t in self.spawn_at if t <= now]
-        if due and not self.stopping:
-            self.spawn_at = [t for t in self.spawn_at if t > now]
-            for _ in due:
-                self.spawn()
 
     def _reap(self, child: Child) -> None:
         self.loop.forget(child.pidfd)
@@ -220,20 +227,19 @@ class Supervisor:
                       "mapped; publish new weights by rename (workerpool publish NEW.bpk %s)",
                       child.pid, self.config.path, self.config.path)
         self.check_weights("worker exit")
-        coming = len(self.spawn_at) + self.starter.pending
-        if sum(not c.stopping for c in self.children.values()) + coming < self.target:
+        if self._correction().start:  # not when the pool was over its count
             self._replace(child, code, why)
+        self.manage_workers()
 
     def _replace(self, child: Child, code: int, why: str) -> None:
-        """Start a replacement for a worker that died: at once, or after a back-off."""
+        """Say why a worker that died is replaced; a failed start waits out a back-off first
+        (``manage_workers`` starts the others at once)."""
         if code == EXIT_FILE_CHANGED:
             log.info("worker %d found %s replaced while it started; starting another",
                      child.pid, self.config.path)
-            self.spawn()
         elif code == EXIT_RECYCLED:
             log.info("worker %d recycled (its private memory passed --max-worker-memory); starting "
                      "a replacement", child.pid)
-            self.spawn()
         elif code == EXIT_REFUSED:  # the same file would be refused again: back off until it changes
             delay = self.refusals.fail()
             log.error("worker %d was refused by the router: its model does not fit; trying again in "
@@ -242,7 +248,6 @@ class Supervisor:
         elif child.ready:
             log.warning("worker %d %s; starting a replacement", child.pid, why)
             self.replacements += 1
-            self.spawn()
         else:
             delay = self.start_failures.fail()
             log.error("worker %d %s before it was ready; restarting in %.1fs (%d failed starts in a "

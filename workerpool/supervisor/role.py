@@ -63,6 +63,11 @@ class Role(Protocol):
     def roll_out(self) -> None:
         """The watcher accepted a new generation: move the workers to it."""
 
+    @property
+    def surge(self) -> int:
+        """Workers wanted over the target for now (a rollout that starts new ones before the
+        old ones leave)."""
+
     def reload_done(self) -> bool:
         """Whether every worker serves the newest generation."""
 

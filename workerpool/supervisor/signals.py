@@ -1,6 +1,7 @@
 """The supervisor's signals: a handler only writes to a wakeup pipe, and the loop calls
 ``handle_<name>`` here. TERM/INT stop the pool (the second one at once), TTIN/TTOU scale it by
-one worker, HUP looks at the weights, CHLD collects processes that are not workers.
+one worker (they move the target: the supervisor's ``manage_workers`` does the rest), HUP
+looks at the weights, CHLD collects processes that are not workers.
 """
 
 from __future__ import annotations
@@ -99,10 +100,7 @@ class Signals:
         pool = self.pool
         pool.target += 1
         log.info("SIGTTIN: adding a worker (now %d)", pool.target)
-        if pool.surplus:  # a worker on its way was to be stopped: keep it instead
-            pool.surplus -= 1
-        else:
-            pool.spawn()
+        pool.manage_workers()
 
     @_unless_stopping
     def handle_ttou(self) -> None:
@@ -112,14 +110,7 @@ class Signals:
             return
         pool.target -= 1
         log.info("SIGTTOU: removing a worker (now %d)", pool.target)
-        if pool.spawn_at:
-            pool.spawn_at.pop()
-            return
-        candidates = [c for c in pool.children.values() if not c.stopping]
-        if candidates:
-            pool.stop_child(min(candidates, key=lambda c: (c.ready, -c.started)))
-        elif pool.starter.pending > pool.surplus:  # all on their way: the next to arrive is stopped
-            pool.surplus += 1
+        pool.manage_workers()
 
     def handle_usr1(self) -> None:
         log.info("%s ignored: it is the signal that tells a worker, not the supervisor, to leave "

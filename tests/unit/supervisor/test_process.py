@@ -93,6 +93,8 @@ class IdleRole:
     def roll_out(self):
         pass
 
+    surge = 0
+
     def ready_line(self, path, size, model, workers):
         return ""
 
@@ -104,15 +106,43 @@ class OutOfDescriptors(SpawnStarter):
         raise OSError(errno.EMFILE, "Too many open files")
 
 
-def test_a_worker_that_cannot_be_started_is_retried_after_a_back_off(tmp_path, caplog):
+@pytest.fixture
+def starved(tmp_path):
+    """A supervisor of two workers whose starter can start none."""
     path = tmp_path / "m.bpk"
     models.generate_mlp(path, 64 * 1024, width=16)
-    supervisor = Supervisor(PoolConfig(path=str(path), workers=1, start="spawn"), IdleRole())
+    supervisor = Supervisor(PoolConfig(path=str(path), workers=2, start="spawn"), IdleRole())
     supervisor.starter = OutOfDescriptors(supervisor._started)
     supervisor.watcher = reload.Watcher(str(path), None)
+    return supervisor
+
+
+def test_a_worker_that_cannot_be_started_is_retried_after_a_back_off(starved, caplog):
     before = time.monotonic()
-    supervisor.spawn()
-    supervisor.spawn()
-    assert supervisor.children == {}
-    assert [round(t - before, 1) for t in supervisor.spawn_at] == [0.5, 1.0]
+    starved.manage_workers()
+    assert starved.children == {}
+    assert [round(t - before, 1) for t in starved.spawn_at] == [0.5, 1.0]
     assert "cannot start a worker: [Errno 24] Too many open files; trying again in 0.5s" in caplog.text
+    starved.manage_workers()  # the restarts are scheduled: nothing more is started before they are due
+    assert len(starved.spawn_at) == 2
+
+
+def test_ttin_and_ttou_move_the_target_and_the_count_follows(starved):
+    starved.manage_workers()
+    starved.signals.handle_ttin()
+    assert (starved.target, len(starved.spawn_at)) == (3, 3)
+    starved.signals.handle_ttou()
+    starved.signals.handle_ttou()
+    assert (starved.target, len(starved.spawn_at)) == (1, 1)
+    starved.signals.handle_ttou()  # the last worker stays
+    assert (starved.target, len(starved.spawn_at)) == (1, 1)
+
+
+def test_shutdown_drops_scheduled_restarts_and_ends_without_workers(starved):
+    starved.manage_workers()
+    starved.begin_shutdown("SIGTERM")
+    assert starved.spawn_at == []
+    starved.manage_workers()
+    assert starved.spawn_at == []
+    starved._shutdown_step()
+    assert starved._finished()

@@ -1,0 +1,40 @@
+"""The worker count rule without processes: what to start, which restarts to drop, whom to stop."""
+
+from __future__ import annotations
+
+from workerpool.supervisor.headcount import Correction, correct
+from workerpool.supervisor.process import Child
+
+
+def worker(pid: int, *, generation: int = 1, ready: bool = True, started: float = 0.0) -> Child:
+    return Child(pid, -1, None, started, generation=generation, token=str(pid), ready=ready)
+
+
+def test_the_missing_workers_are_started_counting_those_on_their_way():
+    running = [worker(1), worker(2)]
+    assert correct(5, running, starting=1, scheduled=1, generation=1) == Correction(start=1)
+    assert correct(4, running, starting=1, scheduled=1, generation=1) == Correction()
+
+
+def test_too_many_drops_scheduled_restarts_before_stopping_a_running_worker():
+    running = [worker(1, started=1.0), worker(2, started=2.0)]
+    assert correct(2, running, starting=0, scheduled=2, generation=1) == Correction(cancel=2)
+    assert correct(1, running, starting=0, scheduled=1, generation=1) == Correction(cancel=1, stop=(running[1],))
+
+
+def test_the_worker_stopped_is_of_an_older_generation_then_unready_then_the_newest():
+    old = worker(1, generation=1, started=1.0)
+    loading = worker(2, generation=2, ready=False, started=2.0)
+    newest = worker(3, generation=2, started=3.0)
+    settled = worker(4, generation=2, started=0.5)
+    running = [settled, newest, loading, old]
+    assert correct(3, running, starting=0, scheduled=0, generation=2).stop == (old,)
+    assert correct(2, running, starting=0, scheduled=0, generation=2).stop == (old, loading)
+    assert correct(1, running, starting=0, scheduled=0, generation=2).stop == (old, loading, newest)
+
+
+def test_a_start_under_way_is_left_to_arrive_rather_than_stopping_a_ready_worker():
+    running = [worker(1), worker(2)]
+    assert correct(2, running, starting=1, scheduled=0, generation=1) == Correction()
+    arrived = worker(3, ready=False, started=5.0)
+    assert correct(2, [*running, arrived], starting=0, scheduled=0, generation=1).stop == (arrived,)
