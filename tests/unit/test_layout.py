@@ -35,7 +35,8 @@ LAYERS: list[dict[str, list[str]]] = [
     {"control server": ["workerpool.control.server"], "ops": ["workerpool.ops"],
      "gateway": ["workerpool.gateway"]},
     {"pool": ["workerpool.pool"]},
-    {"cli": ["workerpool.cli", "workerpool.command", "workerpool.__main__"]},
+    {"cli": ["workerpool.cli", "workerpool.command", "workerpool.__main__"],
+     "testing": ["workerpool.testing"]},
 ]
 """The groups of each layer, lowest layer first, with the modules and packages they hold. A module
 belongs to the group naming it or its closest package (``workerpool`` itself: only its
