@@ -8,7 +8,8 @@ import os
 import sys
 import tempfile
 
-from .. import burnpack, linux, models
+from .. import burnpack, models
+from ..linux import procfs
 from ..units import format_size, parse_size
 from . import render
 from .arguments import add_model, add_source_and_destination, model_size
@@ -137,7 +138,7 @@ def _check_destination(destination: str, *, force: bool) -> None:
     if not force:
         raise CommandError(f"{destination} exists: give --force to replace it, or another name ({publish})",
                            exit_code=2)
-    serving = linux.processes_mapping(destination)
+    serving = procfs.processes_mapping(destination)
     if serving:
         raise CommandError(f"{destination} is mapped by process{'es' if len(serving) > 1 else ''} "
                            f"{', '.join(map(str, serving[:5]))}: a server serves it, so it is not replaced; "

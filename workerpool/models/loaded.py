@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import burnpack
-from ..linux import release_free_memory
+from ..linux.controls import release_free_memory
 from . import build_model, choose_model
 from .base import BuildOptions, ModelInputError
 from .contract import Contract, ModelOutputError

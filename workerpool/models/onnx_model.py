@@ -61,7 +61,8 @@ import numpy as np
 
 from .. import extras
 from ..errors import NotAJSONObject, exception_text, json_object
-from ..linux import private_resident, release_free_memory
+from ..linux.controls import release_free_memory
+from ..linux.procfs import private_resident
 from ..units import MiB
 from . import onnx_prepared
 from .base import BuildOptions, ModelError, ModelInputError

@@ -6,12 +6,12 @@ worker's USS holds every weight it touched, and RSS counts shared pages in full 
 PSS divides each page among the processes mapping it, so PSS summed over the workers is the
 honest total; anonymous memory (the heap) is what each added worker really costs.
 
-rss, uss, pss, shared and swap come from psutil (``memory_full_info`` reads
-``/proc/<pid>/smaps_rollup``); psutil has no RssAnon, VmPTE or per-file residency, so those come
-from ``/proc/<pid>/status`` and ``/proc/<pid>/smaps``. The kernel walks a process's page tables
-for each smaps file, so a ``status`` call costs about 5 ms per worker for a 64 MiB model and
-20 ms per worker for 1 GiB (measured on 2 cores: 42 ms and 150 ms for 8 workers), half of it
-for the weights' residency; the supervisor reads them on a thread beside its loop.
+rss, uss, pss and swap come from ``/proc/<pid>/smaps_rollup``, shared, anon and pte from
+``/proc/<pid>/status``, the weights' residency from ``/proc/<pid>/smaps`` (all read by
+``linux.procfs``). The kernel walks a process's page tables for each smaps file, so a
+``status`` call costs about 5 ms per worker for a 64 MiB model and 20 ms per worker for 1 GiB
+(measured on 2 cores: 42 ms and 150 ms for 8 workers), half of it for the weights' residency;
+the supervisor reads them on a thread beside its loop.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import psutil
-
-from ..linux import MappedFile
-from ..units import KiB
+from ..linux.procfs import MappedFile, file_figures, rollup_figures, status_figures
 
 MEMORY_FIELDS: dict[str, str] = {
     "rss": "resident memory, every page counted in full even when other processes share it",
@@ -43,9 +40,6 @@ TOTAL_FIELDS: dict[str, str] = {
     "workers": "workers whose memory could be read",
 }
 """One line on each pool figure in ``status``'s ``totals``."""
-
-_STATUS_FIELDS = {b"RssAnon:": "anon", b"VmPTE:": "pte"}
-
 
 @dataclass(frozen=True)
 class PoolMemory:
@@ -81,43 +75,18 @@ def pool_memory(pids: list[int], model_path: str, helpers: Sequence[int] = ()) -
 def _process_memory(pid: int, weights: MappedFile | None) -> dict[str, int] | None:
     """One process's figures in bytes, or None when it is gone (it may exit at any moment)."""
     try:
-        full = psutil.Process(pid).memory_full_info()
-        status = _status_figures(pid)
-        resident = _resident(pid, weights) if weights else 0
-    except (psutil.Error, OSError):
+        rollup = rollup_figures(pid)
+        status = status_figures(pid)
+        resident = file_figures(pid, weights).get("Rss", 0) if weights else 0
+    except OSError:
         return None
     return {
-        "rss": full.rss,
-        "uss": full.uss,
-        "pss": full.pss,
-        "shared": full.shared,
-        "anon": status.get("anon", 0),
-        "pte": status.get("pte", 0),
-        "swap": full.swap,
+        "rss": rollup.get("Rss", 0),
+        "uss": rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0),
+        "pss": rollup.get("Pss", 0),
+        "shared": status.get("RssFile", 0) + status.get("RssShmem", 0),
+        "anon": status.get("RssAnon", 0),
+        "pte": status.get("VmPTE", 0),
+        "swap": rollup.get("Swap", 0),
         "weights_resident": resident,
     }
-
-
-def _status_figures(pid: int) -> dict[str, int]:
-    """RssAnon and VmPTE from /proc/<pid>/status (in kB there), which psutil does not report."""
-    figures = {}
-    with open(f"/proc/{pid}/status", "rb") as f:
-        for line in f:
-            key = _STATUS_FIELDS.get(line.split(None, 1)[0])
-            if key:
-                figures[key] = int(line.split()[1]) * KiB
-    return figures
-
-
-def _resident(pid: int, weights: MappedFile) -> int:
-    """Rss of the mappings of ``weights`` in /proc/<pid>/smaps, in bytes."""
-    total = 0
-    matching = False
-    with open(f"/proc/{pid}/smaps", "rb") as f:
-        for line in f:
-            fields = line.split(None, 2)
-            if not fields[0].endswith(b":"):  # a mapping's first line
-                matching = weights.mapped_in(line)
-            elif matching and fields[0] == b"Rss:":
-                total += int(fields[1]) * KiB
-    return total

@@ -18,8 +18,8 @@ from typing import Any
 
 import psutil
 
-from .. import linux
 from ..control.status import TemplateStatus
+from ..linux import controls, procfs
 from ..worker import template
 from .loop import Loop
 from .process import Backoff, Process, describe_exit, python_env
@@ -68,7 +68,7 @@ class TemplateStarter:
         """Become a subreaper, then start the template. While this process runs no thread of
         its own yet, the template is forked from it: the supervisor, the template and every
         worker then share one interpreter's pages. Later (a restart) it is a fresh interpreter."""
-        linux.become_subreaper()
+        controls.become_subreaper()
         self._loop = loop
         loop.every_tick(self._duties)
         self._launch(fork=threading.active_count() == 1)
@@ -211,7 +211,7 @@ class TemplateStarter:
         worker a dying template forked but could not report is not one of ours: the router
         refuses it, as its token is unknown, and it exits.)"""
         ours = self.workers() | ({self.template.pid} if self.template else set())
-        children = linux.child_pids()
+        children = procfs.child_pids()
         if children is None:
             try:
                 children = {c.pid for c in psutil.Process().children()}

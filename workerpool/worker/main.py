@@ -27,13 +27,14 @@ import numpy as np
 import zmq
 from threadpoolctl import ThreadpoolController
 
-from .. import burnpack, linux, models, security
+from .. import burnpack, models, security
 from ..config.pool import POLLS_PER_HEARTBEAT
+from ..linux import controls, procfs
 from ..logs import setup_logging
 from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
-from ..units import MS_PER_SECOND, KiB, format_size
+from ..units import MS_PER_SECOND, format_size
 from .requests import Answer, handle_batch, handle_request, in_batch_order
 from .spec import (
     CONTROL_SIGNALS,
@@ -321,7 +322,8 @@ class MemoryBound:
         """Allow the limit beyond what is mapped now (never more than the inherited limits)."""
         soft, hard = self._inherited
         inherited = [limit for limit in (soft, hard) if limit != resource.RLIM_INFINITY]
-        bound = min([_mapped_data() + self.limit, *inherited])
+        mapped = procfs.status_figures()["VmData"]  # private writable mappings: what RLIMIT_DATA counts
+        bound = min([mapped + self.limit, *inherited])
         resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
 
     @contextlib.contextmanager
@@ -337,16 +339,7 @@ class MemoryBound:
 
     def private(self) -> int:
         """Resident private memory (RssAnon) in bytes."""
-        return linux.private_resident()
-
-
-def _mapped_data() -> int:
-    """Bytes of private writable mappings (VmData): what RLIMIT_DATA counts."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) * KiB
-    raise OSError("/proc/self/status has no VmData")
+        return procfs.private_resident()
 
 
 def _warm_up_blas() -> None:
@@ -381,8 +374,8 @@ def main(argv: Sequence[str] | None = None, handoff: list[LoadedModel] | None = 
     """A worker's life; ``handoff``: the model its template built for this order, if any."""
     spec = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
     parent = spec.parent if spec.parent is not None else os.getppid()
-    linux.set_name("wp-worker")
-    orphan = not linux.die_with_parent(parent)
+    controls.set_name("wp-worker")
+    orphan = not controls.die_with_parent(parent)
     for signum in CONTROL_SIGNALS:  # the supervisor's to handle, not the workers'
         signal.signal(signum, signal.SIG_IGN)
     setup_logging(spec.log_level)

@@ -33,7 +33,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .. import burnpack, linux, models
+from .. import burnpack, models
+from ..linux import controls
 from ..logs import LEVELS, setup_logging
 from ..models import mlp, mnist
 from ..models.loaded import LoadedModel
@@ -56,8 +57,8 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
     """Serve fork requests until the supervisor closes its end (or dies: then so does this)."""
     code = 1
     try:
-        linux.set_name("wp-template")
-        if not linux.die_with_parent(parent):
+        controls.set_name("wp-template")
+        if not controls.die_with_parent(parent):
             os._exit(1)
         devnull = os.open(os.devnull, os.O_RDONLY)  # as a spawned worker's stdin
         os.dup2(devnull, 0)
@@ -115,7 +116,7 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
         try:
             os.close(report_r)
             me = os.getpid()
-            linux.die_with_parent(os.getppid())  # a stopped intermediate must not outlive the pool
+            controls.die_with_parent(os.getppid())  # a stopped intermediate must not outlive the pool
             # The template ignores the stop signal, and an ignored signal is discarded: blocked,
             # one the supervisor sends before the worker sets its own action stays pending.
             signal.pthread_sigmask(signal.SIG_BLOCK, {STOP_SIGNAL})
@@ -256,8 +257,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                         help="the served model (package.module:factory): its module is imported now")
     parser.add_argument("--log-level", choices=LEVELS, default="info")
     args = parser.parse_args(argv)
-    linux.set_name("wp-template")
-    if not linux.die_with_parent(args.parent):  # first: a model's import may hang
+    controls.set_name("wp-template")
+    if not controls.die_with_parent(args.parent):  # first: a model's import may hang
         sys.exit(1)
     _ignore_the_supervisors_signals()
     os.environ.pop("OPENBLAS_NUM_THREADS", None)  # read when numpy loaded; not the workers' setting

@@ -9,7 +9,7 @@ from support import onnx_graphs
 from support.models import batch_outcomes
 
 from workerpool import burnpack, models
-from workerpool.linux import private_resident
+from workerpool.linux.procfs import private_resident
 from workerpool.models import ModelError, ModelInputError, onnx_layout, onnx_model
 from workerpool.models.loaded import LoadedModel
 

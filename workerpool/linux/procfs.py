@@ -1,75 +1,28 @@
-"""The few Linux process controls the pool relies on, through ``prctl(2)`` (and glibc's
-``malloc_trim``), reading a wake-up pipe empty, and what /proc says of processes: their
-children, and which of them map a file.
+"""What /proc says of processes: their memory, the mappings of a file, their children.
 
-Elsewhere they do nothing: the worker's loop still notices between requests that its
-supervisor is gone.
+Every reader of /proc in the pool is here, so a figure means the same wherever it is shown and
+one rule (:meth:`MappedFile.mapped_in`) tells whether a mapping is the model file. Figures are
+in bytes; a process is ``"self"`` or a pid. A process may exit while it is read: that is an
+``OSError`` for the caller to expect.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
-import signal
-import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-PR_SET_NAME = 15
-PR_SET_CHILD_SUBREAPER = 36
-NAME_MAX = 15  # bytes of a process name (the kernel's comm), without the terminating NUL
+from ..units import KiB
 
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _prctl(option: int, argument: int | bytes, what: str) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    value = ctypes.c_char_p(argument) if isinstance(argument, bytes) else ctypes.c_ulong(argument)
-    unused = ctypes.c_ulong(0)
-    if _libc().prctl(ctypes.c_int(option), value, unused, unused, unused):
-        raise OSError(ctypes.get_errno(), f"prctl({what}) failed")
-
-
-def die_with_parent(parent: int) -> bool:
-    """Have the kernel SIGKILL this process as soon as its parent dies, even in the middle of a
-    request. False when the parent is no longer ``parent``: it died before this took effect,
-    and nothing would kill this process."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
-    return os.getppid() == parent
-
-
-def become_subreaper() -> None:
-    """Have orphaned descendants reparented to this process instead of init: a worker forked by
-    the template (through a short-lived intermediate) becomes the supervisor's own child."""
-    _prctl(PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
-
-
-def set_name(name: str) -> None:
-    """The name ``ps -o comm``, ``top`` and ``pgrep`` show: forked processes share their
-    command line with the supervisor, so this is what tells them apart."""
-    _prctl(PR_SET_NAME, name.encode()[:NAME_MAX], "PR_SET_NAME")
-
-
-def release_free_memory() -> None:
-    """Give the pages the C heap holds free back to the system (glibc's ``malloc_trim``): what
-    a large pass freed otherwise stays the process's private memory. Elsewhere nothing."""
-    trim = getattr(_libc(), "malloc_trim", None) if sys.platform.startswith("linux") else None
-    if trim is not None:
-        trim(ctypes.c_size_t(0))
-
+Pid = int | str  # a pid, or "self"
 
 _statm: tuple[int, int] | None = None  # (pid, descriptor): /proc/self names the process that opened it
 
 
 def private_resident() -> int:
-    """Resident private memory in bytes (RssAnon): resident less file-backed and shared pages,
-    from ``/proc/self/statm``, kept open (one ``pread`` a call) as it is read after every
-    request; reopened in a forked child. 0 elsewhere."""
+    """This process's resident private memory in bytes (RssAnon): resident less file-backed and
+    shared pages, from ``/proc/self/statm``, kept open (one ``pread`` a call) as it is read
+    after every request; reopened in a forked child. 0 elsewhere."""
     global _statm
     pid = os.getpid()
     try:
@@ -81,14 +34,45 @@ def private_resident() -> int:
     return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
 
 
-def drain_pipe(fd: int) -> None:
-    """Read the non-blocking pipe ``fd`` empty: its bytes are wake-ups, not data."""
-    while True:
-        try:
-            if not os.read(fd, 4096):
-                return
-        except BlockingIOError:
-            return
+def status_figures(pid: Pid = "self") -> dict[str, int]:
+    """Every size in ``/proc/<pid>/status`` (VmData, VmPTE, RssAnon, RssFile, ...) by name."""
+    with open(f"/proc/{pid}/status", "rb") as status:
+        return _sizes(status)
+
+
+def rollup_figures(pid: Pid = "self") -> dict[str, int]:
+    """Every size in ``/proc/<pid>/smaps_rollup`` (Rss, Pss, Pss_Anon, Private_Dirty, Swap, ...)
+    by name: the sums over all the process's mappings."""
+    with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+        return _sizes(rollup)
+
+
+def file_figures(pid: Pid, mapped: MappedFile) -> dict[str, int]:
+    """The sizes of ``/proc/<pid>/smaps`` (Rss, Pss, ...) summed over the mappings of
+    ``mapped``; empty when the process maps none of it."""
+    with open(f"/proc/{pid}/smaps", "rb") as smaps:
+        return _sizes(_lines_of(smaps, mapped))
+
+
+def _lines_of(smaps: Iterable[bytes], mapped: MappedFile) -> Iterable[bytes]:
+    """The lines of the mappings of ``mapped`` in a smaps file, without their first lines."""
+    matching = False
+    for line in smaps:
+        if not line.split(None, 1)[0].endswith(b":"):  # a mapping's first line
+            matching = mapped.mapped_in(line)
+        elif matching:
+            yield line
+
+
+def _sizes(lines: Iterable[bytes]) -> dict[str, int]:
+    """``Name: <n> kB`` lines as {name: bytes}, summed where a name comes again."""
+    sizes: dict[str, int] = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 3 and fields[2] == b"kB" and fields[0].endswith(b":"):
+            name = fields[0][:-1].decode()
+            sizes[name] = sizes.get(name, 0) + int(fields[1]) * KiB
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -103,6 +87,7 @@ class MappedFile:
 
     @classmethod
     def of(cls, path: str) -> MappedFile | None:
+        """The file now at ``path``; None when there is none."""
         try:
             st = os.stat(path)
         except OSError:
@@ -114,7 +99,7 @@ class MappedFile:
         file: the same inode, and the same device or path (overlayfs shows the backing device).
 
         An older file renamed away keeps its mapping under the old path plus " (deleted)", but
-        not this inode, so a worker still running on it is not counted.
+        not this inode, so a process still running on it is not counted.
         """
         fields = line.split(None, 5)
         if len(fields) != 6 or int(fields[4]) != self.inode:
