@@ -1,17 +1,20 @@
-"""The package's shape: imports point down the layers, no cycles, nothing too large.
+"""The package's shape: imports point down the layers, the packages form a line, no cycles,
+nothing too large.
 
 The layers are the order a request's parts depend on each other (docs/architecture.md): a
 module may import from a lower layer, or from its own group; never from a higher layer or a
-sibling group of its own layer (the router and the worker know nothing of each other).
+sibling group of its own layer (the router and the worker know nothing of each other). Apart
+from the layers, no package imports one that imports it back, even where each module points
+down: two packages that lean on each other are one, or one of them holds a type the other owns.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import pytest
 from support.paths import ROOT
 
 PACKAGE = ROOT / "workerpool"
@@ -20,28 +23,27 @@ LAYERS: list[dict[str, list[str]]] = [
     {"utilities": ["workerpool", "workerpool.errors", "workerpool.units", "workerpool.endpoints",
                    "workerpool.runtime", "workerpool.logs", "workerpool.security", "workerpool.atomic",
                    "workerpool.linux", "workerpool.extras"]},
+    {"events": ["workerpool.events"]},
     {"config": ["workerpool.config"]},
     {"burnpack": ["workerpool.burnpack"]},
     {"protocol": ["workerpool.protocol"]},
     {"models": ["workerpool.models"]},
     {"codecs": ["workerpool.codecs"]},
-    {"clients": ["workerpool.client", "workerpool.control", "workerpool.control.client",
-                 "workerpool.control.status"]},
+    {"client": ["workerpool.client"], "control": ["workerpool.control"]},
     {"worker spec": ["workerpool.worker", "workerpool.worker.spec"]},
     {"weights": ["workerpool.weights"]},
     {"worker": ["workerpool.worker.main", "workerpool.worker.template", "workerpool.worker.child"],
      "router": ["workerpool.router"]},
     {"supervisor": ["workerpool.supervisor"]},
-    {"control server": ["workerpool.control.server"], "ops": ["workerpool.ops"],
-     "gateway": ["workerpool.gateway"]},
+    {"ops": ["workerpool.ops"], "gateway": ["workerpool.gateway"]},
     {"pool": ["workerpool.pool"]},
     {"cli": ["workerpool.cli", "workerpool.command", "workerpool.__main__"],
      "testing": ["workerpool.testing"]},
 ]
 """The groups of each layer, lowest layer first, with the modules and packages they hold. A module
 belongs to the group naming it or its closest package (``workerpool`` itself: only its
-``__init__``). ``workerpool.worker`` and ``workerpool.control`` as packages are their ``__init__``
-files, which import only what their layer may."""
+``__init__``). ``workerpool.worker`` as a package is its ``__init__`` file, which imports only
+what its layer may."""
 
 MAX_TOP_MODULES = 12
 MAX_CLASS_LINES = 300
@@ -115,23 +117,52 @@ def test_imports_point_down_the_layers() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_module_imports_itself_back_in_a_cycle() -> None:
-    graph = {module: {target for _, target in _imports(module, path, top_level_only=True)}
-             for module, path in _modules()}
+def _cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
+    """A path through ``graph`` that comes back to where it started, if there is one."""
     done: set[str] = set()
 
-    def visit(module: str, trail: list[str]) -> None:
-        if module in trail:
-            pytest.fail("import cycle: " + " -> ".join([*trail[trail.index(module):], module]))
-        if module in done:
-            return
-        for target in sorted(graph.get(module, ())):
-            if target != module and not module.startswith(target + "."):  # a package's own __init__
-                visit(target, [*trail, module])
-        done.add(module)
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        if node in trail:
+            return [*trail[trail.index(node):], node]
+        if node in done:
+            return None
+        for target in sorted(graph.get(node, ())):
+            if (found := visit(target, [*trail, node])) is not None:
+                return found
+        done.add(node)
+        return None
 
-    for module in graph:
-        visit(module, [])
+    return next((found for node in sorted(graph) if (found := visit(node, [])) is not None), None)
+
+
+def _package(module: str) -> str:
+    """The package ``module`` belongs to: the subpackage of ``workerpool`` holding it, or a
+    top-level module itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_module_imports_itself_back_in_a_cycle() -> None:
+    graph = {module: {target for _, target in _imports(module, path, top_level_only=True)
+                      if target != module and not module.startswith(target + ".")}  # its package's __init__
+             for module, path in _modules()}
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_packages_form_a_line() -> None:
+    """Every import counts here, those inside functions too: a package that imports another
+    only when called still depends on it."""
+    graph: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], str] = {}
+    for module, path in _modules():
+        for line, target in _imports(module, path):
+            edge = (_package(module), _package(target))
+            if edge[0] != edge[1]:
+                graph.setdefault(edge[0], set()).add(edge[1])
+                where.setdefault(edge, f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}")
+    cycle = _cycle(graph)
+    assert cycle is None, "packages that import each other:\n" + "\n".join(
+        where[edge] for edge in itertools.pairwise(cycle))
 
 
 def test_the_package_keeps_its_shape() -> None:

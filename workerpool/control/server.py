@@ -20,7 +20,7 @@ import zmq
 
 from .. import runtime
 from ..config.pool import StartupError
-from ..supervisor.loop import Loop
+from ..events.loop import Loop
 from . import client as control
 
 log = logging.getLogger(__name__)

@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..events.loop import Loop
 from ..logs import Throttle
 from ..router.intake import Intake
-from ..supervisor.loop import Loop
 from .connection import RECEIVE_BYTES, Connection
 from .http11 import Refusal, Request, response
 from .routes import Routes, error_reply

@@ -28,6 +28,7 @@ import zmq
 from .. import models, runtime, security
 from ..config.pool import STOP_TIMEOUT_SECONDS, ServeConfig, StartupError
 from ..control.server import ControlServer
+from ..events.loop import Loop
 from ..protocol import messages as protocol
 from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
@@ -36,7 +37,6 @@ from ..router.links import RouterLinks
 from ..router.registry import WorkerRecord
 from ..router.sockets import bind_sockets
 from ..supervisor.core import Supervisor
-from ..supervisor.loop import Loop
 from ..supervisor.process import Child
 from ..supervisor.ready_line import serve_line
 from ..units import MS_PER_SECOND, KiB, MiB, format_size

@@ -1,6 +1,6 @@
 """The supervisor (arbiter): keeps N worker processes alive, obeys signals, watches the weights.
 
-One thread runs one :class:`~workerpool.supervisor.loop.Loop`; signals reach it through
+One thread runs one :class:`~workerpool.events.loop.Loop`; signals reach it through
 :class:`~workerpool.supervisor.signals.Signals`. What differs between ``serve`` and ``workers``
 is the :class:`~workerpool.supervisor.role.Role` the supervisor is composed with (the local
 router with its control socket, or the uplink to a remote router); the supervisor itself is
@@ -19,11 +19,11 @@ from contextlib import ExitStack
 
 from ..config.pool import POLLS_PER_HEARTBEAT, PoolConfig, StartupError
 from ..errors import ErrorCode
+from ..events.loop import Loop
 from ..units import format_size
 from ..weights import reload
 from ..worker.spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
 from .headcount import Correction, correct
-from .loop import Loop
 from .process import Backoff, Child, Process, describe_exit
 from .ready_line import worker_count
 from .role import Role

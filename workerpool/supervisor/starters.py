@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..control.status import TemplateStatus
+from ..events.loop import Loop
 from ..worker.spec import TOKEN_ENV, WorkerSpec
-from .loop import Loop
 from .process import Child, Process, python_env
 
 TOKEN_BYTES = 16

@@ -19,9 +19,9 @@ from typing import Any
 import psutil
 
 from ..control.status import TemplateStatus
+from ..events.loop import Loop
 from ..linux import controls, procfs
 from ..worker import template
-from .loop import Loop
 from .process import Backoff, Process, describe_exit, python_env
 from .starters import Failed, Started, StartOrder
 

@@ -1,4 +1,4 @@
-"""The supervisor's event loop: one poll over sockets and file descriptors, plus duties.
+"""The pool's event loop: one poll over sockets and file descriptors, plus duties.
 
 Everything a pool reacts to (a request, a worker's message, a dead child's pidfd, a signal
 through the wakeup pipe, a control command) is a readable source with a handler, so events are
