@@ -63,3 +63,9 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, the lazy ones among them, rather than whatever submodules and helpers
+    this module holds at the moment: what completion and ``help`` show."""
+    return sorted([*__all__, "__version__"])

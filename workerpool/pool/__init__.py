@@ -1,17 +1,4 @@
-"""Running a pool: the supervisor composed with the role it plays, ``serve`` (the router and
-its control socket) or ``workers`` (local workers for a remote router).
+"""Running a pool (``run``): the supervisor composed with the role it plays, ``serve``
+(``serving``: the router, its control socket and their ``commands``) or ``workers`` (``host``:
+local workers for a remote router). ``exposure`` says what the settings leave open.
 """
-
-from __future__ import annotations
-
-from .run import (
-    StartupError,
-    run_host,
-    serve,
-)
-
-__all__ = [
-    "StartupError",
-    "run_host",
-    "serve",
-]

@@ -3,13 +3,3 @@ socket-free core (``core``: intake, registry, dispatch and batching, recovery an
 rollout, stats, which put what is to be sent in an ``outbox``) and its shell (``links``: the
 sockets, ``sockets`` binds them; ``connections``: the cap on client connections).
 """
-
-from __future__ import annotations
-
-from .core import (
-    Router,
-)
-
-__all__ = [
-    "Router",
-]
