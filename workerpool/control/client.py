@@ -1,4 +1,5 @@
-"""Talking to a running supervisor over its control socket (``status``, ``reload``)."""
+"""Talking to a running supervisor over its control socket (``status``, ``reload``, ``check``,
+``modules``)."""
 
 from __future__ import annotations
 

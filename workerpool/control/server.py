@@ -1,4 +1,5 @@
-"""The supervisor's control socket: a local ROUTER that answers ``status``, ``reload``, ``check``.
+"""The supervisor's control socket: a local ROUTER that answers ``status``, ``reload``, ``check``
+and ``modules``.
 
 Control is not authenticated, so it is only ever an ipc socket (mode 0600) in a directory
 only this user can enter (0700). The endpoint is claimed first (a socket file left by a dead server is removed; a live one is never

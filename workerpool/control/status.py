@@ -77,7 +77,6 @@ class Status(TypedDict):
     draining: bool  # stopping: new requests are refused
     degraded: str | None  # why the pool is not whole though it serves (new weights refused), or None
     supervisor_memory: MemoryFigures | None
-    supervisor_imports: list[str]  # top-level packages the supervisor has imported
     template: TemplateStatus | None  # None: workers are spawned (--start spawn)
     endpoint: str
     http: str | None  # the HTTP front door's URL, if --http was given

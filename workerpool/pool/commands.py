@@ -1,4 +1,5 @@
-"""``serve``'s control commands: ``status``, ``reload`` and ``check``, and the status document.
+"""``serve``'s control commands: ``status``, ``reload`` and ``check``, the status document, and
+``modules``, for debugging: the modules the supervisor has imported.
 
 Two answers wait: a ``reload`` until every worker serves its generation (or time is up), and a
 ``status`` with memory figures until a thread beside the loop has read them; ``answer_waiting``
@@ -37,7 +38,8 @@ class ControlCommands:
         self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
 
     def handlers(self) -> dict[str, Handler]:
-        return {"status": self._status, "reload": self._reload, "check": self._check}
+        return {"status": self._status, "reload": self._reload, "check": self._check,
+                "modules": self._modules}
 
     def close(self) -> None:
         self._memory_reader.shutdown(wait=True, cancel_futures=True)
@@ -63,6 +65,12 @@ class ControlCommands:
             return dict(self.status())
         self.status_waiters.append((client, memory))
         return None
+
+    def _modules(self, client: bytes, request: dict[str, Any]) -> dict[str, Any]:
+        """Every module this process has imported: what it serves with, and what the template it
+        forks shares with the workers. For debugging and for the tests that keep it lean, which
+        must see what a running supervisor loaded, not only what its modules import."""
+        return {"modules": sorted(sys.modules)}
 
     def _reload(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
         pool = self.role.pool
@@ -142,9 +150,6 @@ class ControlCommands:
             "draining": pool.stopping,
             "degraded": pool.watcher.degraded,
             "supervisor_memory": helpers.get(os.getpid()),
-            # The top-level packages this process has imported: what it serves with, and what
-            # it imports for the template it forks (whose workers share those pages).
-            "supervisor_imports": sorted({name.partition(".")[0] for name in list(sys.modules)}),
             "template": pool.starter.status(helpers),
             "endpoint": self.role.links.endpoint,
             "http": self.role.http_url,
