@@ -227,10 +227,15 @@ class TemplateStarter:
         while self._waiting and self._sock is not None:
             order = self._waiting[0]
             order_id = self._next_id
-            message = json.dumps({"id": order_id, "argv": order.spec.to_argv(), "token": order.token})
+            message = json.dumps({"id": order_id, "spec": order.spec.to_data(), "token": order.token}).encode()
+            if len(message) > template.MAX_ORDER_BYTES:  # the template would end at it
+                self._waiting.pop(0)
+                self.failed(order, f"its order is {len(message)} bytes, over the template's "
+                                   f"{template.MAX_ORDER_BYTES}")
+                continue
             fds = [] if order.ready_w is None else [order.ready_w]
             try:
-                socket.send_fds(self._sock, [message.encode()], fds)
+                socket.send_fds(self._sock, [message], fds)
             except OSError:  # full, or the template is dying: later, or to the next one
                 return
             self._waiting.pop(0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .spec import CONTROL_SIGNALS
+from .spec import CONTROL_SIGNALS, WorkerSpec
 
 
 def main() -> None:
@@ -22,7 +22,7 @@ def main() -> None:
     if role == "worker":
         from .main import main as run_worker
 
-        sys.exit(run_worker(argv))
+        sys.exit(run_worker(WorkerSpec.from_argv(argv)))
     from .template import main as run_template
 
     run_template(argv)

@@ -18,9 +18,8 @@ import os
 import resource
 import signal
 import socket
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -370,9 +369,9 @@ def thread_pools() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def main(argv: Sequence[str] | None = None, handoff: list[LoadedModel] | None = None) -> int:
-    """A worker's life; ``handoff``: the model its template built for this order, if any."""
-    spec = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
+def main(spec: WorkerSpec, handoff: list[LoadedModel] | None = None) -> int:
+    """A worker's life, spawned (``child``) or forked (``template``); ``handoff``: the model its
+    template built for this order, if any."""
     parent = spec.parent if spec.parent is not None else os.getppid()
     controls.set_name("wp-worker")
     orphan = not controls.die_with_parent(parent)

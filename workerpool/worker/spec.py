@@ -1,14 +1,15 @@
 """The contract between a supervisor and the worker processes it starts.
 
-A worker is a fresh interpreter (``python -m workerpool.worker.child worker``), so everything it needs to
-know crosses a command line. :class:`WorkerSpec` is that command line, typed: the supervisor
-builds one and calls :meth:`WorkerSpec.to_argv`; the worker calls :meth:`WorkerSpec.from_argv`.
+:class:`WorkerSpec` is everything a worker needs to know, typed; it checks its own values. A
+spawned worker is a fresh interpreter (``python -m workerpool.worker.child worker``), so its
+spec crosses a command line (:meth:`WorkerSpec.to_argv`, :meth:`WorkerSpec.from_argv`); a
+forked one's crosses the template's socket as a JSON object (:meth:`WorkerSpec.to_data`,
+:meth:`WorkerSpec.from_data`) and reaches the worker as a spec, never parsed as arguments.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import signal
 from collections.abc import Callable, Sequence
@@ -23,6 +24,9 @@ from ..config.pool import (
     LIVENESS_BEATS,
     LOAD_MODES,
 )
+
+MAX_TEXT = 4096  # characters of a path, endpoint or name in a spec (the kernel's PATH_MAX)
+MAX_NUMBERS = 8  # items of a list of numbers in a spec (a file identity has four)
 
 # Exit codes by which a worker tells its supervisor why it stopped.
 EXIT_LOAD_FAILED = 3  # the file or the model is unusable
@@ -39,13 +43,18 @@ STOP_SIGNAL = signal.SIGUSR1
 CONTROL_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTTIN, signal.SIGTTOU)
 
 
+class InvalidSpec(ValueError):
+    """What makes a spec's values no spec: said to whoever gave them."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerSpec:
     """What one worker serves and how it reaches its router.
 
     Each field is also an option of the worker's command line, ``--`` and its name: its type
     says how the option is parsed (``bool``: a switch, a list: JSON), its metadata adds the
-    option's help and choices. A field without a default is a required option.
+    option's help and choices. A field without a default is a required option. A spec that
+    breaks its types, sizes, choices or key pairs is not made: :class:`InvalidSpec` says why.
     """
 
     path: str  # the one positional argument
@@ -75,6 +84,32 @@ class WorkerSpec:
     cache_dir: str | None = field(default=None, metadata={
         "help": "where the model keeps what it prepares once per machine"})  # None: nothing
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            problem = _problem(f, getattr(self, f.name))
+            if problem:
+                raise InvalidSpec(f"{f.name}: {problem}")
+        unpaired = values.unpaired(("--curve-key", self.curve_key),
+                                   ("--curve-server-key", self.curve_server_key))
+        if unpaired:
+            raise InvalidSpec(unpaired)
+
+    def to_data(self) -> dict[str, Any]:
+        """Every field by name, as a JSON object holds them (``from_data`` reads it back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_data(cls, data: object) -> WorkerSpec:
+        """The spec ``to_data`` gave, arrived from another process: checked as any spec is,
+        and with no field unknown or missing."""
+        if not isinstance(data, dict):
+            raise InvalidSpec(f"a worker spec is a JSON object, not {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in data]
+        if unknown or missing:
+            raise InvalidSpec(f"unknown fields {unknown}, missing fields {missing}")
+        return cls(**data)
+
     def to_argv(self) -> list[str]:
         """The settings every worker is given, then those given only when set."""
         given = [f for f in fields(self) if not _unset(f.default)]
@@ -93,20 +128,41 @@ class WorkerSpec:
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> WorkerSpec:
         parser = build_parser()
-        args = parser.parse_args(argv)
-        unpaired = values.unpaired(("--curve-key", args.curve_key),
-                                   ("--curve-server-key", args.curve_server_key))
-        if unpaired:
-            parser.error(unpaired)
-        return cls(**vars(args))
+        try:
+            return cls(**vars(parser.parse_args(argv)))
+        except InvalidSpec as exc:
+            parser.error(str(exc))
 
 
 _PARSE: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "list[int]": json.loads}
 """How an option's text becomes its field's value, by the field's type (``str``: as it is)."""
 
 
+_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float),
+                                        "bool": (bool,), "list[int]": (list,)}
+"""The Python types a field's value may have, by the field's type."""
+
+
 def _kind(f: Field[Any]) -> str:
     return str(f.type).removesuffix(" | None")
+
+
+def _problem(f: Field[Any], value: object) -> str | None:
+    """What is wrong with ``value`` for the field ``f``, or None."""
+    kind = _kind(f)
+    if value is None:
+        return None if str(f.type).endswith(" | None") else "must be given"
+    if not isinstance(value, _TYPES[kind]) or (isinstance(value, bool) and kind != "bool"):
+        return f"{type(value).__name__} where {kind} belongs"
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        return f"{len(value)} characters, more than {MAX_TEXT}"
+    if isinstance(value, list) and (len(value) > MAX_NUMBERS or
+                                    not all(type(item) is int for item in value)):
+        return f"not a list of at most {MAX_NUMBERS} integers"
+    choices = f.metadata.get("choices")
+    if choices is not None and value not in choices:
+        return f"{value!r} is not one of {', '.join(choices)}"
+    return None
 
 
 def _flag(f: Field[Any]) -> str:
@@ -118,7 +174,6 @@ def _unset(value: object) -> bool:
     return value is None or value is False
 
 
-@functools.cache  # built once in a template, shared by the workers it forks
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workerpool-worker",
                                      description="One worker process; started by a supervisor.")

@@ -13,9 +13,13 @@ supervisor reaps it and reads its exit status itself, and the worker's parent-de
 follows the supervisor, not the template. A template that dies takes no worker with it.
 
 The supervisor and the template speak over a ``SOCK_SEQPACKET`` socket pair, one JSON object
-per message. The template says ``{"ready": true}`` once its imports are done; a request is
-``{"id": n, "argv": [...], "token": "..."}``, with at most one descriptor attached (a worker
-host's ready pipe), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}``.
+per message. The template says ``{"ready": true}`` once its imports are done; an order is
+``{"id": n, "spec": {...}, "token": "..."}`` (the spec as ``WorkerSpec.to_data`` gives it),
+with at most one descriptor attached (a worker host's ready pipe, which becomes the spec's
+``ready_fd``), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}``. The
+forked worker gets the checked spec itself: nothing is parsed again as a command line. An
+order over :data:`MAX_ORDER_BYTES`, or one without an id to answer, ends the template: the
+supervisor and it no longer understand each other.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from .. import burnpack, models
@@ -40,12 +45,13 @@ from ..models import mlp, mnist
 from ..models.loaded import LoadedModel
 from ..units import KiB
 from . import main as worker
-from . import spec as worker_spec
-from .spec import CONTROL_SIGNALS, STOP_SIGNAL, TOKEN_ENV
+from .spec import CONTROL_SIGNALS, STOP_SIGNAL, TOKEN_ENV, InvalidSpec, WorkerSpec
 
 log = logging.getLogger(__name__)
 
-MAX_ORDER_BYTES = 64 * KiB  # a worker's command line, as JSON
+MAX_ORDER_BYTES = 64 * KiB  # an order as JSON: the supervisor sends none larger
+MAX_TOKEN = 256  # characters of a worker's token (the supervisor's have 32)
+ORDER_KEYS = {"id", "spec", "token"}
 REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's child
 SHARED_MODELS = (mlp.NAME, mnist.NAME)  # built here for the workers (see _share_model)
 STALE_CHECK_SECONDS = 1.0  # how often an idle template looks whether its model's file is gone
@@ -66,7 +72,6 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         _ignore_the_supervisors_signals()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a model's import may have ignored it
         worker.thread_pools()  # built here once, for all the workers, rather than in each
-        worker_spec.build_parser()
         gc.collect()
         gc.freeze()  # what is here now is never traversed again: its pages stay shared
         sock.send(json.dumps({"ready": True}).encode())
@@ -74,15 +79,24 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
             if not select.select([sock], [], [], STALE_CHECK_SECONDS)[0]:
                 _drop_stale_model()
                 continue
-            data, fds, _, _ = socket.recv_fds(sock, MAX_ORDER_BYTES, 1)
+            size = sock.recv_into(bytearray(1), 1, socket.MSG_PEEK | socket.MSG_TRUNC)  # still unread
+            if size > MAX_ORDER_BYTES:
+                log.error("template %d: an order of %d bytes, over %d; exiting", os.getpid(), size,
+                          MAX_ORDER_BYTES)
+                break
+            data, fds, flags, _ = socket.recv_fds(sock, MAX_ORDER_BYTES, 1)
             if not data:
                 code = 0
                 break
             try:
-                reply = _fork_order(data, fds, sock)
+                reply = _fork_order(data, fds, bool(flags & socket.MSG_CTRUNC), sock)
             finally:
                 for fd in fds:
                     os.close(fd)
+            if reply is None:
+                log.error("template %d: an order without an id to answer, %r; exiting", os.getpid(),
+                          data[:100])
+                break
             sock.send(json.dumps(reply).encode())
     except BaseException:
         log.exception("template %d failed", os.getpid())
@@ -90,21 +104,52 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         os._exit(code)
 
 
-def _fork_order(data: bytes, fds: list[int], sock: socket.socket) -> dict[str, Any]:
-    order = json.loads(data)
-    argv = [str(arg) for arg in order["argv"]]
-    if fds:
-        argv += ["--ready-fd", str(fds[0])]
+class BadOrder(ValueError):
+    """An order the supervisor would not send: refused, and the supervisor told why."""
+
+
+def _fork_order(data: bytes, fds: list[int], truncated: bool, sock: socket.socket) -> dict[str, Any] | None:
+    """Fork the worker ``data`` orders and say which, or why not; None for no order at all.
+    ``truncated``: descriptors beyond the one an order may carry came and were dropped."""
+    order = _decoded(data)
+    if type(order.get("id")) is not int:
+        return None
     try:
-        _share_model(argv)
-        pid = fork_worker(argv, str(order["token"]), sock)
+        spec, token = _checked(order, fds, truncated)
+        _share_model(spec)
+        pid = fork_worker(spec, token, sock)
+    except (BadOrder, InvalidSpec) as exc:
+        return {"id": order["id"], "error": f"the template refused the order: {exc}"}
     except OSError as exc:
         return {"id": order["id"], "error": f"cannot fork a worker: {exc.strerror or exc}"}
     return {"id": order["id"], "pid": pid}
 
 
-def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
-    """Fork a worker for ``argv`` through an intermediate that exits at once; its pid."""
+def _decoded(data: bytes) -> dict[str, Any]:
+    """The JSON object ``data`` holds; empty when it holds none."""
+    try:
+        order = json.loads(data)
+    except ValueError:
+        return {}
+    return order if isinstance(order, dict) else {}
+
+
+def _checked(order: dict[str, Any], fds: list[int], truncated: bool) -> tuple[WorkerSpec, str]:
+    """The spec an order carries, its ``ready_fd`` the descriptor attached (if any), and the
+    worker's token."""
+    if set(order) != ORDER_KEYS:
+        raise BadOrder(f"its keys are {sorted(order)}, not {sorted(ORDER_KEYS)}")
+    if truncated:
+        raise BadOrder("more than one descriptor came with it")
+    token = order["token"]
+    if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:
+        raise BadOrder(f"its token is not a string of 1 to {MAX_TOKEN} characters")
+    spec = WorkerSpec.from_data(order["spec"])
+    return replace(spec, ready_fd=fds[0] if fds else None), token
+
+
+def fork_worker(spec: WorkerSpec, token: str, sock: socket.socket) -> int:
+    """Fork a worker for ``spec`` through an intermediate that exits at once; its pid."""
     report_r, report_w = os.pipe()
     try:
         intermediate = os.fork()
@@ -127,7 +172,7 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
                 raise
             if pid == 0:
                 os.close(report_w)
-                _become_worker(argv, token, sock, me)
+                _become_worker(spec, token, sock, me)
             os.write(report_w, str(pid).encode())
         finally:
             os._exit(0)
@@ -146,7 +191,7 @@ def fork_worker(argv: list[str], token: str, sock: socket.socket) -> int:
     return int(reported)
 
 
-def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediate: int) -> NoReturn:
+def _become_worker(spec: WorkerSpec, token: str, sock: socket.socket, intermediate: int) -> NoReturn:
     """In the forked worker: shed what is the template's, then run the worker's main (handing
     it the model built for its order, in a list it empties: no frame keeps the model then, and
     a reload frees it)."""
@@ -165,7 +210,7 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
         os.environ[TOKEN_ENV] = token
         handoff = [] if _shared is None else [_shared[1]]
         _shared = None
-        code = worker.main(argv, handoff)
+        code = worker.main(spec, handoff)
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -177,8 +222,8 @@ def _become_worker(argv: list[str], token: str, sock: socket.socket, intermediat
         os._exit(code)
 
 
-def _share_model(argv: list[str]) -> None:
-    """Make ``_shared`` the model a worker ordered with ``argv`` serves, built here once for
+def _share_model(spec: WorkerSpec) -> None:
+    """Make ``_shared`` the model a worker ordered with ``spec`` serves, built here once for
     every worker forked on it, or None (the worker loads its own).
 
     Building a model runs much code (reading and checking the file, making the views), and
@@ -189,11 +234,6 @@ def _share_model(argv: list[str]) -> None:
     file. The previous model is dropped first, so the template maps one generation at most.
     """
     global _shared
-    try:
-        spec = worker_spec.WorkerSpec.from_argv(argv)
-    except SystemExit:
-        _shared = None
-        return  # the worker says what is wrong with its command line
     key = (spec.path, spec.source, spec.model, spec.load, spec.generation, spec.expect)
     if _shared is not None and _shared[0] == key:
         return

@@ -1,0 +1,80 @@
+"""``WorkerSpec`` as data (the fork path) and as a command line (the spawn path): what a spec
+holds survives either, and what is no spec is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workerpool.worker.spec import MAX_NUMBERS, MAX_TEXT, InvalidSpec, WorkerSpec
+
+SPECS = [
+    WorkerSpec(path="/m.bpk", backend="ipc:///tmp/b"),
+    WorkerSpec(path="/weights dir/m.bpk", backend="tcp://10.0.0.1:5556", model="pkg.mod:factory",
+               load="copy", generation=7, expect=[1, 2, 3, 4], heartbeat=0.25, liveness=3,
+               log_level="debug", remote=True, ready_fd=9, curve_key="/k/me.key_secret",
+               curve_server_key="/k/server.key", max_memory=1 << 30, parent=12, threads=2,
+               cache_dir="/var/cache/wp"),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_spec_survives_json_as_data(spec):
+    assert WorkerSpec.from_data(json.loads(json.dumps(spec.to_data()))) == spec
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_spec_survives_the_command_line(spec):
+    assert WorkerSpec.from_argv(spec.to_argv()) == spec
+
+
+def test_a_whole_number_is_a_float_field_value():
+    assert WorkerSpec.from_data({"path": "/m.bpk", "backend": "ipc:///b", "heartbeat": 2}).heartbeat == 2
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"generation": "7"}, "generation: str where int belongs"),
+    ({"generation": True}, "generation: bool where int belongs"),
+    ({"remote": 1}, "remote: int where bool belongs"),
+    ({"heartbeat": "1"}, "heartbeat: str where float belongs"),
+    ({"backend": None}, "backend: must be given"),
+    ({"path": "/" * (MAX_TEXT + 1)}, f"path: {MAX_TEXT + 1} characters, more than {MAX_TEXT}"),
+    ({"expect": [1, "2"]}, "expect: not a list of at most"),
+    ({"expect": list(range(MAX_NUMBERS + 1))}, "expect: not a list of at most"),
+    ({"expect": {"0": 1}}, "expect: dict where list[int] belongs"),
+    ({"load": "borrow"}, "load: 'borrow' is not one of"),
+    ({"curve_key": "/k/me.key_secret"}, "--curve-key and --curve-server-key go together"),
+    ({"size": 1}, "unknown fields ['size']"),
+], ids=lambda value: str(value)[:40])
+def test_data_that_breaks_the_spec_is_refused_with_the_reason(change, reason):
+    data = {**SPECS[0].to_data(), **change}
+    with pytest.raises(InvalidSpec, match="^" + reason.replace("[", r"\[").replace("]", r"\]")):
+        WorkerSpec.from_data(data)
+
+
+@pytest.mark.parametrize("data", [None, [], "spec", 7])
+def test_a_spec_is_a_json_object(data):
+    with pytest.raises(InvalidSpec, match="a worker spec is a JSON object"):
+        WorkerSpec.from_data(data)
+
+
+def test_a_required_field_missing_from_data_is_named():
+    with pytest.raises(InvalidSpec, match=r"missing fields \['backend'\]"):
+        WorkerSpec.from_data({"path": "/m.bpk"})
+
+
+def test_a_spec_made_in_python_is_checked_too():
+    with pytest.raises(InvalidSpec, match="load"):
+        WorkerSpec(path="/m.bpk", backend="ipc:///b", load="borrow")
+
+
+@pytest.mark.parametrize("argv", [
+    ["/m.bpk", "--backend", "ipc:///b", "--load", "borrow"],
+    ["/m.bpk", "--backend", "tcp://h:1", "--curve-key", "/k/me.key_secret"],
+    ["/" * (MAX_TEXT + 1), "--backend", "ipc:///b"],
+])
+def test_a_command_line_that_breaks_the_spec_is_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        WorkerSpec.from_argv(argv)
+    assert exit.value.code == 2 and "workerpool-worker: error:" in capsys.readouterr().err
