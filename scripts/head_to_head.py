@@ -42,25 +42,17 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
-from bench import (
-    Scratch,
-    at_least_one,
-    drive,
-    levels,
-    load_average,
-    print_load_averages,
-    scratch_run,
-    warm_workerpool,
-    write_figures,
-)
-from compare import Load
-from compare_gunicorn import gunicorn_server, http_drive, http_request, warm_gunicorn
-from server_memory import tree_memory
+from benchlib.arguments import add_count, add_json, add_size, levels, parser_for
+from benchlib.gunicorn import gunicorn_warmed
+from benchlib.http_load import http_drive, http_request
+from benchlib.memory import tree_memory
+from benchlib.pools import WarmPool, warmed_pool
+from benchlib.runs import Load, load_average, print_load_averages, scratch_run, write_figures
+from benchlib.zmq_load import drive
 
 import workerpool
 from workerpool.protocol import messages as protocol
-from workerpool.testing import NotReady, ServerProcess, serve_args
-from workerpool.units import MiB, format_size, parse_size
+from workerpool.units import MiB, format_size
 
 LIBRARY_CALLS_WARMUP = 20  # calls through each library client before the timed ones
 WORKERPOOL, GUNICORN = "workerpool", "gunicorn"
@@ -73,34 +65,19 @@ WORKERPOOL_OPTIONS: list[str] = []  # more options of workerpool serve (--http)
 
 
 @contextmanager
-def workerpool_server(load: Load, name: str) -> Iterator[tuple[int, str, set[int]]]:
-    """``workerpool serve --start fork`` on ``load.model``; its pid, endpoint and the pids of the
-    workers, once each has answered."""
-    args = serve_args(load.model, load.workers, "--start", "fork", "--threads-per-worker",
-                      str(load.blas_threads), "--control", f"ipc://{load.directory}/control-{name}.sock",
-                      "--log-level", "warning", *WORKERPOOL_OPTIONS)
-    try:
-        with ServerProcess(args, log_path=os.path.join(load.directory, f"{name}.log")) as server:
-            assert server.proc is not None
-            workers = warm_workerpool(server.endpoint, protocol.encode_request(0, load.row), load.workers)
-            yield server.proc.pid, server.endpoint, workers
-    except NotReady as exc:
-        raise RuntimeError(str(exc)) from None
-
-
-@contextmanager
-def gunicorn_warmed(load: Load) -> Iterator[tuple[int, int, set[int]]]:
-    """``gunicorn --preload`` on ``load.model``; the arbiter's pid, the port and the workers' pids."""
-    with gunicorn_server(load) as (proc, port):
-        workers = warm_gunicorn(proc, port, http_request(load.row.tobytes()), load.workers)
-        yield proc.pid, port, workers
+def workerpool_server(load: Load, name: str) -> Iterator[WarmPool]:
+    """``workerpool serve --start fork`` on ``load.model``, once each worker has answered."""
+    with warmed_pool(load.model, load.workers, load.directory, name, protocol.encode_request(0, load.row),
+                     "--start", "fork", "--threads-per-worker", str(load.blas_threads),
+                     *WORKERPOOL_OPTIONS) as pool:
+        yield pool
 
 
 def server_memory(load: Load, server: str) -> dict[str, Any]:
     """The memory of ``server`` running alone on ``load``, every worker having answered."""
     if server == WORKERPOOL:
-        with workerpool_server(load, "memory") as (pid, _, workers):
-            return tree_memory(pid, load.model, workers)
+        with workerpool_server(load, "memory") as pool:
+            return tree_memory(pool.pid, load.model, pool.workers)
     with gunicorn_warmed(load) as (pid, _, workers):
         return tree_memory(pid, load.model, workers)
 
@@ -119,7 +96,7 @@ def memory_runs(load: Load, runs: int) -> dict[str, list[dict[str, Any]]]:
 # Speed: both servers up, driven in turn.
 
 
-def library_calls(call: Callable[[], None], seconds: float) -> dict[str, Any]:
+def library_calls(call: Callable[[], object], seconds: float) -> dict[str, Any]:
     """One call at a time for ``seconds``, after a warm-up: calls/s and p50."""
     for _ in range(LIBRARY_CALLS_WARMUP):
         call()
@@ -142,7 +119,7 @@ def speed_rounds(load: Load, rounds: int, seconds: float) -> dict[str, dict[str,
     body = load.row.tobytes()
     figures: dict[str, dict[str, list[dict[str, Any]]]] = {WORKERPOOL: {}, GUNICORN: {}}
     with ExitStack() as stack:
-        _, endpoint, _ = stack.enter_context(workerpool_server(load, "speed"))
+        endpoint = stack.enter_context(workerpool_server(load, "speed")).endpoint
         _, port, _ = stack.enter_context(gunicorn_warmed(gunicorn_load))
         client = stack.enter_context(workerpool.Client(endpoint, timeout=30))
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -158,7 +135,7 @@ def speed_rounds(load: Load, rounds: int, seconds: float) -> dict[str, dict[str,
         drives: dict[str, Callable[[int], dict[str, Any]]] = {
             WORKERPOOL: lambda k: drive(endpoint, frames, k, seconds),
             GUNICORN: lambda k: http_drive(port, http_request(body), k, seconds)}
-        clients: dict[str, Callable[[], None]] = {WORKERPOOL: lambda: client.infer(load.row),
+        clients: dict[str, Callable[[], object]] = {WORKERPOOL: lambda: client.infer(load.row),
                                                   GUNICORN: http_call}
         for number in range(rounds):
             order = (WORKERPOOL, GUNICORN) if number % 2 == 0 else (GUNICORN, WORKERPOOL)
@@ -248,34 +225,23 @@ def figure(runs: list[dict[str, Any]], role: str, key: str) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--tables", choices=("both", "speed", "memory"), default="both",
                         help="which tables to make (default: both)")
-    parser.add_argument("--speed-size", type=parse_size, default=parse_size("4MiB"),
-                        help="mlp size of the speed table (default: 4MiB)")
-    parser.add_argument("--speed-workers", type=at_least_one, default=2,
-                        help="workers of each server in the speed table (default: 2)")
+    add_size(parser, "--speed-size", "4MiB", "mlp size of the speed table")
+    add_count(parser, "--speed-workers", 2, "workers of each server in the speed table")
     parser.add_argument("--in-flight", type=levels, default="1,16,64",
                         help="comma-separated requests in flight (default: 1,16,64)")
-    parser.add_argument("--rounds", type=at_least_one, default=5,
-                        help="alternating rounds of the speed table (default: 5)")
+    add_count(parser, "--rounds", 5, "alternating rounds of the speed table")
     parser.add_argument("--seconds", type=float, default=1.0,
                         help="per figure, server and round (default: 1)")
-    parser.add_argument("--memory-size", type=parse_size, default=parse_size("256MiB"),
-                        help="mlp size of the memory table (default: 256MiB)")
-    parser.add_argument("--memory-workers", type=at_least_one, default=8,
-                        help="workers of each server in the memory table (default: 8)")
-    parser.add_argument("--memory-runs", type=at_least_one, default=2,
-                        help="alternating runs of each server for the memory table (default: 2)")
+    add_size(parser, "--memory-size", "256MiB", "mlp size of the memory table")
+    add_count(parser, "--memory-workers", 8, "workers of each server in the memory table")
+    add_count(parser, "--memory-runs", 2, "alternating runs of each server for the memory table")
     parser.add_argument("--http", action="store_true",
                         help="run workerpool with its HTTP front door open too (--http on a free port)")
-    parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
+    add_json(parser)
     return parser.parse_args(argv)
-
-
-def load_for(run: Scratch, workers: int, args: argparse.Namespace) -> Load:
-    blas_threads = max(1, len(os.sched_getaffinity(0)) // workers)
-    return Load(run.model, workers, blas_threads, 1, run.row, args.in_flight, args.seconds, run.directory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,13 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {}
     if args.tables in ("both", "speed"):
         with scratch_run("head-to-head", args.speed_size) as run:
-            load = load_for(run, args.speed_workers, args)
+            load = Load.of(run, args.speed_workers, args.in_flight, args.seconds)
             figures["speed_memory"] = memory_runs(load, 1)
             figures["speed"] = speed_rounds(load, args.rounds, args.seconds)
             print_speed(load, figures["speed_memory"], figures["speed"], args.rounds, args.seconds)
     if args.tables in ("both", "memory"):
         with scratch_run("head-to-head", args.memory_size) as run:
-            load = load_for(run, args.memory_workers, args)
+            load = Load.of(run, args.memory_workers, args.in_flight, args.seconds)
             figures["memory"] = memory_runs(load, args.memory_runs)
             print_memory(load, figures["memory"])
     loads = (start_load, load_average())

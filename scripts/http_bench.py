@@ -3,7 +3,7 @@ same model.
 
 One pool (``workerpool serve --http``, 2 workers, a 4 MiB ``mlp``, one-row float32 requests) is
 driven by wrk over keep-alive connections with binary KServe v2 bodies, and by the ZeroMQ
-client (``bench.drive``) on the same pool; ``gunicorn --preload`` (``compare_app``, gthread
+client (``benchlib.zmq_load.drive``) on the same pool; ``gunicorn --preload`` (``compare_app``, gthread
 workers, keep-alive, the same BLAS budget) and Mosec (``compare_app/mosec_app.py``: its Rust
 front, 2 Python workers, dynamic batching up to 16) are driven by wrk with the same row as raw
 bytes. Each round runs the servers in turn, the order rotating; the table gives the medians of
@@ -16,138 +16,59 @@ answer that was not 200. Mosec runs where it is installed (``pip install mosec``
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import importlib.util
-import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
-from bench import drive, load_average, scratch_run, warm_workerpool
-from compare import Load
-from compare_gunicorn import APP_DIR, gunicorn_server, stop_session
+from benchlib.arguments import rounds_arguments
+from benchlib.cpu import with_supervisor_cpu
+from benchlib.gunicorn import gunicorn_server
+from benchlib.http_load import kserve_body
+from benchlib.paths import SCRIPTS_DIR
+from benchlib.pools import http_pool
+from benchlib.runs import Load, load_average, require_commands, scratch_run
+from benchlib.servers import free_port, stop_session, wait_for_http
+from benchlib.wrk import run_wrk, wrk_post_script
+from benchlib.zmq_load import drive
 
 from workerpool.protocol import messages as protocol
-from workerpool.testing import ServerProcess, serve_args
 
 LEVELS = (1, 16, 64)
-UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}  # as wrk prints a latency
+
+Runs = dict[str, list[dict[str, Any]]]  # a server's name: its figures at each level
 
 
-def wrk_script(path: str, body: bytes, headers: dict[str, str]) -> str:
-    """A wrk Lua script that POSTs ``body`` (kept in a file beside it) with ``headers``."""
-    with open(path + ".body", "wb") as file:
-        file.write(body)
-    lines = [f'local f = io.open("{path}.body", "rb"); wrk.body = f:read("*all"); f:close()',
-             'wrk.method = "POST"']
-    lines += [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
-    with open(path, "w") as file:
-        file.write("\n".join(lines) + "\n")
-    return path
-
-
-def run_wrk(url: str, script: str, connections: int, seconds: float) -> dict[str, Any]:
-    done = subprocess.run(wrk_command(url, script, connections, seconds), capture_output=True, text=True,
-                          check=True)
-    return wrk_figures(done.stdout)
-
-
-def wrk_command(url: str, script: str, connections: int, seconds: float,
-                timeout: float | None = None) -> list[str]:
-    """wrk on one thread with ``--latency``; ``timeout``: its per-request timeout (default 2 s)."""
-    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", script, "--latency", url]
-    return command if timeout is None else [*command, "--timeout", f"{timeout:g}s"]
-
-
-def wrk_figures(out: str) -> dict[str, Any]:
-    """What wrk printed: requests/s and their count, p50 and p99 latency (microseconds), the
-    answers that were not 2xx or 3xx, and the socket errors (timeouts among them); latencies
-    are 0 when no request completed."""
-
-    def found(pattern: str) -> re.Match[str]:
-        match = re.search(pattern, out, re.MULTILINE)
-        if match is None:
-            raise RuntimeError(f"no {pattern!r} in wrk's output:\n{out}")
-        return match
-
-    def latency(percent: str) -> float:
-        value, unit = found(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s|m|h)\s*$").groups()
-        return float(value) * UNITS[unit]
-
-    failed = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    errors = re.search(r"Socket errors: (.*)", out)
-    return {"rps": float(found(r"Requests/sec:\s+([\d.]+)").group(1)),
-            "requests": int(found(r"(\d+) requests in").group(1)),
-            "p50_us": latency("50"), "p99_us": latency("99"),
-            "failed": int(failed.group(1)) if failed else 0, "socket_errors": errors.group(1) if errors else ""}
-
-
-def kserve_body(row) -> tuple[bytes, dict[str, str]]:
-    head = json.dumps({"inputs": [{"name": "input", "shape": list(row.shape), "datatype": "FP32",
-                                   "parameters": {"binary_data_size": row.nbytes}}],
-                       "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}).encode()
-    return head + row.tobytes(), {"Content-Type": "application/octet-stream",
-                                  "Inference-Header-Content-Length": str(len(head))}
-
-
-@contextlib.contextmanager
-def pool(load: Load, port: int, *extra: str) -> Iterator[ServerProcess]:
-    args = serve_args(load.model, load.workers, "--http", f"127.0.0.1:{port}", "--model-name", "mlp",
-                      "--threads-per-worker", str(load.blas_threads), *extra,
-                      "--control", f"ipc://{load.directory}/control.sock", "--log-level", "warning")
-    with ServerProcess(args, log_path=os.path.join(load.directory, "workerpool.log")) as server:
-        warm_workerpool(server.endpoint, protocol.encode_request(0, load.row), load.workers)
-        yield server
-
-
-def run_pool(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, list[dict]]:
+def run_pool(load: Load, scripts: dict[str, str], seconds: float) -> Runs:
+    """One pool with its HTTP front door open, driven at each level by wrk, then by the ZeroMQ
+    client; the supervisor's CPU per request with each."""
     port = free_port()
-    with pool(load, port) as server:
+    frames = protocol.encode_request(0, load.row)
+    with http_pool(load, port) as pool:
         url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
         run_wrk(url, scripts["kserve"], 16, 1)  # warm the gateway and its connections
         http, zmq = [], []
         for k in LEVELS:
-            http.append(with_supervisor_cpu(server.proc.pid, lambda k=k: run_wrk(url, scripts["kserve"], k, seconds),
-                                            seconds))
-            zmq.append(with_supervisor_cpu(server.proc.pid, lambda k=k: drive(
-                server.endpoint, protocol.encode_request(0, load.row), k, seconds), seconds))
+            http.append(with_supervisor_cpu(pool.pid, partial(run_wrk, url, scripts["kserve"], k, seconds), seconds))
+            zmq.append(with_supervisor_cpu(pool.pid, partial(drive, pool.endpoint, frames, k, seconds), seconds))
     return {"http": http, "zmq": zmq}
 
 
-def with_supervisor_cpu(pid: int, run: Callable[[], dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """``run()``'s figures, with the supervisor's CPU per request over it (µs, every thread of
-    the process, from /proc)."""
-    before = process_cpu(pid)
-    figures = run()
-    figures["supervisor_us"] = (process_cpu(pid) - before) / (figures["rps"] * seconds) * 1e6
-    return figures
-
-
-def process_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run_gunicorn(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, list[dict]]:
+def run_gunicorn(load: Load, scripts: dict[str, str], seconds: float) -> Runs:
     with gunicorn_server(load) as (_, port):
         url = f"http://127.0.0.1:{port}/"
         run_wrk(url, scripts["raw"], 16, 1)
         return {"gunicorn": [run_wrk(url, scripts["raw"], k, seconds) for k in LEVELS]}
 
 
-def run_mosec(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, list[dict]]:
+def run_mosec(load: Load, scripts: dict[str, str], seconds: float) -> Runs:
     port = free_port()
     env = {**os.environ, "COMPARE_MODEL": load.model, "COMPARE_WORKERS": str(load.workers),
            "COMPARE_THREADS": str(load.blas_threads), "COMPARE_MAX_BATCH": "16"}
-    command = [sys.executable, os.path.join(APP_DIR, "compare_app", "mosec_app.py"), "--port", str(port),
+    command = [sys.executable, os.path.join(SCRIPTS_DIR, "compare_app", "mosec_app.py"), "--port", str(port),
                "--address", "127.0.0.1", "--log-level", "warning"]
     with open(os.path.join(load.directory, "mosec.log"), "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, start_new_session=True)
@@ -160,49 +81,21 @@ def run_mosec(load: Load, scripts: dict[str, str], seconds: float) -> dict[str, 
         stop_session(proc)
 
 
-def wait_for_http(url: str, body: bytes, proc: subprocess.Popen[bytes], patience: float = 60.0) -> None:
-    """Until ``url`` answers a POST of ``body`` with 200 (the server has started its workers)."""
-    import urllib.error
-    import urllib.request
-
-    give_up = time.monotonic() + patience
-    while time.monotonic() < give_up and proc.poll() is None:
-        request = urllib.request.Request(url, data=body, method="POST")
-        with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(request, timeout=5) as reply:
-            if reply.status == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {patience:g}s")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def median_of(runs: list[list[dict]], index: int, key: str) -> float:
+def median_of(runs: list[list[dict[str, Any]]], index: int, key: str) -> float:
     return statistics.median(run[index][key] for run in runs)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        sys.exit("http_bench: needs wrk (apt-get install wrk)")
+    args = rounds_arguments(__doc__, rounds=3, seconds=5.0)
+    require_commands("http_bench", "wrk")
     with scratch_run("http_bench", 4 * 1024 * 1024) as scratch:
         row = scratch.row
-        load = Load(model=scratch.model, workers=2, blas_threads=1, gthreads=4, row=row, levels=list(LEVELS),
-                    seconds=args.seconds, directory=scratch.directory)
+        load = Load.of(scratch, 2, list(LEVELS), args.seconds, blas_threads=1, gthreads=4)
         body, headers = kserve_body(row)
-        scripts = {"kserve": wrk_script(os.path.join(scratch.directory, "kserve.lua"), body, headers),
-                   "raw": wrk_script(os.path.join(scratch.directory, "raw.lua"), row.tobytes(),
-                                     {"Content-Type": "application/octet-stream"})}
-        runs: dict[str, list[list[dict]]] = {"http": [], "zmq": [], "gunicorn": []}
+        scripts = {"kserve": wrk_post_script(os.path.join(scratch.directory, "kserve.lua"), body, headers),
+                   "raw": wrk_post_script(os.path.join(scratch.directory, "raw.lua"), row.tobytes(),
+                                          {"Content-Type": "application/octet-stream"})}
+        runs: dict[str, list[list[dict[str, Any]]]] = {"http": [], "zmq": [], "gunicorn": []}
         servers = [run_pool, run_gunicorn]
         if importlib.util.find_spec("mosec") is not None:
             servers.append(run_mosec)
@@ -212,8 +105,8 @@ def main() -> int:
         before = scratch.start_load
         for round_number in range(args.rounds):
             rotation = round_number % len(servers)
-            for run in servers[rotation:] + servers[:rotation]:
-                for name, levels in run(load, scripts, args.seconds).items():
+            for server in servers[rotation:] + servers[:rotation]:
+                for name, levels in server(load, scripts, args.seconds).items():
                     runs[name].append(levels)
         after = load_average()
     print(f"4 MiB mlp, 2 workers, one-row float32 requests; {args.rounds} rounds of {args.seconds:g} s per "

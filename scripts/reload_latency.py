@@ -10,17 +10,17 @@ and `workerpool reload` right after the rename (the server started with --no-wat
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
 import tempfile
 import time
 
+from benchlib.arguments import add_count, add_size, parser_for
+
 from workerpool import models
 from workerpool.control import client as control
 from workerpool.testing import NotReady, ServerProcess, serve_args
-from workerpool.units import parse_size
 
 
 def all_on(control_endpoint: str, generation: int, workers: int) -> bool:
@@ -54,10 +54,10 @@ def measure(versions: list[str], served: str, workers: int, tmp: str, watch: boo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=parse_size, default=parse_size("256MiB"))
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=5, help="reloads per way (default: 5)")
+    parser = parser_for(__doc__)
+    add_size(parser, "--size", "256MiB", "mlp model size")
+    add_count(parser, "--workers", 8, "workers")
+    add_count(parser, "--repeat", 5, "reloads per way")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="wp-reload-") as tmp:
         versions = []

@@ -3,7 +3,7 @@
 every second, alternating, in the same run.
 
 One ``workerpool serve --http`` on a 1 MiB mlp; each round drives K one-row requests in flight
-(bench.py's ``drive``) once with nobody scraping and once with a thread fetching ``/metrics``
+(``benchlib.zmq_load.drive``) once with nobody scraping and once with a thread fetching ``/metrics``
 every ``--interval`` seconds (which makes the loop build a snapshot and the endpoint's thread
 read every worker's memory).
 
@@ -13,14 +13,17 @@ read every worker's memory).
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
 import tempfile
 import threading
 import urllib.request
+from typing import Any
 
-from bench import demo_model, drive, load_arguments, load_average
+from benchlib.arguments import load_arguments
+from benchlib.runs import demo_model, load_average
+from benchlib.servers import free_port
+from benchlib.zmq_load import drive
 
 from workerpool.protocol import messages as protocol
 from workerpool.testing import ServerProcess, serve_args
@@ -37,10 +40,8 @@ def scraping(url: str, interval: float, stop: threading.Event, scrapes: list[flo
 def main() -> int:
     args = load_arguments(__doc__, workers=2, in_flight="1,16", seconds=5.0, repeat=3,
                           interval=(float, 1.0, "seconds between scrapes (default: 1)"))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    runs: dict[str, list[dict[int, dict]]] = {"quiet": [], "scraped": []}
+    port = free_port()
+    runs: dict[str, list[dict[int, dict[str, Any]]]] = {"quiet": [], "scraped": []}
     scrapes: list[float] = []
     start_load = load_average()
     with tempfile.TemporaryDirectory(prefix="wp-scrape-") as directory:

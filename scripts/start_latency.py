@@ -33,27 +33,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import numpy as np
 import zmq
-from bench import (
-    at_least_one,
-    load_average,
-    print_load_averages,
-    scratch_run,
-    write_figures,
-)
+from benchlib.arguments import add_count, add_json, add_size, parser_for
+from benchlib.runs import load_average, print_load_averages, scratch_run, write_figures
+from benchlib.zmq_load import REPLY_TIMEOUT
 
 from workerpool import models
 from workerpool.protocol import messages as protocol
 from workerpool.testing import NotReady, ServerProcess, serve_args
-from workerpool.units import format_size, parse_size
+from workerpool.units import format_size
 
 STARTS = ("fork", "spawn")
 STARTUP_TIMEOUT = 120.0  # seconds for a whole pool to print its ready line
 ADD_TIMEOUT = 60.0  # seconds for an added worker to answer, or its ready line to be logged
-REPLY_TIMEOUT = 30.0  # seconds with no reply at all before the run is abandoned
 SETTLE = 0.25  # seconds of load between one added worker answering and the next SIGTTIN
 
 LOG_TIME = r"(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[(?P<pid>\d+)\] INFO "
@@ -86,6 +82,11 @@ class Log:
         return cls(ttins, ready)
 
 
+def logged_ready(path: str, supervisor: int, worker: int) -> bool:
+    """Whether the supervisor has logged ``worker`` ready."""
+    return worker in Log.read(path, supervisor).ready
+
+
 class Driver:
     """One DEALER socket keeping ``in_flight`` one-row requests outstanding; notes the pids."""
 
@@ -103,6 +104,9 @@ class Driver:
     def send(self) -> None:
         self.header["id"] += 1
         self.sock.send_multipart([b"", self.route, protocol.encode_header(self.header), *self.arrays])
+
+    def saw_more_than(self, count: int) -> bool:
+        return len(self.seen) > count
 
     def pump(self, timeout: float) -> list[tuple[float, int]]:
         """Take the replies that arrive within ``timeout`` s, sending one request for each;
@@ -171,12 +175,12 @@ def run_server(model: str, start: str, workers: int, adds: int, row: np.ndarray,
                     known = len(driver.seen)
                     sent = time.monotonic()
                     os.kill(supervisor, signal.SIGTTIN)
-                    new = driver.run_until(lambda n=known: len(driver.seen) > n,
+                    new = driver.run_until(partial(driver.saw_more_than, known),
                                            ADD_TIMEOUT, f"SIGTTIN {i + 1} answered")
                     if len(new) != 1:
                         raise RuntimeError(f"SIGTTIN {i + 1}: more than one new pid {new}")
                     at, pid = new[0]
-                    driver.run_until(lambda p=pid: p in Log.read(log_path, supervisor).ready,
+                    driver.run_until(partial(logged_ready, log_path, supervisor, pid),
                                      ADD_TIMEOUT, f"worker {pid}'s ready line")
                     added.append({"pid": pid, "serves_ms": (at - sent) * 1e3})
             finally:
@@ -243,16 +247,12 @@ def print_table(generated: models.GeneratedMlp, args: argparse.Namespace,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=parse_size, default=parse_size("256MiB"),
-                        help="mlp model size (default: 256MiB)")
-    parser.add_argument("--workers", type=at_least_one, default=8,
-                        help="workers each server starts with (default: 8)")
-    parser.add_argument("--adds", type=at_least_one, default=5,
-                        help="SIGTTINs per server run, one after another (default: 5)")
-    parser.add_argument("--repeat", type=at_least_one, default=2,
-                        help="runs of each start method, alternating (default: 2)")
-    parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
+    parser = parser_for(__doc__)
+    add_size(parser, "--size", "256MiB", "mlp model size")
+    add_count(parser, "--workers", 8, "workers each server starts with")
+    add_count(parser, "--adds", 5, "SIGTTINs per server run, one after another")
+    add_count(parser, "--repeat", 2, "runs of each start method, alternating")
+    add_json(parser)
     return parser
 
 

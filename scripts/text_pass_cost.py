@@ -15,12 +15,12 @@ batching rule weighs padding against.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import numpy as np
+from benchlib.arguments import parser_for
 from threadpoolctl import threadpool_limits
 
 from workerpool.models.loaded import LoadedModel
@@ -50,7 +50,7 @@ def pass_seconds(encode: Encoder, rows: int, length: int, real: int, repeat: int
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("model", help="a text model's .bpk (onnx or bert)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op and BLAS threads (default 1)")
     parser.add_argument("--repeat", type=int, default=7, help="passes per cell (default 7)")
@@ -85,8 +85,8 @@ def main() -> int:
                     if not padding:
                         unpadded.append((rows * real, seconds))
                 print(f"| {real} | {rows} | " + " | ".join(cells) + " |")
-    tokens, seconds = (np.array(column, float) for column in zip(*unpadded, strict=True))
-    per_token, per_pass = np.polyfit(tokens, seconds, 1, w=1 / seconds)  # relative errors: small passes count
+    tokens, times = (np.array(column, float) for column in zip(*unpadded, strict=True))
+    per_token, per_pass = np.polyfit(tokens, times, 1, w=1 / times)  # relative errors: small passes count
     print(f"\nfit of the passes without padding: {per_pass * 1e3:.2f} ms a pass + {per_token * 1e6:.0f} µs "
           f"a token, so a pass costs {per_pass / per_token:.1f} tokens beyond its own (the rule's overhead)")
     return 0

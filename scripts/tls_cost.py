@@ -12,24 +12,21 @@ per request (from /proc), and their ratios. A self-signed P-256 certificate is m
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import statistics
 import subprocess
-import sys
+from functools import partial
+from typing import Any
 
-from bench import load_average, scratch_run
-from compare import Load
-from http_bench import (
-    LEVELS,
-    free_port,
-    kserve_body,
-    pool,
-    run_wrk,
-    with_supervisor_cpu,
-    wrk_script,
-)
+from benchlib.arguments import rounds_arguments
+from benchlib.cpu import with_supervisor_cpu
+from benchlib.http_load import kserve_body
+from benchlib.pools import http_pool
+from benchlib.runs import Load, load_average, require_commands, scratch_run
+from benchlib.servers import free_port
+from benchlib.wrk import run_wrk, wrk_post_script
+
+LEVELS = (1, 16, 64)
 
 
 def self_signed(directory: str) -> tuple[str, str]:
@@ -40,30 +37,25 @@ def self_signed(directory: str) -> tuple[str, str]:
     return cert, key
 
 
-def run(load: Load, script: str, seconds: float, tls: tuple[str, str] | None) -> list[dict]:
+def run(load: Load, script: str, seconds: float, tls: tuple[str, str] | None) -> list[dict[str, Any]]:
+    """One pool over HTTP, or HTTPS with ``tls`` (certificate, key), driven by wrk at each level."""
     port = free_port()
     extra = ("--http-cert", tls[0], "--http-key", tls[1]) if tls else ()
-    with pool(load, port, *extra) as server:
+    with http_pool(load, port, *extra) as pool:
         url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/v2/models/mlp/infer"
         run_wrk(url, script, 16, 1)  # warm the gateway and its connections
-        return [with_supervisor_cpu(server.proc.pid, lambda k=k: run_wrk(url, script, k, seconds), seconds)
-                for k in LEVELS]
+        return [with_supervisor_cpu(pool.pid, partial(run_wrk, url, script, k, seconds), seconds) for k in LEVELS]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    args = parser.parse_args()
-    if shutil.which("wrk") is None or shutil.which("openssl") is None:
-        sys.exit("tls_cost: needs wrk and openssl (apt-get install wrk openssl)")
+    args = rounds_arguments(__doc__, rounds=3, seconds=5.0)
+    require_commands("tls_cost", "wrk", "openssl")
     with scratch_run("tls_cost", 4 * 1024 * 1024) as scratch:
-        load = Load(model=scratch.model, workers=2, blas_threads=1, gthreads=4, row=scratch.row,
-                    levels=list(LEVELS), seconds=args.seconds, directory=scratch.directory)
+        load = Load.of(scratch, 2, list(LEVELS), args.seconds, blas_threads=1, gthreads=4)
         body, headers = kserve_body(scratch.row)
-        script = wrk_script(os.path.join(scratch.directory, "kserve.lua"), body, headers)
+        script = wrk_post_script(os.path.join(scratch.directory, "kserve.lua"), body, headers)
         tls = self_signed(scratch.directory)
-        runs: dict[str, list[list[dict]]] = {"http": [], "https": []}
+        runs: dict[str, list[list[dict[str, Any]]]] = {"http": [], "https": []}
         for round_number in range(args.rounds):
             order = ["http", "https"] if round_number % 2 == 0 else ["https", "http"]
             for name in order:

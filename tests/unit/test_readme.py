@@ -52,7 +52,7 @@ def test_no_install_hint_names_the_unrelated_workerpool_package():
     checkout (``.``) or the distribution ``workerpool-mmap``."""
     wrong = re.compile(r"pip install\s+(-\S+\s+)*['\"]?workerpool(?![-\w])")
     texts = [ROOT / "README.md", ROOT / "CHANGELOG.md", *ROOT.glob("docs/**/*.md"),
-             *ROOT.glob("scripts/*.py"),
+             *ROOT.glob("scripts/**/*.py"),
              *ROOT.glob("workerpool/**/*.py"), *ROOT.glob("deploy/**/*")]
     found = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in texts if path.is_file()
              for match in wrong.finditer(path.read_text(errors="replace"))]

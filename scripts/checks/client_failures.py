@@ -2,8 +2,8 @@
 """How long the client library takes to report each way of not getting an answer, with its
 default connect_timeout, timeout and retries, against real servers on loopback.
 
-    python3 scripts/client_failures.py            # each case 3 times, medians and maxima
-    python3 scripts/client_failures.py --repeat 1
+    python3 scripts/checks/client_failures.py            # each case 3 times, medians and maxima
+    python3 scripts/checks/client_failures.py --repeat 1
 
 Cases: nothing listens; a listener that never speaks ZeroMQ; the server SIGKILLed while a
 request runs; the server frozen (SIGSTOP) while a request runs; the server restarted (SIGTERM,
@@ -13,7 +13,6 @@ figure is the longest request and the count of errors (which should be none).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import signal
@@ -32,14 +31,12 @@ from workerpool import models
 from workerpool.control import client as control
 from workerpool.testing import ServerProcess, serve_args
 
-TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/, for benchlib
+from benchlib.arguments import add_count, parser_for
+from benchlib.paths import TEST_MODELS_DIR
+from benchlib.servers import free_port
+
 HOLD = 120.0  # seconds a held request sleeps on its worker: far past any wait measured here
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 _controls = itertools.count(1)
@@ -51,7 +48,7 @@ class Server(ServerProcess):
 
     def __init__(self, model: str, *args: str) -> None:
         self.control = f"ipc://{os.path.dirname(model)}/control-{next(_controls)}"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([TEST_MODELS_DIR, os.environ.get("PYTHONPATH", "")]))
         super().__init__(serve_args(model, 1, "--model", "slow_model:factory", "--control",
                                     self.control, "--log-level", "error", *args), env=env)
 
@@ -146,8 +143,8 @@ CASES = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of every case (default: 3)")
+    parser = parser_for(__doc__)
+    add_count(parser, "--repeat", 3, "rounds of every case")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="wp-failures-") as directory:
         model = os.path.join(directory, "small.bpk")

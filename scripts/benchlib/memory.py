@@ -1,4 +1,4 @@
-"""The memory of a whole server, every process of it: a helper of compare.py and measure_rss.py.
+"""The memory of a whole server, every process of it, as the benchmarks report it.
 
 A server is a root process (workerpool's supervisor, gunicorn's arbiter) and its descendants:
 the workers, and for ``workerpool --start fork`` the template the workers are forked from.

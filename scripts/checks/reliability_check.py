@@ -20,7 +20,7 @@ Each check starts its own server on a generated 1 MiB ``mlp`` and prints what cl
 Run it from a checkout; put another checkout first on ``PYTHONPATH`` to measure that one (its
 server, command line and client) with the same script:
 
-    python3 scripts/reliability_check.py [--only frames,kills] [--seconds 10]
+    python3 scripts/checks/reliability_check.py [--only frames,kills] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,9 @@ from workerpool.control import client as control
 from workerpool.protocol import messages as protocol
 from workerpool.testing import ServerProcess, serve_args
 from workerpool.weights.publish import publish
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/, for benchlib
+from benchlib.servers import free_port
 
 WIDTH = 256  # the generated model's input
 CHECKS = ("frames", "connections", "kills", "sigterm", "http-reload", "publish")
@@ -184,6 +186,7 @@ def check_sigterm(model: str, tmp: str, seconds: float) -> str:
     with server(model, 2, tmp) as pool:
         threads = load(pool.endpoint, 4, stop, outcomes)
         time.sleep(1.0)  # under load for a second
+        assert pool.proc is not None
         pool.proc.send_signal(signal.SIGTERM)
         pool.proc.wait(60)
         stop.set()
@@ -234,6 +237,7 @@ def check_http_reload(model: str, tmp: str, seconds: float) -> str:
         time.sleep(1.0)
         publish(newer, served)
         time.sleep(2.0)
+        assert pool.proc is not None
         pool.proc.send_signal(signal.SIGTTIN)
         time.sleep(2.0)
         pool.proc.send_signal(signal.SIGTTOU)
@@ -249,12 +253,6 @@ def local_model(path: str) -> Callable[[np.ndarray], np.ndarray]:
     """The model of ``path``, built in this process."""
     pack = burnpack.read(path)
     return models.build_model(pack.tensors, pack.metadata)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def check_publish(model: str, tmp: str, seconds: float, *options: str) -> str:
@@ -283,7 +281,7 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks to run")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the kills go on")
     args = parser.parse_args()
-    checks = {
+    checks: dict[str, list[Callable[[str, str, float], str]]] = {
         "frames": [check_frames],
         "connections": [lambda m, t, s: check_connections(m, t, s, "1024"),
                         lambda m, t, s: check_connections(m, t, s, None)],

@@ -7,29 +7,25 @@ is from SIGTERM to exit. CPU is the supervisor's own (utime + stime from /proc) 
 and over the whole run. The last two columns count what a stop should not need: workers killed
 after the leave timeout, and log lines calling a worker lost or killing one for the router.
 
-    python3 scripts/crowded_pool.py [--workers 100 500 1000]
+    python3 scripts/checks/crowded_pool.py [--workers 100 500 1000]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
+import sys
 import time
 
-import psutil
-from bench import load_average, scratch_run
-from http_bench import free_port
-
 from workerpool.testing import ServerProcess
+from workerpool.units import MiB
 
-MiB = 1 << 20
-
-
-def supervisor_cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/, for benchlib
+from benchlib.arguments import parser_for
+from benchlib.cpu import process_cpu
+from benchlib.runs import load_average, scratch_run
+from benchlib.servers import free_port
 
 
 def measure(model: str, workers: int, directory: str) -> dict[str, float | int]:
@@ -43,14 +39,14 @@ def measure(model: str, workers: int, directory: str) -> dict[str, float | int]:
         started = time.monotonic() - launched
         proc = server.proc
         assert proc is not None
-        before = supervisor_cpu(proc.pid)
+        before = process_cpu(proc.pid)
         stopping = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         total_cpu = before
         while proc.poll() is None:
             try:
-                total_cpu = supervisor_cpu(proc.pid)
-            except psutil.NoSuchProcess:
+                total_cpu = process_cpu(proc.pid)
+            except OSError:  # reaped between the poll and the read
                 break
             time.sleep(0.01)
         stopped = time.monotonic() - stopping
@@ -62,7 +58,7 @@ def measure(model: str, workers: int, directory: str) -> dict[str, float | int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--workers", type=int, nargs="+", default=[100, 500, 1000])
     args = parser.parse_args()
     print(f"CPUs: {len(os.sched_getaffinity(0))}; load average at start: {load_average()}")
