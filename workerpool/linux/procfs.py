@@ -1,7 +1,8 @@
 """What /proc says of processes: their memory, the mappings of a file, their children.
 
-Every reader of /proc in the pool is here, so a figure means the same wherever it is shown and
-one rule (:meth:`MappedFile.mapped_in`) tells whether a mapping is the model file. Figures are
+The pool reads a process's memory, mappings and children here alone, so a figure means the same
+wherever it is shown and one rule (:meth:`MappedFile.mapped_in`) tells whether a mapping is the
+model file. Figures are
 in bytes; a process is ``"self"`` or a pid. A process may exit while it is read: that is an
 ``OSError`` for the caller to expect.
 """
@@ -128,10 +129,16 @@ def processes_mapping(path: str) -> list[int]:
     return pids
 
 
-def child_pids() -> set[int] | None:
+def child_pids() -> set[int]:
     """This process's children, from each thread's ``/proc/self/task/*/children``: it costs as
-    many reads as there are threads, where walking ``/proc`` (psutil) reads every process on
-    the machine, once per child that exits. None where the kernel lists no children."""
+    many reads as there are threads, where walking ``/proc`` reads every process on the
+    machine, once per child that exits. The walk is left for a kernel that lists no children."""
+    listed = _listed_children()
+    return listed if listed is not None else _children_by_parent()
+
+
+def _listed_children() -> set[int] | None:
+    """The children the kernel lists for this process's threads; None where it lists none."""
     pids: set[int] = set()
     try:
         tasks = os.listdir("/proc/self/task")
@@ -144,4 +151,20 @@ def child_pids() -> set[int] | None:
         except FileNotFoundError:
             if task == str(os.getpid()):  # the main thread is there: the kernel lists nothing
                 return None
+    return pids
+
+
+def _children_by_parent() -> set[int]:
+    """The processes whose ``/proc/<pid>/stat`` names this one as their parent."""
+    me, pids = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                after_name = stat.read().rpartition(b")")[2].split()  # the name may hold anything
+        except OSError:  # gone
+            continue
+        if int(after_name[1]) == me:  # state, then the parent's pid
+            pids.add(int(entry))
     return pids

@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import psutil
-
 from ..control.status import TemplateStatus
 from ..events.loop import Loop
 from ..linux import controls, procfs
@@ -211,13 +209,7 @@ class TemplateStarter:
         worker a dying template forked but could not report is not one of ours: the router
         refuses it, as its token is unknown, and it exits.)"""
         ours = self.workers() | ({self.template.pid} if self.template else set())
-        children = procfs.child_pids()
-        if children is None:
-            try:
-                children = {c.pid for c in psutil.Process().children()}
-            except psutil.Error:
-                return
-        for pid in children - ours:
+        for pid in procfs.child_pids() - ours:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
