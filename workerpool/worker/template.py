@@ -129,7 +129,7 @@ def _decoded(data: bytes) -> dict[str, Any]:
     """The JSON object ``data`` holds; empty when it holds none."""
     try:
         order = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return {}
     return order if isinstance(order, dict) else {}
 

@@ -4,9 +4,11 @@ must refuse is answered with the reason, and one it cannot even answer ends it."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,11 +21,12 @@ SPEC = WorkerSpec(path="/m.bpk", backend="ipc:///b").to_data()
 class Template:
     """A template forked from the test, and the supervisor's end of its socket."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path) -> None:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
             self.sock.close()
+            template.log.addHandler(logging.FileHandler(log))
             template.run(theirs, os.getppid())  # never returns
         theirs.close()
         self.sock.settimeout(30)
@@ -47,8 +50,8 @@ class Template:
 
 
 @pytest.fixture
-def forked() -> Iterator[Template]:
-    started = Template()
+def forked(tmp_path) -> Iterator[Template]:
+    started = Template(tmp_path / "template.log")
     yield started
     if started.sock.fileno() != -1:
         started.exit_code()
@@ -80,8 +83,10 @@ def test_an_order_with_more_than_one_descriptor_is_refused(forked):
     assert reply == {"id": 9, "error": "the template refused the order: more than one descriptor came with it"}
 
 
-@pytest.mark.parametrize("order", [b"x" * (template.MAX_ORDER_BYTES + 1), b"not json", {"spec": SPEC}],
-                         ids=["too large", "not json", "no id"])
-def test_an_order_too_large_or_without_an_id_ends_the_template_unanswered(forked, order):
+@pytest.mark.parametrize("order", [b"x" * (template.MAX_ORDER_BYTES + 1), b"not json", b"[" * 30000,
+                                   {"spec": SPEC}], ids=["too large", "not json", "too deep", "no id"])
+def test_an_order_too_large_or_without_an_id_ends_the_template_unanswered(forked, order, tmp_path):
     assert forked.ask(order) is None
     assert forked.exit_code() == 1
+    said = (tmp_path / "template.log").read_text()
+    assert "exiting" in said and "Traceback" not in said  # told, not failed
