@@ -6,13 +6,12 @@ the workers, and for ``workerpool --start fork`` the template the workers are fo
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psutil
 
+from workerpool.linux import procfs
 from workerpool.ops import metrics
-from workerpool.units import KiB
 
 
 def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
@@ -53,25 +52,15 @@ def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
 
 
 def smaps_figures(pid: int, model: str) -> dict[str, int]:
-    """From ``/proc/PID/smaps_rollup`` and ``smaps``, in bytes: ``private_dirty`` (the pages this
-    process alone has written), ``pss_anon`` (its share of anonymous memory) and
-    ``weights_pss`` (its share of the model file's resident pages)."""
-    model = os.path.realpath(model)
-    figures = {"private_dirty": 0, "pss_anon": 0, "weights_pss": 0}
-    in_model = False
+    """From ``/proc/PID/smaps_rollup`` and ``smaps`` (read by ``workerpool.linux.procfs``), in
+    bytes: ``private_dirty`` (the pages this process alone has written), ``pss_anon`` (its share
+    of anonymous memory) and ``weights_pss`` (its share of the resident pages of the file now at
+    ``model``, its mappings told by procfs's one rule)."""
+    weights = procfs.MappedFile.of(model)
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                key, _, rest = line.partition(":")
-                if key in ("Private_Dirty", "Pss_Anon"):
-                    figures[key.lower()] = int(rest.split()[0]) * KiB
-        with open(f"/proc/{pid}/smaps") as smaps:
-            for line in smaps:
-                key, _, rest = line.partition(" ")
-                if not key.endswith(":"):  # a mapping's first line: address range ... path
-                    in_model = rest.rstrip("\n").endswith(" " + model)
-                elif key == "Pss:" and in_model:
-                    figures["weights_pss"] += int(rest.split()[0]) * KiB
+        rollup = procfs.rollup_figures(pid)
+        mapped = procfs.file_figures(pid, weights) if weights else {}
     except OSError as exc:
         raise RuntimeError(f"process {pid} exited while its memory was read") from exc
-    return figures
+    return {"private_dirty": rollup.get("Private_Dirty", 0), "pss_anon": rollup.get("Pss_Anon", 0),
+            "weights_pss": mapped.get("Pss", 0)}
