@@ -1,6 +1,6 @@
 """The ``workers`` role: local workers that serve through a remote router.
 
-Composed with a :class:`~workerpool.supervisor.Supervisor`, it gives ``workerpool workers``
+Composed with a :class:`~workerpool.supervisor.core.Supervisor`, it gives ``workerpool workers``
 the same supervision as ``serve`` (fresh processes, replacement, back-off, signals, watching
 the weight file) without a router: the workers connect to the router host's backend endpoint
 over TCP and register there. Each worker tells this host through a pipe when its model is

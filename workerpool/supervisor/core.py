@@ -77,7 +77,7 @@ class Supervisor:
             self.watcher = reload.Watcher(self.config.path, self.config.model, cache_dir)
         except reload.WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
-        self._check_memory_limit()
+        _check_memory_limit(self.config, self.watcher.current.identity.size)
         if (crowded := self.config.crowding()) is not None:
             log.warning("%s", crowded)
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping,  # before the role's duties
@@ -102,13 +102,6 @@ class Supervisor:
         log.info("stopped%s", "" if self.stopped_from is None else
                  f": {worker_count(self.stopped_from[1])} in {time.monotonic() - self.stopped_from[0]:.1f}s")
         return 0
-
-    def _check_memory_limit(self) -> None:
-        """A limit below a private copy of the weights would recycle a worker after every request."""
-        limit, size = self.config.max_worker_memory, self.watcher.current.identity.size
-        if limit is not None and self.config.load == "copy" and limit <= size:
-            raise StartupError(f"--max-worker-memory {format_size(limit)} is below the private copy of "
-                               f"the weights each worker holds with --load copy ({format_size(size)})")
 
     def _duties(self) -> None:
         self.notifier.ping()
@@ -341,6 +334,14 @@ class Supervisor:
             for child in self.children.values():
                 child.kill()
             self.kill_deadline = float("inf")
+
+
+def _check_memory_limit(config: PoolConfig, size: int) -> None:
+    """A limit below a private copy of the weights would recycle a worker after every request."""
+    limit = config.max_worker_memory
+    if limit is not None and config.load == "copy" and limit <= size:
+        raise StartupError(f"--max-worker-memory {format_size(limit)} is below the private copy of "
+                           f"the weights each worker holds with --load copy ({format_size(size)})")
 
 
 def _some(pids: list[int]) -> str:
