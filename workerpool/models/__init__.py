@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import exception_text
 from . import bert, mlp, mnist, onnx_layout
-from .base import MODEL_KEY, BuildOptions, Model, ModelError, ModelInputError
+from .base import MODEL_KEY, BuildOptions, ModelError, ModelInputError
 from .contract import Contract, ModelOutputError, array_input, format_entries, takes_text
 from .mlp import GeneratedMlp, Mlp, generate_mlp
 from .mnist import BurnMnist
@@ -55,17 +55,14 @@ __all__ = [
     "BUILTIN_MODELS",
     "MODEL_KEY",
     "TUNED_MODELS",
-    "BuildOptions",
     "BurnMnist",
     "Contract",
     "Factory",
     "GeneratedMlp",
     "Mlp",
-    "Model",
     "ModelError",
     "ModelInputError",
     "ModelOutputError",
-    "OnnxModel",
     "array_input",
     "build_model",
     "choose_model",
