@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotAJSONObject, json_object
-from .base import Model, ModelError, ModelInputError, require_tensor
+from .base import Model, ModelError, ModelInputError
 from .ops import gelu_float32
+from .tensors import require_tensor
 from .texts import (
     MEAN_NORMALIZED,
     TOKENIZER_KEY,

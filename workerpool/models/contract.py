@@ -11,7 +11,8 @@ A model that also takes a list of strings says ``accepts_text = True``, and may 
 returns for texts as ``text_output_shape`` and ``text_output_dtype``, in the same forms.
 
 The input is checked before the model runs, so a request that does not fit is the client's
-error, answered before numpy allocates anything for it. The output is checked before it is
+error, answered before numpy allocates anything for it; this is the only check of a
+request's form (built-in models declare theirs and check nothing: :class:`~.base.Model`). The output is checked before it is
 sent, so a model that breaks its own declaration is never mistaken for a success. What a model
 does not declare is not checked, except that its output must be arrays. Texts sent to a model
 that declares an array input and takes no texts are refused with a message saying so.
@@ -29,9 +30,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from .base import INPUT_NAME, ModelError, ModelInputError
+from .base import INPUT_NAME, ModelError, ModelInputError, Shape, format_shape
 
-Shape = tuple[int | None, ...]
 TEXT = "text"  # the dtype ``info`` gives a list of strings
 
 
@@ -70,7 +70,7 @@ class Declared:
 
     def describe(self, batch: int | None = None) -> str:
         dtypes = " or ".join(map(str, self.dtypes)) or "any dtype"
-        shape = "of any shape" if self.shape is None else _format(self.with_batch(batch))
+        shape = "of any shape" if self.shape is None else format_shape(self.with_batch(batch))
         return f"{dtypes} {shape}"
 
     def entry(self, name: str | None) -> dict[str, Any]:
@@ -141,31 +141,35 @@ class Contract:
         """The input array (named inputs: arrays by name) of a model with a batch axis, with
         that axis, and whether it was a bare row (which gets one); :class:`ModelInputError` as
         :meth:`check_input` raises it."""
-        self.check_input(inputs)
+        bare = self._checked(inputs)[1]
         if self.named is not None:
             arrays = self._by_name(inputs)
-            bare = any(a.ndim < len(self.named[n].shape or ()) for n, a in arrays.items())
             return ({n: a[np.newaxis] for n, a in arrays.items()} if bare else arrays), bare
-        assert self.input is not None and self.input.shape is not None
         array: np.ndarray = inputs[INPUT_NAME] if isinstance(inputs, Mapping) else inputs
-        bare = array.ndim < len(self.input.shape)
         return (array[np.newaxis] if bare else array), bare
 
-    def as_model_takes(self, inputs: Any) -> Any:
-        """``inputs`` as the model receives them. Where the outputs are declared, and so checked
-        with the batch axis, a bare row gets that axis too: the model sees the shape it declares,
-        whether the row runs alone or stacked with others. Otherwise the model sees the row as
-        sent and answers it as it likes (the row then always runs alone). Named inputs reach
-        the model as arrays by name, a bare array under the single input's name."""
-        if self.named is not None and not isinstance(inputs, list):
-            return self.as_batch(inputs)[0] if self.outputs is not None and self.batched \
-                else self._by_name(inputs)
-        if self.outputs is None or not self.batched or isinstance(inputs, list):
-            return inputs
-        array, bare = self.as_batch(inputs)
-        if not bare:
-            return inputs
-        return {INPUT_NAME: array} if isinstance(inputs, Mapping) else array
+    def admit(self, inputs: Any) -> tuple[int | None, Any]:
+        """The batch size of ``inputs``, checked once as :meth:`check_input` checks them, and
+        ``inputs`` as the model receives them.
+
+        Where the outputs are declared, and so checked with the batch axis, a bare row gets
+        that axis: the model sees the shape it declares, whether the row runs alone or stacked
+        with others. Otherwise the model sees the row as sent and answers it as it likes (the
+        row then always runs alone). Named inputs reach the model as arrays by name, a bare
+        array under the single input's name.
+        """
+        batch, bare = self._checked(inputs)
+        if isinstance(inputs, list):
+            return batch, inputs
+        grow = bare and self.outputs is not None
+        if self.named is not None:
+            arrays = self._by_name(inputs)
+            return batch, ({n: a[np.newaxis] for n, a in arrays.items()} if grow else arrays)
+        if not grow:
+            return batch, inputs
+        if isinstance(inputs, Mapping):
+            return batch, {INPUT_NAME: inputs[INPUT_NAME][np.newaxis]}
+        return batch, inputs[np.newaxis]
 
     def check_input(self, inputs: Any) -> int | None:
         """The batch size of an input that fits the declaration (None: no batch axis declared).
@@ -175,30 +179,38 @@ class Contract:
         Texts are a batch of their number for a model that takes them. Raises
         :class:`ModelInputError` for anything else.
         """
+        return self._checked(inputs)[0]
+
+    def _checked(self, inputs: Any) -> tuple[int | None, bool]:
+        """:meth:`check_input`'s batch size, and whether ``inputs`` is a bare row (a batch of
+        one without its batch axis)."""
         declared = self.input
         if isinstance(inputs, list) and self.texts:
-            return len(inputs)
+            return len(inputs), False
         if isinstance(inputs, list) and (declared or self.named) is not None:
             raise ModelInputError(f"the model {self.model} takes arrays, not texts: send "
                                   f"{self._expected()} (workerpool infer)")
         if self.named is not None:
             return self._check_named(inputs, self.named)
         if declared is None:
-            return None
+            return None, False
         array = inputs
-        if isinstance(inputs, Mapping) and len(inputs) == 1:
-            array = inputs.get(INPUT_NAME)
+        if isinstance(inputs, Mapping):
+            if set(inputs) != {INPUT_NAME}:
+                raise self._refuse(declared, f"{_describe(inputs)} (only {INPUT_NAME!r} is known)")
+            array = inputs[INPUT_NAME]
         if not isinstance(array, np.ndarray):
-            raise self._refuse(declared, _describe(inputs))
+            raise self._refuse(declared, _describe(array))
         if declared.fits(array):
-            return array.shape[0] if declared.has_batch else None
+            return (array.shape[0] if declared.has_batch else None), False
         if declared.has_batch and declared.fits(array, unbatched=True):
-            return 1
+            return 1, True
         raise self._refuse(declared, _describe(array))
 
-    def _check_named(self, inputs: Any, named: Mapping[str, Declared]) -> int | None:
-        """The batch size of named inputs: exactly the declared names, each array as declared,
-        one size along their batch axes; a single input may be a bare array, or a bare row."""
+    def _check_named(self, inputs: Any, named: Mapping[str, Declared]) -> tuple[int | None, bool]:
+        """The batch size of named inputs, and whether they are a bare row: exactly the declared
+        names, each array as declared, one size along their batch axes; a single input may be a
+        bare array, or a bare row."""
         if not isinstance(inputs, Mapping) and len(named) == 1:
             inputs = {next(iter(named)): inputs}
         if not isinstance(inputs, Mapping) or set(inputs) != set(named):
@@ -211,13 +223,13 @@ class Contract:
                     batches[name] = array.shape[0]
             elif len(named) == 1 and isinstance(array, np.ndarray) and declared.has_batch \
                     and declared.fits(array, unbatched=True):
-                return 1
+                return 1, True
             else:
                 raise self._refuse(declared, _describe(array), f"{name} ", rows=len(named) == 1)
         if len(set(batches.values())) > 1:
             sizes = ", ".join(f"{name} {size}" for name, size in batches.items())
             raise ModelInputError(f"{self.model}: the inputs' batch sizes differ ({sizes})")
-        return next(iter(batches.values()), None) if self.batched else None
+        return (next(iter(batches.values()), None) if self.batched else None), False
 
     def _by_name(self, inputs: Any) -> dict[str, np.ndarray]:
         """Checked named inputs as arrays by name (a bare array under the single input's name)."""
@@ -267,7 +279,7 @@ class Contract:
         ``rows``)."""
         forms = declared.describe()
         if rows and declared.shape is not None and declared.has_batch:
-            forms += f" or {_format(declared.shape[1:])}"
+            forms += f" or {format_shape(declared.shape[1:], batch_axis=False)}"
         return forms
 
     def _misfit(self, what: str) -> ModelOutputError:
@@ -310,7 +322,7 @@ def _entry(name: str | None, dtype: str | None, shape: Shape | None) -> dict[str
 
 def _describe(value: Any) -> str:
     if isinstance(value, np.ndarray):
-        return f"{value.dtype} {list(value.shape)}"
+        return f"{value.dtype} {format_shape(value.shape)}"
     if isinstance(value, Mapping):
         return f"arrays named {sorted(map(str, value))}"
     return "nothing" if value is None else f"a {type(value).__name__}"
@@ -320,12 +332,6 @@ def _are_arrays(outputs: Any) -> bool:
     if isinstance(outputs, Mapping):
         return bool(outputs) and all(isinstance(v, np.ndarray) for v in outputs.values())
     return isinstance(outputs, np.ndarray)
-
-
-def _format(shape: Shape) -> str:
-    """``[B, 16]``: B for the batch axis, ``any`` for another axis of any size."""
-    sizes = [str(d) if d is not None else "B" if i == 0 else "any" for i, d in enumerate(shape)]
-    return "[" + ", ".join(sizes) + "]"
 
 
 def _shape(value: Any) -> Shape:

@@ -49,8 +49,8 @@ class LoadedModel:
         and :class:`~.contract.ModelOutputError` when the output does not; whatever the model
         itself raises passes through.
         """
-        batch = self.contract.check_input(inputs)
-        outputs = self.model(self.contract.as_model_takes(inputs))
+        batch, admitted = self.contract.admit(inputs)
+        outputs = self.model(admitted)
         self.contract.check_output(outputs, batch, texts=isinstance(inputs, list))
         return outputs
 

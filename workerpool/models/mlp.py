@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import burnpack
 from . import ops
-from .base import MODEL_KEY, Model, ModelError, require_tensor
+from .base import MODEL_KEY, Model, ModelError
+from .tensors import require_tensor
 
 NAME = "mlp"
 ACTIVATION_KEY = "workerpool.activation"

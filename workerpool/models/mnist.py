@@ -11,7 +11,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import ops
-from .base import Model, require_tensor
+from .base import Model
+from .tensors import require_tensor
 
 NAME = "burn-mnist"
 

@@ -65,7 +65,7 @@ from ..linux.controls import release_free_memory
 from ..linux.procfs import private_resident
 from ..units import MiB
 from . import onnx_prepared
-from .base import BuildOptions, ModelError, ModelInputError
+from .base import BuildOptions, ModelError, ModelInputError, Shape
 from .bert import CONFIG_KEY  # its hidden_size: the embedding's width, if the graph has none
 from .onnx_layout import (
     GRAPH_TENSOR,
@@ -86,7 +86,6 @@ from .texts import (
 
 log = logging.getLogger(__name__)
 
-Shape = tuple[int | None, ...]
 # onnxruntime's element types (NodeArg.type) as numpy dtypes.
 ORT_DTYPES = {f"tensor({name})": np.dtype(dtype) for name, dtype in (
     ("float", np.float32), ("double", np.float64), ("float16", np.float16), ("int8", np.int8),

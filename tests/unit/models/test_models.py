@@ -7,7 +7,9 @@ import math
 import sys
 import tracemalloc
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from workerpool import burnpack
 from workerpool.models import (
     BUILTIN_MODELS,
     BurnMnist,
+    Contract,
     Mlp,
     ModelError,
     ModelInputError,
@@ -71,6 +74,13 @@ def held_arrays(obj: object, seen: set[int] | None = None) -> list[np.ndarray]:
     else:
         children = list(getattr(obj, "__dict__", {}).values())
     return [array for child in children for array in held_arrays(child, seen)]
+
+
+def served(model: Any) -> Callable[[Any], Any]:
+    """``model`` called as a worker calls it: each input checked and admitted by its contract
+    (a bare row gets its batch axis), which built-in models leave to it."""
+    contract = Contract.of(model, model.name)
+    return lambda inputs: model(contract.admit(inputs)[1])
 
 
 def assert_zero_copy(model: object, pack: burnpack.Burnpack, expected_count: int) -> None:
@@ -142,7 +152,7 @@ def test_fixture_is_recognised_as_burn_mnist(mnist_pack):
 
 @pytest.mark.parametrize("shape", [(1, 28, 28), (4, 28, 28), (28, 28)])
 def test_mnist_gives_finite_logits(mnist_pack, shape):
-    model = build_model(mnist_pack.tensors, mnist_pack.metadata)
+    model = served(build_model(mnist_pack.tensors, mnist_pack.metadata))
     images = np.random.default_rng(1).uniform(0, 255, shape).astype(np.float32)
     logits = model(images)
     batch = shape[0] if len(shape) == 3 else 1
@@ -161,7 +171,7 @@ def test_mnist_matches_direct_convolution_reference(mnist_pack):
 
 
 def test_mnist_reads_drawn_digits(mnist_pack):
-    model = build_model(mnist_pack.tensors, mnist_pack.metadata)
+    model = served(build_model(mnist_pack.tensors, mnist_pack.metadata))
     images = np.stack([draw_zero(), draw_one(), draw_seven()])
     assert model(images).argmax(axis=1).tolist() == [0, 1, 7]
     assert model(draw_one().astype(np.uint8)).argmax() == 1
@@ -169,7 +179,7 @@ def test_mnist_reads_drawn_digits(mnist_pack):
 
 def test_mnist_holds_only_the_files_arrays(mnist_pack):
     model = build_model(mnist_pack.tensors, mnist_pack.metadata)
-    model(draw_one())
+    served(model)(draw_one())
     assert_zero_copy(model, mnist_pack, expected_count=18)
 
 
@@ -194,9 +204,9 @@ def test_mnist_declares_its_signature(mnist_pack):
     ids=["width", "flat", "rank4", "float64", "list"],
 )
 def test_mnist_rejects_bad_input(mnist_pack, bad):
-    model = build_model(mnist_pack.tensors, mnist_pack.metadata)
+    model = served(build_model(mnist_pack.tensors, mnist_pack.metadata))
     with pytest.raises(
-        ModelInputError, match=r"expected float32 or uint8 input of shape \[B, 28, 28\]"
+        ModelInputError, match=r"burn-mnist.* float32 or uint8 \[B, 28, 28\] or \[28, 28\]"
     ):
         model(bad)
 
@@ -248,7 +258,7 @@ def test_mlp_matches_reference(tmp_path, activation):
     got = model(x)
     assert got.dtype == np.float32 and got.shape == (6, 5)
     np.testing.assert_allclose(got, reference_mlp(pack, x, activation), rtol=1e-5, atol=1e-5)
-    single = model(x[0])
+    single = served(model)(x[0])
     assert single.shape == (1, 5)
     np.testing.assert_array_equal(single, model(x[:1]))
     np.testing.assert_array_equal(model({"input": x}), got)
@@ -281,20 +291,35 @@ def test_mlp_holds_only_the_files_arrays(tmp_path):
         (np.zeros((3, 8), np.float64), r"float64 \[3, 8\]"),
         (np.array(1.0, np.float32), r"float32 \[\]"),
         (np.float32(1.0), "a float32$"),
-        ([1.0] * 8, "a list"),
-        ({"x": np.zeros(8, np.float32)}, r"a mapping with keys \['x'\]"),
+        ({"x": np.zeros(8, np.float32)}, r"arrays named \['x'\] \(only 'input' is known\)"),
     ],
-    ids=["int64", "width", "rank", "float64", "0-d", "scalar", "list", "mapping"],
+    ids=["int64", "width", "rank", "float64", "0-d", "scalar", "mapping"],
 )
 def test_mlp_rejects_bad_input(tmp_path, bad, got):
     pack = write_mlp(tmp_path / "m.bpk", [8, 4, 3])
-    model = build_model(pack.tensors, pack.metadata, "mlp")
+    model = served(build_model(pack.tensors, pack.metadata, "mlp"))
     with pytest.raises(
         ModelInputError,
-        match=rf"^mlp: expected float32 input of shape \[B, 8\] or \[8\], got {got}",
+        match=rf"^mlp: expected float32 \[B, 8\] or \[8\], got {got}",
     ):
         model(bad)
     assert issubclass(ModelInputError, ValueError)
+
+
+def test_a_rows_axis_of_any_size_is_written_any_not_as_a_batch_axis():
+    declared = type("Declared", (), {"input_shape": (None, None, 3), "input_dtype": np.float32})()
+    with pytest.raises(ModelInputError, match=r"^m: expected float32 \[B, any, 3\] or \[any, 3\], "
+                                              r"got int8 \[3\]$"):
+        Contract.of(declared, "m").check_input(np.zeros(3, np.int8))
+
+
+def test_a_list_for_an_array_model_is_refused_as_texts(tmp_path):
+    """A list reaches a worker only as texts: the wire carries no list of numbers."""
+    pack = write_mlp(tmp_path / "m.bpk", [8, 4, 3])
+    model = served(build_model(pack.tensors, pack.metadata, "mlp"))
+    with pytest.raises(ModelInputError, match=r"^the model mlp takes arrays, not texts: send float32 "
+                                              r"\[B, 8\] or \[8\]"):
+        model([1.0] * 8)
 
 
 def mlp_weights(dims: list[int], dtype=np.float32) -> dict[str, np.ndarray]:
