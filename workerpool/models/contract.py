@@ -11,11 +11,12 @@ A model that also takes a list of strings says ``accepts_text = True``, and may 
 returns for texts as ``text_output_shape`` and ``text_output_dtype``, in the same forms.
 
 The input is checked before the model runs, so a request that does not fit is the client's
-error, answered before numpy allocates anything for it; this is the only check of a
-request's form (built-in models declare theirs and check nothing: :class:`~.base.Model`). The output is checked before it is
-sent, so a model that breaks its own declaration is never mistaken for a success. What a model
-does not declare is not checked, except that its output must be arrays. Texts sent to a model
-that declares an array input and takes no texts are refused with a message saying so.
+error, answered before numpy allocates anything for it; this is the only check of a request's
+form (built-in models declare theirs and check nothing: :class:`~.base.Model`). The output is
+checked before it is sent, so a model that breaks its own declaration is never mistaken for a
+success. What a model does not declare is not checked, except that its output must be arrays.
+Texts sent to a model that declares an array input and takes no texts are refused with a
+message saying so.
 
 What is declared is also what ``info`` tells clients (:meth:`Contract.info`), in one format for
 every model: ``inputs`` and ``outputs`` are lists of ``{"name", "dtype", "shape"}``, the dtype
