@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -290,11 +293,18 @@ def test_idle_connections_cannot_exhaust_a_low_descriptor_limit(small_model):
 # Nothing stale.
 
 
-def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(small_model, tmp_path):
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), PYTHONPATH=str(MODELS))
-    pools = runtime / "workerpool"
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    """A private XDG_RUNTIME_DIR short enough for the ipc paths under it, wherever pytest's
+    temporary folders are (pytest-xdist puts each worker's one level deeper)."""
+    folder = tempfile.mkdtemp(prefix="wp-run-")  # mode 0700, as a runtime directory must be
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(small_model, tmp_path, runtime_dir):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime_dir), PYTHONPATH=str(MODELS))
+    pools = runtime_dir / "workerpool"
 
     def server(name: str) -> ServerProcess:
         return ServerProcess(serve_args(small_model, 1, "--control", f"ipc://{tmp_path}/{name}"),
