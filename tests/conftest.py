@@ -84,7 +84,7 @@ class ClosingContext(zmq.Context):
     """A context that keeps every socket made from it until ``destroy`` closes them: a socket a
     test drops is not left to the garbage collector, which warns of it as unclosed."""
 
-    made: list[zmq.Socket] = []  # declared here: pyzmq takes an unknown attribute for an option
+    made: list[zmq.Socket] | None = None  # declared on the class: pyzmq takes an unknown attribute for an option
 
     def __init__(self) -> None:
         super().__init__()
@@ -92,11 +92,12 @@ class ClosingContext(zmq.Context):
 
     def socket(self, *args: Any, **kwargs: Any) -> zmq.Socket:
         sock = super().socket(*args, **kwargs)
+        assert self.made is not None
         self.made.append(sock)
         return sock
 
     def destroy(self, linger: int | None = None) -> None:
-        for sock in self.made:
+        for sock in self.made or ():
             sock.close(linger)
         super().destroy(linger=linger)
 

@@ -180,60 +180,6 @@ def test_config_file_environment_and_command_line_in_that_order(tmp_path, small_
     assert again.returncode == 0 and again.stdout == done.stdout
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("wrkers = 3\n", ("unknown key 'wrkers'; did you mean 'workers'? (the keys are the long options of "
-                       "'workerpool serve --help')")),
-    ("max_bach = 3\n", "unknown key 'max_bach'; did you mean 'max-batch'?"),
-    ("no-watch = 3\n", "--no-watch is a switch"),
-    ("workers = [1]\n", "--workers takes a value"),
-    ("workers = \n", "not valid TOML"),
-    ('workers = "x"\n', "bad.toml: workers: invalid count 'x'"),
-    ('log-level = "loud"\n', "bad.toml: log-level: invalid choice: 'loud'"),
-])
-def test_a_config_that_cannot_be_used_is_one_line(tmp_path, small_model, content, message):
-    (tmp_path / "bad.toml").write_text(content)
-    done = cli("serve", small_model, "--config", tmp_path / "bad.toml")
-    assert done.returncode == 2 and message in done.stderr
-    assert done.stderr.count("\n") == 1 and "argument --" not in done.stderr
-
-
-@pytest.mark.parametrize(("name", "value", "message"), [
-    ("WORKERPOOL_WORKERS", "x", "invalid count 'x'"),
-    ("WORKERPOOL_MAX_QUEUE_BYTES", "12q", "invalid size '12q'"),
-])
-def test_a_bad_value_from_the_environment_names_the_variable(small_model, monkeypatch, name, value, message):
-    monkeypatch.setenv(name, value)
-    done = cli("serve", small_model, "--print-config")
-    assert done.returncode == 2 and done.stderr.startswith(f"workerpool: error: {name}: {message}")
-    assert done.stderr.count("\n") == 1, done.stderr
-
-
-def test_a_misspelt_variable_is_named_with_the_one_meant(small_model, monkeypatch):
-    """A misspelt file key is an error; a misspelt variable may belong to another tool's
-    environment, so it warns, naming the variable it resembles, and the rest goes on."""
-    monkeypatch.setenv("WORKERPOOL_WORKRES", "3")
-    monkeypatch.setenv("WORKERPOOL_CONTROL", "")  # read by status and reload: no warning
-    done = cli("serve", small_model, "--print-config")
-    assert done.returncode == 0 and "workers = " in done.stdout and "workers = 3" not in done.stdout
-    assert done.stderr == ("workerpool: warning: WORKERPOOL_WORKRES names no option of 'workerpool "
-                           "serve' and is ignored; did you mean 'WORKERPOOL_WORKERS'?\n"), done.stderr
-
-
-@pytest.mark.parametrize(("arguments", "message"), [
-    (("serve", "--workrs", "2", "MODEL"), "workerpool serve: error: unknown option --workrs; did you mean '--workers'?"),
-    (("serve", "MODEL", "--max-bach=3"), "workerpool serve: error: unknown option --max-bach; did you mean '--max-batch'?"),
-    (("status", "--jsn"), "workerpool status: error: unknown option --jsn; did you mean '--json'?"),
-    (("--verison",), "workerpool: error: unknown option --verison; did you mean '--version'?"),
-    (("serve", "--curve-server-key", "x", "MODEL"),  # serve's own key is the secret one
-     "workerpool serve: error: unknown option --curve-server-key; did you mean '--curve-secret-key'?"),
-    (("serve", "MODEL", "--zzz"), "workerpool serve: error: unknown option --zzz (see 'workerpool serve --help')"),
-])
-def test_a_misspelt_option_is_named_alone_with_the_closest(small_model, arguments, message):
-    done = cli(*(small_model if word == "MODEL" else word for word in arguments))
-    assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
-    assert done.stderr.count("\n") == 1 and str(small_model) not in done.stderr  # not the path's fault
-
-
 def test_json_logs_are_one_object_per_line(small_model):
     with Server(small_model, "--log-format", "json", workers=1) as server, \
             workerpool.Client(server.endpoint) as client:
