@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -79,9 +80,17 @@ def test_slow_request_does_not_delay_free_workers(small_model):
         assert np.array_equal(slow_result.outputs, np.full((1, 4), -6.0, np.float32))
 
 
+@pytest.fixture(scope="module")
+def shared_pool(small_model) -> Iterator[Server]:
+    """One pool of two forked workers for the tests that only read from it (info, requests,
+    the clients): each of them would otherwise pay a pool's start and stop."""
+    with Server(small_model, "--start", "fork", workers=2) as server:
+        yield server
+
+
 @pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the client's, not the start's
-def test_infer_many_and_info(small_model, local_model):
-    with Server(small_model, workers=2) as server, workerpool.Client(server.endpoint) as c:
+def test_infer_many_and_info(shared_pool, local_model):
+    with workerpool.Client(shared_pool.endpoint) as c:
         info = c.info()
         assert info["model"] == "mlp" and info["inputs"][0]["shape"][1] > 0
         width = info["inputs"][0]["shape"][1]
@@ -91,10 +100,10 @@ def test_infer_many_and_info(small_model, local_model):
 
 
 @pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the client's, not the start's
-def test_info_describes_arrays_as_the_wire_does(small_model, local_model):
+def test_info_describes_arrays_as_the_wire_does(shared_pool, local_model):
     """One format: ``inputs`` and ``outputs`` with dtypes as array descriptors write them; the
     README's first request reads the input width as ``info["inputs"][0]["shape"][1]``."""
-    with Server(small_model, workers=1) as server, workerpool.Client(server.endpoint) as client:
+    with workerpool.Client(shared_pool.endpoint) as client:
         info = client.info()
         x = np.ones((2, info["inputs"][0]["shape"][1]), dtype=np.float32)
         result = client.request(x)
@@ -106,17 +115,16 @@ def test_info_describes_arrays_as_the_wire_does(small_model, local_model):
 
 
 @pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the client's, not the start's
-def test_async_client(small_model):
+def test_async_client(small_model, shared_pool):
     import asyncio
 
     async def run(endpoint: str, width: int) -> list[np.ndarray]:
         async with workerpool.AsyncClient(endpoint) as c:
             return await asyncio.gather(*(c.infer(np.ones((2, width), np.float32)) for _ in range(8)))
 
-    with Server(small_model, workers=2) as server:
-        width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]
-        outputs = asyncio.run(run(server.endpoint, width))
-        assert len(outputs) == 8 and all(o.shape == (2, 10) for o in outputs)
+    width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]
+    outputs = asyncio.run(run(shared_pool.endpoint, width))
+    assert len(outputs) == 8 and all(o.shape == (2, 10) for o in outputs)
 
 
 def test_status_reports_every_worker(small_model):
@@ -259,25 +267,25 @@ def test_ttin_ttou_change_the_worker_count(small_model):
 
 
 @pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the command line's, not the start's
-def test_infer_command_round_trip(small_model, tmp_path):
-    with Server(small_model, workers=1) as server:
-        width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]
-        np.save(tmp_path / "x.npy", np.ones((3, width), np.float32))
-        done = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "x.npy",
-                   "--output", tmp_path / "y.npy", timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert np.load(tmp_path / "y.npy").shape == (3, 10)
-        np.save(tmp_path / "bad.npy", np.ones((3, width + 1), np.float32))
-        bad = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "bad.npy", timeout=60)
-        assert bad.returncode == 1
-        assert bad.stderr.startswith("workerpool: error: ") and "BadRequest" in bad.stderr
-        assert "Traceback" not in bad.stderr
-        np.savez(tmp_path / "named.npz", input=np.ones((2, width), np.float32))
-        named = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "named.npz",
-                    "--output", tmp_path / "z.npy", timeout=60)
-        assert named.returncode == 0, named.stderr
-        assert np.array_equal(np.load(tmp_path / "z.npy"), np.load(tmp_path / "y.npy")[:2])
-        np.save(tmp_path / "wide.npy", np.ones((3, width)))  # numpy's default: float64
-        wide = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "wide.npy", timeout=60)
-        assert wide.returncode == 1 and wide.stderr.count("\n") == 1
-        assert "numpy makes float64 by default: send x.astype(np.float32)" in wide.stderr
+def test_infer_command_round_trip(small_model, shared_pool, tmp_path):
+    server = shared_pool
+    width = burnpack.read(small_model).tensors["layers.0.weight"].shape[0]
+    np.save(tmp_path / "x.npy", np.ones((3, width), np.float32))
+    done = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "x.npy",
+               "--output", tmp_path / "y.npy", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert np.load(tmp_path / "y.npy").shape == (3, 10)
+    np.save(tmp_path / "bad.npy", np.ones((3, width + 1), np.float32))
+    bad = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "bad.npy", timeout=60)
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("workerpool: error: ") and "BadRequest" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    np.savez(tmp_path / "named.npz", input=np.ones((2, width), np.float32))
+    named = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "named.npz",
+                "--output", tmp_path / "z.npy", timeout=60)
+    assert named.returncode == 0, named.stderr
+    assert np.array_equal(np.load(tmp_path / "z.npy"), np.load(tmp_path / "y.npy")[:2])
+    np.save(tmp_path / "wide.npy", np.ones((3, width)))  # numpy's default: float64
+    wide = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "wide.npy", timeout=60)
+    assert wide.returncode == 1 and wide.stderr.count("\n") == 1
+    assert "numpy makes float64 by default: send x.astype(np.float32)" in wide.stderr
