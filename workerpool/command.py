@@ -1,30 +1,25 @@
 """The ``workerpool`` console command.
 
-The command-line module imports numpy and ZeroMQ, a tenth of a second or more. Ctrl-C pressed
-meanwhile ends the command quietly (exit 130) instead of with a traceback: the handler below is
-in place from this module's first lines until the commands, which handle Ctrl-C themselves, run.
+Ctrl-C while the command starts is held back (SIGINT blocked from this module's first lines),
+not raised: Python runs a signal handler at whichever bytecode comes next, and one that raises
+there can land in a weakref callback (an import's module lock has one) or a finaliser, where
+Python prints the exception and drops it, or in an extension's import, which turns it into an
+ImportError. A dropped Ctrl-C let ``serve`` start and serve on. The command line releases it
+once a command is about to run (``cli.main``: a Ctrl-C that came meanwhile then ends it, exit
+130), a pool only once its loop takes its signals (``supervisor.signals``).
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from types import FrameType
 
-INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
-
-
-def _quit_quietly(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(INTERRUPTED)
-
-
-signal.signal(signal.SIGINT, _quit_quietly)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def main() -> int:
     from .cli.main import main as run
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     return run()
 
 

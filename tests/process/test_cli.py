@@ -253,27 +253,26 @@ def _interrupted_serve(model: str, folder: Path, moment: str, delay: float = 0.0
     after its stderr shows ``moment``; its exit code and the rest of its stderr. ``-X
     importtime`` shows when the command's own guard is in place (the import of
     ``workerpool.command``): before it, Python itself is starting."""
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "workerpool", "serve", model, "--workers", "2",
          "--bind", "tcp://127.0.0.1:*", "--control", f"ipc://{folder}/control", *options],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert proc.stderr is not None
-        seen = []
-        for line in proc.stderr:
-            seen.append(line)
-            if moment in line:
-                time.sleep(delay)  # a moment inside start-up: there is no signal to wait for
-                os.killpg(proc.pid, signal.SIGINT)
-                break
-        else:
-            pytest.fail(f"never saw {moment!r}: {''.join(seen)}")
-        rest = proc.stderr.read()
-        return proc.wait(60), rest
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            assert proc.stderr is not None
+            seen = []
+            for line in proc.stderr:
+                seen.append(line)
+                if moment in line:
+                    time.sleep(delay)  # a moment inside start-up: there is no signal to wait for
+                    os.killpg(proc.pid, signal.SIGINT)
+                    break
+            else:
+                pytest.fail(f"never saw {moment!r}: {''.join(seen)}")
+            rest = proc.stderr.read()
+            return proc.wait(60), rest
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("start", "moments"), [
@@ -288,6 +287,41 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_serve_quietly(small_model, tmp_pa
         assert code in (0, 130), (delay, code, rest)
         for sign in ("Traceback", "Exception ignored", "KeyboardInterrupt", "Fatal Python error"):
             assert sign not in rest, (delay, rest)
+
+
+# A Ctrl-C that Python hands to the command's handler inside a weakref callback, as an import's
+# module lock has one: whatever the handler raises there, Python prints and drops.
+_CTRL_C_IN_A_CALLBACK = """
+import os, signal, sys, weakref
+from workerpool import command
+class Lock: pass
+lock = Lock()
+released = weakref.ref(lock, lambda _: os.kill(os.getpid(), signal.SIGINT))
+del lock
+sys.exit(command.main())
+"""
+
+
+@pytest.mark.parametrize(("command", "codes"), [("serve", (0, 130)), ("inspect", (130,))])
+def test_ctrl_c_that_python_delivers_inside_a_callback_still_ends_the_command(small_model, tmp_path,
+                                                                              command, codes):
+    """Such a Ctrl-C, raised at once, was lost: ``serve`` started and served on, ``inspect`` went
+    on to print its table. The rare hang of the test above, made certain."""
+    os.chmod(tmp_path, 0o700)
+    options = ["--workers", "2", "--bind", "tcp://127.0.0.1:*", "--control",
+               f"ipc://{tmp_path}/control"] if command == "serve" else []
+    proc = subprocess.Popen([sys.executable, "-c", _CTRL_C_IN_A_CALLBACK, command, small_model, *options],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode in codes, (proc.returncode, err)
+    for sign in ("Traceback", "Exception ignored", "KeyboardInterrupt", "Fatal Python error"):
+        assert sign not in err, err
 
 
 def _commands(parser: argparse.ArgumentParser, path: str = "workerpool") -> Iterator[tuple[str, argparse.ArgumentParser]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.print_config:
                 print(serve.effective_config(args))
                 return 0
+        else:  # a pool's loop takes Ctrl-C itself; any other command gets it here (command.py)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one held back raises now
         return handler(args)
     except CommandError as exc:
         print(f"workerpool: error: {exc}", file=sys.stderr)

@@ -43,14 +43,14 @@ class Signals:
 
     def __init__(self, pool: Supervisor) -> None:
         self.pool = pool
-        self._deferred: list[int] = []
 
     def defer(self) -> None:
-        """Until the loop takes signals, they are noted and handled once it does. Ctrl-C raised
-        at once could land in the template's fork, where Python prints the exception and drops
-        it; SIGHUP, SIGTTIN and SIGTTOU would kill or stop the supervisor mid-start."""
-        for signum in DEFERRED_SIGNALS:
-            signal.signal(signum, lambda signum, _: self._deferred.append(signum))
+        """Until the loop takes signals, they are blocked: the kernel keeps them pending, and
+        delivers them once it does. Ctrl-C raised at once could land in the template's fork, or
+        in a finaliser, where Python prints the exception and drops it; SIGHUP, SIGTTIN and
+        SIGTTOU would kill or stop the supervisor mid-start. The template forked meanwhile
+        inherits them blocked, and ignores them before it unblocks them."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED_SIGNALS)
 
     def take(self) -> ExitStack:
         """Route the signals through the loop from now on; the stack undoes it."""
@@ -69,7 +69,7 @@ class Signals:
         }
         for signum in handlers:
             signal.signal(signum, lambda *_: None)
-        os.write(wakeup_w, bytes(self._deferred))  # handled as soon as the loop turns
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, DEFERRED_SIGNALS)  # those pending reach the pipe now
 
         def on_signals() -> None:
             self._dispatch(handlers, os.read(wakeup_r, 256))

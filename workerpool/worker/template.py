@@ -269,9 +269,13 @@ def _drop_stale_model() -> None:
 
 def _ignore_the_supervisors_signals() -> None:
     """Only the supervisor stops the template (it closes the socket, or kills it): ``pkill -f``
-    and the like must not reach it through a shared command line."""
-    for signum in (*CONTROL_SIGNALS, STOP_SIGNAL):
+    and the like must not reach it through a shared command line. A forked template inherits
+    them blocked (the supervisor holds them back while it starts): ignored, those pending are
+    dropped, and unblocked, none stays pending in the workers it forks."""
+    supervisors = (*CONTROL_SIGNALS, STOP_SIGNAL)
+    for signum in supervisors:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, supervisors)
 
 
 def _wait_until_adopted(intermediate: int) -> None:
