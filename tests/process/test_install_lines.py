@@ -62,6 +62,7 @@ def test_the_lines_are_found():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.pip
 def test_no_install_line_pulls_pytorch_or_cuda(tmp_path):
     runs = {}
     for index, arguments in enumerate(resolutions()):
