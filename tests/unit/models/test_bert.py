@@ -18,7 +18,7 @@ from support.sockets import dealer, raw_request
 
 import workerpool
 from workerpool import burnpack
-from workerpool.models import ModelError, ModelInputError, build_model, ops
+from workerpool.models import ModelError, ModelInputError, build_model, ops, text_passes
 from workerpool.models.base import MODEL_KEY
 from workerpool.models.loaded import LoadedModel
 from workerpool.protocol import messages as protocol
@@ -189,7 +189,8 @@ def test_a_text_costs_its_own_tokens_whatever_its_company(minilm, reference):
     sentences, expected = reference
     model = LoadedModel(str(minilm), None, "mmap")
     short = model.infer(sentences[:2])["embedding"]
-    with_long = model.infer([*sentences[:2], "! " * 300, *(["a"] * 2000)])["embedding"]
+    company = ["! " * 300, *(["a"] * (text_passes.MAX_ROWS + 1))]  # a long text, more short ones than a pass holds
+    with_long = model.infer([*sentences[:2], *company])["embedding"]
     np.testing.assert_allclose(with_long[:2], short, rtol=1e-5, atol=1e-6)
     assert_matches(with_long[:2], expected[:2])
 
