@@ -88,6 +88,11 @@ def _modes_help(modes: Mapping[str, str], default: str) -> str:
                      for mode, text in modes.items())
 
 
+def _for(commands: frozenset[str], *settings: Setting) -> tuple[Setting, ...]:
+    """``settings``, each taken by ``commands`` alone: a group's commands are said once."""
+    return tuple(dataclasses.replace(setting, commands=commands) for setting in settings)
+
+
 _POOL_SETTINGS = (
     Setting("path", metavar="MODEL.bpk",
             help={SERVE: "the Burnpack weight file", WORKERS: "this host's copy of the weights"}),
@@ -160,31 +165,31 @@ _POOL_SETTINGS = (
             doc="how much the logs say"),
 )
 
-_SERVE_SETTINGS = (
-    Setting("--bind", commands=SERVE_ONLY, parse=values.bind_endpoint, default=DEFAULT_BIND,
+_SERVE_SETTINGS = _for(SERVE_ONLY,
+    Setting("--bind", parse=values.bind_endpoint, default=DEFAULT_BIND,
             metavar="ENDPOINT", help="client endpoint (default: %(default)s, loopback only)",
             doc="where clients connect; loopback unless you say otherwise (`tcp://127.0.0.1:*` picks "
             "a free port, shown in the ready line)"),
-    Setting("--control", commands=SERVE_ONLY, parse=values.control_endpoint, metavar="ENDPOINT",
+    Setting("--control", parse=values.control_endpoint, metavar="ENDPOINT",
             help="control endpoint for status (default: an ipc socket in a private runtime directory)",
             doc="where `status` asks: an `ipc://` path in a directory of yours with mode 0700 "
             "(anything else is refused at start); the socket is created mode 0600",
             doc_default="`ipc://$XDG_RUNTIME_DIR/workerpool/control.sock` (or "
             "`/tmp/workerpool-<uid>/`, mode 0700)"),
-    Setting("--max-queue", commands=SERVE_ONLY, parse=values.count, default=1024, metavar="N",
+    Setting("--max-queue", parse=values.count, default=1024, metavar="N",
             help="requests that may wait for a free worker; more are refused with 'overloaded' "
             "(default: %(default)s)",
             doc="requests that may wait for a free worker; beyond that a request is answered "
             "`overloaded` at once (see [Security and reliability](security.md) for how the queue is "
             "shared)"),
-    Setting("--max-message-size", commands=SERVE_ONLY, parse=values.positive_size, metavar="SIZE",
+    Setting("--max-message-size", parse=values.positive_size, metavar="SIZE",
             help="largest request accepted, at least 1MiB (default: room for a batch of 4096 of the "
             "model's inputs, at least 1MiB; 64MiB when the model declares no input shape)",
             doc="the largest request accepted, at least 1MiB; clients learn it and refuse larger "
             "requests (`RequestTooLarge`, HTTP 413)",
             doc_default="room for 4096 inputs of the model, at least 1MiB (64MiB if the model declares "
             "no input shape)"),
-    Setting("--max-queue-bytes", commands=SERVE_ONLY, parse=values.positive_size,
+    Setting("--max-queue-bytes", parse=values.positive_size,
             default_factory=default_max_queue_bytes, metavar="SIZE",
             help="bytes that waiting requests may hold together; past it new ones are refused with "
             "'overloaded' (default: 1GiB or 1/8 of memory, here {default_size})",
@@ -192,25 +197,25 @@ _SERVE_SETTINGS = (
             doc_default="1GiB, or 1/8 of memory if less"),
     # 20 s: below the clients' default 30 s timeout, so a stuck request is answered before a
     # client resends it to a second worker.
-    Setting("--request-timeout", commands=SERVE_ONLY, parse=values.positive_seconds, default=20.0,
+    Setting("--request-timeout", parse=values.positive_seconds, default=20.0,
             metavar="S",
             help="seconds a request may run on a worker; past it the client gets 'request_timeout' and "
             "the worker is replaced. Keep it below your clients' timeout (default: %(default)s)",
             doc="how long a request may run on a worker; past it the client gets `request_timeout` and "
             "the worker is replaced. Keep it below your clients' timeout (30 s by default)"),
-    Setting("--max-batch", commands=SERVE_ONLY, parse=values.positive_count, default=32,
+    Setting("--max-batch", parse=values.positive_count, default=32,
             metavar="ROWS",
             help="rows of the model's batch axis that queued requests may share in one forward pass; "
             "1 turns batching off (default: %(default)s)",
             doc="rows of the model's batch axis that waiting requests may share in one forward pass; "
             "`1` turns batching off (see [Batching](benchmarks.md#batching))"),
-    Setting("--batch-wait", commands=SERVE_ONLY, parse=values.milliseconds, default=0.0,
+    Setting("--batch-wait", parse=values.milliseconds, default=0.0,
             metavar="MS", file_value=lambda seconds: seconds * MS_PER_SECOND,
             help="milliseconds a request may wait for others to share its forward pass when fewer "
             "than --max-batch rows are queued (default: 0, never wait)",
             doc="how long a request may wait for others to share its forward pass while fewer than "
             "`--max-batch` requests wait; 0 never delays a request"),
-    Setting("--max-connections", commands=SERVE_ONLY, parse=values.positive_count, metavar="N",
+    Setting("--max-connections", parse=values.positive_count, metavar="N",
             help="client connections served at once, each from its first request on; requests on "
             "more are answered overloaded until one closes (default: 7/8 of what the open file "
             "limit leaves room for, halved with --http, which has as many of its own)",
@@ -219,46 +224,46 @@ _SERVE_SETTINGS = (
             "and connections past what the open file limit leaves room for are closed as they arrive",
             doc_default="7/8 of the connections the open file limit leaves room for, halved with "
             "`--http` (HTTP connections have as many)"),
-    Setting("--http", commands=SERVE_ONLY, metavar="HOST:PORT",
+    Setting("--http", metavar="HOST:PORT",
             help="serve HTTP here: KServe v2 inference (/v2/...), OpenAI embeddings (/v1/embeddings), "
             "/metrics, /healthz and /readyz; a bare :PORT is loopback (default: off; needs "
             "workerpool-mmap[http])",
             doc="serve HTTP here (`:PORT` alone is loopback): the [KServe v2 and OpenAI routes](http.md) "
             "and [`/metrics`, `/healthz`, `/readyz`](operations.md#health-readiness-and-metrics)",
             doc_default="off"),
-    Setting("--model-name", commands=SERVE_ONLY, metavar="NAME",
+    Setting("--model-name", metavar="NAME",
             help="the model's name in HTTP URLs and OpenAI's 'model' (default: the weight file's name "
             "without .bpk)",
             doc="the model's name in `/v2/models/NAME` and OpenAI's `model`", doc_default="the file's name"),
-    Setting("--http-timeout", commands=SERVE_ONLY, parse=values.seconds, default=10.0, metavar="SECONDS",
+    Setting("--http-timeout", parse=values.seconds, default=10.0, metavar="SECONDS",
             help="how long an HTTP client may take to send a request's head, stay idle between "
             "requests or pause within a body before it is closed (default: %(default)s)",
             doc="how long an HTTP client may take to send a request's head, stay idle between requests "
             "or pause within a body before its connection is closed"),
-    Setting("--http-token-file", commands=SERVE_ONLY, metavar="FILE",
+    Setting("--http-token-file", metavar="FILE",
             help="require 'Authorization: Bearer TOKEN' on every HTTP route but the probes and /metrics; "
             "the token is this file's content (default: none)",
             doc="a file holding the bearer token every HTTP route but the probes and `/metrics` needs"),
-    Setting("--http-cert", commands=SERVE_ONLY, metavar="FILE",
+    Setting("--http-cert", metavar="FILE",
             help="serve HTTPS with this certificate chain (PEM), with --http-key (default: plain HTTP)",
             doc="HTTPS: the certificate chain, PEM (with `--http-key`)"),
-    Setting("--http-key", commands=SERVE_ONLY, metavar="FILE",
+    Setting("--http-key", metavar="FILE",
             help="the private key of --http-cert (PEM)", doc="HTTPS: the private key, PEM"),
-    Setting("--backend", commands=SERVE_ONLY, parse=values.bind_endpoint, metavar="ENDPOINT",
+    Setting("--backend", parse=values.bind_endpoint, metavar="ENDPOINT",
             help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on other hosts "
             "join (default: none; local workers always use a private ipc socket)",
             doc="a TCP endpoint where worker hosts join (see [Scaling out](operations.md#scaling-out)); "
             "local workers always use a private ipc socket"),
     # One flag per meaning: --curve-server-key is the server's public key, on clients and hosts.
-    Setting("--curve-secret-key", commands=SERVE_ONLY, metavar="FILE",
+    Setting("--curve-secret-key", metavar="FILE",
             help="this server's secret key file (from 'workerpool keys generate'): authenticate and "
             "encrypt the client and TCP worker endpoints with CURVE",
             doc="this server's secret key file: CURVE authentication and encryption of the client and "
             "TCP worker endpoints (see [Scaling out](operations.md#scaling-out))"),
-    Setting("--curve-client-keys", commands=SERVE_ONLY, metavar="DIR",
+    Setting("--curve-client-keys", metavar="DIR",
             help="directory of the public key files of allowed clients",
             doc="the directory of the public key files of the clients allowed"),
-    Setting("--curve-worker-keys", commands=SERVE_ONLY, metavar="DIR",
+    Setting("--curve-worker-keys", metavar="DIR",
             help="directory of the public key files of allowed worker hosts (needed for a --backend on "
             "TCP; a client key never admits a worker host)",
             doc="the directory of the public key files of the worker hosts allowed, a list apart from "

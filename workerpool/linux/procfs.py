@@ -10,7 +10,7 @@ in bytes; a process is ``"self"`` or a pid. A process may exit while it is read:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ..units import KiB
@@ -116,17 +116,8 @@ def processes_mapping(path: str) -> list[int]:
     found = MappedFile.of(path)
     if found is None:
         return []
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/maps", "rb") as maps:
-                if any(found.mapped_in(line) for line in maps):
-                    pids.append(int(entry))
-        except OSError:  # gone, or not ours to read
-            continue
-    return pids
+    return [pid for pid, maps in _each_process("maps")
+            if any(found.mapped_in(line) for line in maps.splitlines())]
 
 
 def child_pids() -> set[int]:
@@ -156,15 +147,20 @@ def _listed_children() -> set[int] | None:
 
 def _children_by_parent() -> set[int]:
     """The processes whose ``/proc/<pid>/stat`` names this one as their parent."""
-    me, pids = os.getpid(), set()
+    me = os.getpid()
+    # After the name, which may hold anything: the state, then the parent's pid.
+    return {pid for pid, stat in _each_process("stat") if int(stat.rpartition(b")")[2].split()[1]) == me}
+
+
+def _each_process(name: str) -> Iterator[tuple[int, bytes]]:
+    """Each process's pid and its ``/proc/<pid>/<name>``, read whole; those that are gone or not
+    ours to read are passed over."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                after_name = stat.read().rpartition(b")")[2].split()  # the name may hold anything
-        except OSError:  # gone
+            with open(f"/proc/{entry}/{name}", "rb") as file:
+                content = file.read()
+        except OSError:
             continue
-        if int(after_name[1]) == me:  # state, then the parent's pid
-            pids.add(int(entry))
-    return pids
+        yield int(entry), content

@@ -54,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -325,40 +325,38 @@ def _width(dims: list[Any], metadata: Mapping[str, str]) -> int | None:
 def _check_initializers(views: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
     """Refuse tensors of another dtype or shape than the graph declares for them (convert
     wrote what it declares; files from before that are not checked)."""
-    if INITIALIZERS_KEY not in metadata:
-        return
-    try:
-        declared = json_object(metadata[INITIALIZERS_KEY])
-    except NotAJSONObject as exc:
-        raise ModelError(f"{NAME}: metadata {INITIALIZERS_KEY} is not a JSON object") from exc
-    for name, entry in declared.items():
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
-                and isinstance(entry[1], list)):
-            raise ModelError(f"{NAME}: metadata {INITIALIZERS_KEY}: {name} is not [dtype, shape]")
+    declared = _metadata_pairs(metadata, INITIALIZERS_KEY, "[dtype, shape]", lambda shape: isinstance(shape, list))
+    for name, (dtype, shape) in declared.items():
         view = views.get(name)
         if view is None:
             raise ModelError(f"{NAME}: onnxruntime cannot build the graph: its initializer {name} is "
                              "missing from the file")
-        if entry != [view.dtype.str, list(view.shape)]:
+        if [dtype, shape] != [view.dtype.str, list(view.shape)]:
             raise ModelError(f"{NAME}: tensor {name} is {view.dtype.str} {list(view.shape)}, where the "
-                             f"graph declares {entry[0]} {entry[1]}")
+                             f"graph declares {dtype} {shape}")
 
 
 def _lookups(metadata: Mapping[str, str]) -> dict[str, tuple[str, int]]:
     """The inputs that index a table directly, from the metadata convert wrote."""
-    if LOOKUPS_KEY not in metadata:
+    return _metadata_pairs(metadata, LOOKUPS_KEY, "[table, axis]", lambda axis: type(axis) is int)
+
+
+def _metadata_pairs(metadata: Mapping[str, str], key: str, form: str,
+                    second: Callable[[Any], bool]) -> dict[str, tuple[str, Any]]:
+    """``metadata[key]``, a JSON object that convert wrote of names to pairs ``form``: a string
+    and a value that ``second`` accepts; empty where the file has no such key."""
+    if key not in metadata:
         return {}
     try:
-        found = json_object(metadata[LOOKUPS_KEY])
+        found = json_object(metadata[key])
     except NotAJSONObject as exc:
-        raise ModelError(f"{NAME}: metadata {LOOKUPS_KEY} is not a JSON object") from exc
-    lookups = {}
+        raise ModelError(f"{NAME}: metadata {key} is not a JSON object") from exc
+    pairs = {}
     for name, entry in found.items():
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
-                and type(entry[1]) is int):
-            raise ModelError(f"{NAME}: metadata {LOOKUPS_KEY}: {name} is not [table, axis]")
-        lookups[name] = (entry[0], entry[1])
-    return lookups
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and second(entry[1])):
+            raise ModelError(f"{NAME}: metadata {key}: {name} is not {form}")
+        pairs[name] = (entry[0], entry[1])
+    return pairs
 
 
 def _prepared_file(options: BuildOptions) -> str | None:

@@ -332,13 +332,23 @@ def _byte_range(path: str, raw: dict[str, Any], name: str, shape: tuple[int, ...
         count = int(np.prod(shape, dtype=np.int64))
         if end - begin != 2 * count:
             raise ConvertError(f"{path}: tensor {name} holds {end - begin} bytes, not {2 * count}")
-        with open(path, "rb") as f:
-            f.seek(raw["start"] + begin)
-            data = np.fromfile(f, dtype="<u2", count=count)
-        if data.size != count:
-            raise ConvertError(f"{path}: tensor {name} is cut short")
-        return data.reshape(shape)
+        return read_values(path, raw["start"] + begin, np.dtype("<u2"), shape, f"{path}: tensor {name}")
     return load
+
+
+def read_values(file: str, offset: int, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """A tensor's values straight from ``file`` at byte ``offset``, for bytes that no library
+    reads for us (BF16 in safetensors, ONNX external data); ``where`` names the tensor."""
+    count = int(np.prod(shape, dtype=np.int64))
+    try:
+        with open(file, "rb") as f:
+            f.seek(offset)
+            data = np.fromfile(f, dtype=dtype, count=count)
+    except OSError as exc:
+        raise ConvertError(f"{where}: cannot read {file}: {exc.strerror or exc}") from exc
+    if data.size != count:
+        raise ConvertError(f"{where}: its data in {file} is cut short")
+    return data.reshape(shape)
 
 
 def _read_npz(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]]:

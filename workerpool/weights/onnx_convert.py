@@ -24,7 +24,7 @@ from .. import burnpack
 from ..burnpack import dtypes
 from ..errors import exception_text
 from ..models import onnx_layout
-from .convert import ConvertError, Tensors
+from .convert import ConvertError, Tensors, read_values
 
 # ONNX element types and the Burn dtype each is stored as; any other is refused by name.
 ONNX_DTYPES = {
@@ -159,16 +159,4 @@ def _external(path: str, where: str, tensor: Any, dtype: dtypes.DType, shape: tu
         raise ConvertError(f"{where}: external data file {file} holds {size} bytes, the tensor "
                            f"ends at byte {offset + nbytes}")
 
-    count = math.prod(shape)
-
-    def load() -> np.ndarray:
-        try:
-            with open(file, "rb") as f:
-                f.seek(offset)
-                data = np.fromfile(f, dtype=dtype.numpy, count=count)
-        except OSError as exc:
-            raise ConvertError(f"{where}: cannot read {file}: {exc.strerror or exc}") from exc
-        if data.size != count:
-            raise ConvertError(f"{where}: external data file {file} is cut short")
-        return data.reshape(shape)
-    return load
+    return lambda: read_values(file, offset, dtype.numpy, shape, where)
