@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from benchlib.arguments import add_count, add_json, add_size, levels, parser_for
+from benchlib.arguments import add_count, add_json, add_levels, add_mlp_pool, parser_for
 from benchlib.gunicorn import run_gunicorn
 from benchlib.memory import tree_memory
 from benchlib.pools import warmed_pool
@@ -278,10 +278,8 @@ def server_list(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = parser_for(__doc__)
-    add_size(parser, "--size", "16MiB", "mlp model size")
-    add_count(parser, "--workers", 2, "workers of each server")
-    parser.add_argument("--in-flight", dest="levels", type=levels, default="1,16,64",
-                        help="comma-separated requests in flight (default: 1,16,64)")
+    add_mlp_pool(parser, "16MiB", 2, "workers of each server")
+    add_levels(parser, "--in-flight", "1,16,64", dest="levels")
     parser.add_argument("--seconds", type=float, default=3.0, help="per level and run (default: 3)")
     add_count(parser, "--repeat", 2, "runs of each server, alternating")
     parser.add_argument("--servers", type=server_list, default=list(SERVERS),

@@ -12,7 +12,7 @@ import os
 import statistics
 import tempfile
 
-from benchlib.arguments import add_size, levels, parser_for
+from benchlib.arguments import add_levels, add_size, parser_for
 from benchlib.runs import demo_model
 from benchlib.zmq_load import drive
 
@@ -26,11 +26,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     add_size(parser, "--size", "16MiB", "model size")
     parser.add_argument("--rows", type=int, default=4, help="rows per request (default: 4)")
-    parser.add_argument("--in-flight", default="1,4", help="comma-separated levels (default: 1,4)")
+    add_levels(parser, "--in-flight", "1,4", "levels")
     parser.add_argument("--seconds", type=float, default=3.0, help="per level and run (default: 3)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each, alternating (default: 3)")
     args = parser.parse_args()
-    in_flight = levels(args.in_flight)
+    in_flight = args.in_flight
     cpus = len(os.sched_getaffinity(0))
     setups: dict[str, list[str]] = {"budget": [], "all cpus": ["--threads-per-worker", str(cpus)]}
     rates: dict[tuple[str, int], list[float]] = {(name, k): [] for name in setups for k in in_flight}

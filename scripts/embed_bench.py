@@ -30,7 +30,7 @@ from typing import Any
 from benchlib.arguments import load_arguments
 from benchlib.embedding import SENTENCES, minilm_extractor, sentences_per_second
 from benchlib.pools import warmed_pool
-from benchlib.runs import demo_model, load_average
+from benchlib.runs import demo_model, load_average, print_load_averages
 from benchlib.zmq_load import Frames, drive
 from threadpoolctl import threadpool_limits
 
@@ -129,7 +129,7 @@ def report(args: argparse.Namespace, rounds: list[dict[str, Any]], start_load: s
     print(f"total PSS of the pool, {args.workers} workers, every one having answered: {pss:.1f} MiB; "
           f"the same pool on a 4 MiB mlp: {bare:.1f} MiB; the model file: {weights:.1f} MiB; "
           f"the pool less both: {pss - bare - weights:+.1f} MiB")
-    print(f"load average at start: {start_load}; at end: {load_average()}")
+    print_load_averages((start_load, load_average()))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from benchlib.arguments import add_count, add_json, levels, parser_for
+from benchlib.arguments import add_count, add_json, add_levels, parser_for
 from benchlib.corpus import digest, sentences
 from benchlib.cpu import tree_cpu_seconds
 from benchlib.http_load import http_request, warm_http_workers
@@ -425,10 +425,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("folder", help="a sentence-transformers model folder exported to ONNX")
     parser.add_argument("--servers", type=server_list, default=list(LABELS),
                         help=f"comma-separated, among {', '.join(LABELS)} (default: all)")
-    parser.add_argument("--kinds", type=levels, default="1,16",
-                        help="comma-separated sentences per request (default: 1,16)")
-    parser.add_argument("--in-flight", type=levels, default="1,16,64",
-                        help="comma-separated connections wrk keeps busy (default: 1,16,64)")
+    add_levels(parser, "--kinds", "1,16", "sentences per request")
+    add_levels(parser, "--in-flight", "1,16,64", "connections wrk keeps busy")
     add_count(parser, "--workers", 2, "workers per server")
     add_count(parser, "--rounds", 3, "alternating rounds")
     parser.add_argument("--seconds", type=float, default=5.0,

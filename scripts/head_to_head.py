@@ -42,7 +42,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
-from benchlib.arguments import add_count, add_json, add_size, levels, parser_for
+from benchlib.arguments import add_count, add_json, add_levels, add_size, parser_for
 from benchlib.gunicorn import gunicorn_warmed
 from benchlib.http_load import http_drive, http_request
 from benchlib.memory import tree_memory
@@ -230,8 +230,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="which tables to make (default: both)")
     add_size(parser, "--speed-size", "4MiB", "mlp size of the speed table")
     add_count(parser, "--speed-workers", 2, "workers of each server in the speed table")
-    parser.add_argument("--in-flight", type=levels, default="1,16,64",
-                        help="comma-separated requests in flight (default: 1,16,64)")
+    add_levels(parser, "--in-flight", "1,16,64")
     add_count(parser, "--rounds", 5, "alternating rounds of the speed table")
     parser.add_argument("--seconds", type=float, default=1.0,
                         help="per figure, server and round (default: 1)")

@@ -44,7 +44,7 @@ import psutil
 from benchlib.arguments import load_arguments
 from benchlib.embedding import SENTENCES, minilm_extractor, sentences_per_second
 from benchlib.pools import warmed_pool
-from benchlib.runs import load_average
+from benchlib.runs import load_average, print_load_averages
 from benchlib.zmq_load import drive
 
 from workerpool.control import client as control
@@ -285,7 +285,7 @@ def report(args: Any, source: str, size: int, matched: dict[str, dict[str, Any]]
     private_each = median(lambda r: (r["private"] - r["private_one"]) / added) / MiB
     print(f"a private onnxruntime session per process, {args.workers} processes: total PSS "
           f"{median(lambda r: r['private']) / MiB:.1f} MiB ({private_each:.1f} MiB per added process)")
-    print(f"load average at start: {start_load}; at end: {load_average()}")
+    print_load_averages((start_load, load_average()))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 
-from benchlib.arguments import add_count, add_size, parser_for
+from benchlib.arguments import add_count, add_mlp_pool, parser_for
 
 from workerpool import models
 from workerpool.control import client as control
@@ -55,8 +55,7 @@ def measure(versions: list[str], served: str, workers: int, tmp: str, watch: boo
 
 def main() -> None:
     parser = parser_for(__doc__)
-    add_size(parser, "--size", "256MiB", "mlp model size")
-    add_count(parser, "--workers", 8, "workers")
+    add_mlp_pool(parser, "256MiB", 8, "workers")
     add_count(parser, "--repeat", 5, "reloads per way")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="wp-reload-") as tmp:

@@ -21,7 +21,7 @@ import urllib.request
 from typing import Any
 
 from benchlib.arguments import load_arguments
-from benchlib.runs import demo_model, load_average
+from benchlib.runs import demo_model, load_average, print_load_averages
 from benchlib.servers import free_port
 from benchlib.zmq_load import drive
 
@@ -72,7 +72,7 @@ def main() -> int:
         p50 = (statistics.median(r["p50_us"] for r in quiet), statistics.median(r["p50_us"] for r in scraped))
         print(f"{k} in flight: {rate[0]:.0f} req/s quiet, {rate[1]:.0f} scraped ({rate[1] / rate[0]:.2f}x); "
               f"p50 {p50[0]:.0f} µs quiet, {p50[1]:.0f} µs scraped ({p50[1] / p50[0]:.2f}x)")
-    print(f"load average at start: {start_load}; at end: {load_average()}")
+    print_load_averages((start_load, load_average()))
     return 0
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import zmq
-from benchlib.arguments import add_count, add_json, add_size, parser_for
+from benchlib.arguments import add_count, add_json, add_mlp_pool, parser_for
 from benchlib.runs import load_average, print_load_averages, scratch_run, write_figures
 from benchlib.zmq_load import REPLY_TIMEOUT
 
@@ -248,8 +248,7 @@ def print_table(generated: models.GeneratedMlp, args: argparse.Namespace,
 
 def build_parser() -> argparse.ArgumentParser:
     parser = parser_for(__doc__)
-    add_size(parser, "--size", "256MiB", "mlp model size")
-    add_count(parser, "--workers", 8, "workers each server starts with")
+    add_mlp_pool(parser, "256MiB", 8, "workers each server starts with")
     add_count(parser, "--adds", 5, "SIGTTINs per server run, one after another")
     add_count(parser, "--repeat", 2, "runs of each start method, alternating")
     add_json(parser)

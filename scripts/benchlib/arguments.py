@@ -32,9 +32,22 @@ def add_count(parser: argparse.ArgumentParser, flag: str, default: int, text: st
     parser.add_argument(flag, type=at_least_one, default=default, help=f"{text} (default: {default})")
 
 
+def add_levels(parser: argparse.ArgumentParser, flag: str, default: str, text: str = "requests in flight",
+               **more: Any) -> None:
+    """Comma-separated counts (``1,16,64``), each run in turn; its help ends with its default."""
+    parser.add_argument(flag, type=levels, default=default, help=f"comma-separated {text} (default: {default})",
+                        **more)
+
+
 def add_size(parser: argparse.ArgumentParser, flag: str, default: str, text: str) -> None:
     """A size in bytes, written as ``16MiB``; its help ends with its default."""
     parser.add_argument(flag, type=parse_size, default=parse_size(default), help=f"{text} (default: {default})")
+
+
+def add_mlp_pool(parser: argparse.ArgumentParser, size: str, workers: int, workers_text: str) -> None:
+    """``--size`` of the generated mlp a benchmark serves and ``--workers`` of each pool."""
+    add_size(parser, "--size", size, "mlp model size")
+    add_count(parser, "--workers", workers, workers_text)
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +70,7 @@ def load_arguments(doc: str | None, *, workers: int, in_flight: str, seconds: fl
     levels."""
     parser = parser_for(doc)
     add_count(parser, "--workers", workers, "workers")
-    parser.add_argument("--in-flight", type=levels, default=in_flight,
-                        help=f"comma-separated requests in flight (default: {in_flight})")
+    add_levels(parser, "--in-flight", in_flight)
     parser.add_argument("--seconds", type=float, default=seconds, help=f"per figure and run (default: {seconds:g})")
     add_count(parser, "--repeat", repeat, "alternating rounds")
     for name, (kind, default, text) in more.items():
