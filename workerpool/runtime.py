@@ -19,6 +19,8 @@ import time
 
 import psutil
 
+from .atomic import replace_atomically
+
 log = logging.getLogger(__name__)
 
 UNOWNED_GRACE = 60.0  # seconds a pool directory may exist without its owner file
@@ -52,8 +54,10 @@ def make_pool_dir() -> str:
     _remove_stale_pool_dirs(base)
     path = tempfile.mkdtemp(prefix=POOL_PREFIX, dir=base)
     me = psutil.Process()
-    with open(os.path.join(path, OWNER_FILE), "w") as f:
-        json.dump({"pid": me.pid, "started": me.create_time()}, f)
+    # Whole or absent: a server starting meanwhile must not read half of it and take the
+    # directory for a dead one's (absent, it waits out UNOWNED_GRACE).
+    with replace_atomically(os.path.join(path, OWNER_FILE)) as f:
+        f.write(json.dumps({"pid": me.pid, "started": me.create_time()}).encode())
     return path
 
 
