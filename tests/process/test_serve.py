@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import psutil
 import pytest
 from support.commands import cli
 from support.models import SLOW, build_local
+from support.paths import ROOT
 from support.processes import Background, slow_request
 from support.server import Server, refused_at_start
 from support.status import busy_pids, pool_ready
@@ -289,3 +292,16 @@ def test_infer_command_round_trip(small_model, shared_pool, tmp_path):
     wide = cli("infer", "--endpoint", server.endpoint, "--input", tmp_path / "wide.npy", timeout=60)
     assert wide.returncode == 1 and wide.stderr.count("\n") == 1
     assert "numpy makes float64 by default: send x.astype(np.float32)" in wide.stderr
+
+
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the pool's defaults
+def test_the_testing_example_of_the_client_docs_runs(small_model, tmp_path):
+    """docs/client.md shows how to start a pool from a test: its example, as written, serves."""
+    text = (ROOT / "docs" / "client.md").read_text().split("## Pools in your tests", 1)[1]
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.py").write_text(example.replace('"model.bpk"', repr(str(small_model))))
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(1, 10)"
+    assert "ready" in (tmp_path / "pool.log").read_text()
