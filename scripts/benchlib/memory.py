@@ -15,9 +15,10 @@ from workerpool.ops import metrics
 
 
 def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
-    """PSS (psutil's ``memory_full_info``) of ``pid`` and each of its descendants, and their sum
-    split into the root, the ``workers`` (the pids that answered requests) and the others (the
-    template); with how much of the model file each process has resident in its mappings.
+    """PSS (``smaps_rollup``, read by workerpool.linux.procfs) of ``pid`` and each of its
+    descendants, and their sum split into the root, the ``workers`` (the pids that answered
+    requests) and the others (the template); with how much of the model file each process has
+    resident in its mappings.
 
     Raises RuntimeError when a process exits while it is read, or when a worker that answered
     is no longer among the descendants (it was replaced: the figures would mix two pools)."""
