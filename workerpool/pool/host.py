@@ -107,10 +107,9 @@ class HostRole:
             return  # a new worker is still loading
         if len(active) > pool.target:
             pool.stop_child(min(old, key=lambda c: c.started))
-        else:
-            log.info("starting a worker on generation %d to replace one on generation %d",
+        elif pool.manage_workers():  # none while a failed start backs off
+            log.info("started a worker on generation %d to replace one on generation %d",
                      pool.watcher.current.generation, old[0].generation)
-            pool.manage_workers()
 
     def reload_done(self) -> bool:
         generation = self.pool.watcher.current.generation

@@ -141,11 +141,11 @@ class Supervisor:
 
     # Workers.
 
-    def manage_workers(self) -> None:
+    def manage_workers(self) -> int:
         """Close the gap between the workers wanted and those running, starting or scheduled
-        (``headcount.py``): on every tick, and at once after an event that opens one."""
+        (``headcount.py``), on every tick and after an event that opens one; how many it started."""
         if self.stopping:
-            return
+            return 0
         correction = self._correction()
         if correction.cancel:
             self.spawn_at = sorted(self.spawn_at)[:-correction.cancel]
@@ -153,6 +153,7 @@ class Supervisor:
             self.stop_child(child)
         for _ in range(correction.start):
             self.spawn()
+        return correction.start
 
     def _correction(self) -> Correction:
         now = time.monotonic()
@@ -211,17 +212,19 @@ class Supervisor:
         code = child.reap()
         del self.children[child.pid]
         why = describe_exit(code)
-        self.role.child_exited(child, why)
         if child.stopping or self.stopping:
             log.log(logging.DEBUG if self.stopping else logging.INFO, "worker %d stopped (%s)", child.pid, why)
+            self.role.child_exited(child, why)
             return
         if code == -signal.SIGBUS:
             log.error("worker %d was killed by SIGBUS: %s was truncated or rewritten in place while "
                       "mapped; publish new weights by rename (workerpool publish NEW.bpk %s)",
                       child.pid, self.config.path, self.config.path)
-        self.check_weights("worker exit")
+        # Before the role hears of it: a host's rollout may close the gap, hiding the log and back-off.
         if self._correction().start:  # not when the pool was over its count
             self._replace(child, code, why)
+        self.role.child_exited(child, why)
+        self.check_weights("worker exit")
         self.manage_workers()
 
     def _replace(self, child: Child, code: int, why: str) -> None:

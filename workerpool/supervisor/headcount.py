@@ -30,13 +30,14 @@ def correct(wanted: int, running: Sequence[Child], starting: int, scheduled: int
     ``scheduled``: restarts waiting out a back-off; ``generation``: the newest weights.
 
     Too many: scheduled restarts go first (nothing runs yet), then running workers beyond
-    ``wanted`` (an older generation first, then one not ready, then the newest). A start already
-    under way is not stopped before it is reported: if the pool is still over then, the next
-    tick stops it, the newest and least ready of the running ones."""
+    ``wanted``: one not ready first (a ready worker is never stopped while one still loading is
+    kept, or a rollout's TTOU could leave none serving), then an older generation, then the
+    newest. A start already under way is not stopped before it is reported: if the pool is
+    still over then, the next tick stops it, the newest of those not ready."""
     gap = wanted - len(running) - starting - scheduled
     if gap >= 0:
         return Correction(start=gap)
     cancel = min(-gap, scheduled)
     stopping = min(-gap - cancel, max(0, len(running) - wanted))
-    victims = sorted(running, key=lambda c: (c.generation >= generation, c.ready, -c.started))
+    victims = sorted(running, key=lambda c: (c.ready, c.generation >= generation, -c.started))
     return Correction(cancel=cancel, stop=tuple(victims[:stopping]))

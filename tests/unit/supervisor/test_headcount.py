@@ -22,15 +22,17 @@ def test_too_many_drops_scheduled_restarts_before_stopping_a_running_worker():
     assert correct(1, running, starting=0, scheduled=1, generation=1) == Correction(cancel=1, stop=(running[1],))
 
 
-def test_the_worker_stopped_is_of_an_older_generation_then_unready_then_the_newest():
+def test_the_worker_stopped_is_one_loading_then_of_an_older_generation_then_the_newest():
+    """A rollout's TTOU must not stop the ready old workers and keep the loading new one: the
+    host would serve with none until it loads."""
     old = worker(1, generation=1, started=1.0)
     loading = worker(2, generation=2, ready=False, started=2.0)
     newest = worker(3, generation=2, started=3.0)
     settled = worker(4, generation=2, started=0.5)
     running = [settled, newest, loading, old]
-    assert correct(3, running, starting=0, scheduled=0, generation=2).stop == (old,)
-    assert correct(2, running, starting=0, scheduled=0, generation=2).stop == (old, loading)
-    assert correct(1, running, starting=0, scheduled=0, generation=2).stop == (old, loading, newest)
+    assert correct(3, running, starting=0, scheduled=0, generation=2).stop == (loading,)
+    assert correct(2, running, starting=0, scheduled=0, generation=2).stop == (loading, old)
+    assert correct(1, running, starting=0, scheduled=0, generation=2).stop == (loading, old, newest)
 
 
 def test_a_start_under_way_is_left_to_arrive_rather_than_stopping_a_ready_worker():
