@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -24,9 +25,11 @@ from ..config.pool import (
     LIVENESS_BEATS,
     LOAD_MODES,
 )
+from ..logs import LEVELS
 
 MAX_TEXT = 4096  # characters of a path, endpoint or name in a spec (the kernel's PATH_MAX)
 MAX_NUMBERS = 8  # items of a list of numbers in a spec (a file identity has four)
+MIN_HEARTBEAT = 0.001  # seconds: ZeroMQ's heartbeat options count whole milliseconds
 
 # Exit codes by which a worker tells its supervisor why it stopped.
 EXIT_LOAD_FAILED = 3  # the file or the model is unusable
@@ -61,26 +64,26 @@ class WorkerSpec:
     backend: str
     model: str | None = None
     load: str = field(default=DEFAULT_LOAD, metadata={"choices": LOAD_MODES})
-    generation: int = 1
+    generation: int = field(default=1, metadata={"least": 1})
     expect: list[int] | None = field(default=None, metadata={
         "help": "the file identity the supervisor validated, as a JSON list"})
     source: str | None = field(default=None, metadata={
         "help": "open this instead of the path: the supervisor's descriptor of the file it validated"})
-    heartbeat: float = HEARTBEAT_SECONDS
-    liveness: int = LIVENESS_BEATS
-    log_level: str = DEFAULT_LOG_LEVEL
+    heartbeat: float = field(default=HEARTBEAT_SECONDS, metadata={"least": MIN_HEARTBEAT})
+    liveness: int = field(default=LIVENESS_BEATS, metadata={"least": 1})
+    log_level: str = field(default=DEFAULT_LOG_LEVEL, metadata={"choices": LEVELS})
     remote: bool = field(default=False, metadata={
         "help": "the router is on another host: wait for it instead of exiting"})
     ready_fd: int | None = field(default=None, metadata={
-        "help": "write to this inherited pipe once the model is built"})
+        "help": "write to this inherited pipe once the model is built", "least": 0})
     curve_key: str | None = field(default=None, metadata={"help": "this host's secret key file"})
     curve_server_key: str | None = field(default=None, metadata={"help": "the router's public key file"})
     max_memory: int | None = field(default=None, metadata={
-        "help": "bytes of private memory past which the worker recycles itself"})
+        "help": "bytes of private memory past which the worker recycles itself", "least": 1})
     parent: int | None = field(default=None, metadata={
-        "help": "the supervisor's pid: exit at once if it is already gone"})
+        "help": "the supervisor's pid: exit at once if it is already gone", "least": 1})
     threads: int | None = field(default=None, metadata={
-        "help": "threads for numpy's BLAS and OpenMP pools"})  # None leaves the libraries' defaults
+        "help": "threads for numpy's BLAS and OpenMP pools", "least": 1})  # None leaves the libraries' defaults
     cache_dir: str | None = field(default=None, metadata={
         "help": "where the model keeps what it prepares once per machine"})  # None: nothing
 
@@ -156,6 +159,12 @@ def _problem(f: Field[Any], value: object) -> str | None:
         return f"{type(value).__name__} where {kind} belongs"
     if isinstance(value, str) and len(value) > MAX_TEXT:
         return f"{len(value)} characters, more than {MAX_TEXT}"
+    if isinstance(value, str) and "\0" in value:
+        return "holds a NUL character, which no path, endpoint or name may"
+    least = f.metadata.get("least")
+    if isinstance(value, int | float) and not isinstance(value, bool) \
+            and not (math.isfinite(value) and (least is None or value >= least)):
+        return f"{value!r} is not a number from {least} up"
     if isinstance(value, list) and (len(value) > MAX_NUMBERS or
                                     not all(type(item) is int for item in value)):
         return f"not a list of at most {MAX_NUMBERS} integers"
@@ -163,6 +172,11 @@ def _problem(f: Field[Any], value: object) -> str | None:
     if choices is not None and value not in choices:
         return f"{value!r} is not one of {', '.join(choices)}"
     return None
+
+
+def _described(f: Field[Any]) -> dict[str, Any]:
+    """What argparse takes of a field's metadata (the rest, such as ``least``, is checked here)."""
+    return {key: f.metadata[key] for key in ("help", "choices") if key in f.metadata}
 
 
 def _flag(f: Field[Any]) -> str:
@@ -181,9 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name == "path":
             parser.add_argument("path")
         elif _kind(f) == "bool":
-            parser.add_argument(_flag(f), action="store_true", **f.metadata)
+            parser.add_argument(_flag(f), action="store_true", **_described(f))
         elif f.default is MISSING:
-            parser.add_argument(_flag(f), type=_PARSE.get(_kind(f), str), required=True, **f.metadata)
+            parser.add_argument(_flag(f), type=_PARSE.get(_kind(f), str), required=True, **_described(f))
         else:
-            parser.add_argument(_flag(f), type=_PARSE.get(_kind(f), str), default=f.default, **f.metadata)
+            parser.add_argument(_flag(f), type=_PARSE.get(_kind(f), str), default=f.default, **_described(f))
     return parser

@@ -46,6 +46,13 @@ def test_a_whole_number_is_a_float_field_value():
     ({"load": "borrow"}, "load: 'borrow' is not one of"),
     ({"curve_key": "/k/me.key_secret"}, "--curve-key and --curve-server-key go together"),
     ({"size": 1}, "unknown fields ['size']"),
+    ({"heartbeat": float("nan")}, "heartbeat: nan is not a number from 0.001 up"),
+    ({"heartbeat": -1}, "heartbeat: -1 is not a number from 0.001 up"),
+    ({"liveness": 0}, "liveness: 0 is not a number from 1 up"),
+    ({"threads": -3}, "threads: -3 is not a number from 1 up"),
+    ({"generation": 0}, "generation: 0 is not a number from 1 up"),
+    ({"log_level": "bogus"}, "log_level: 'bogus' is not one of debug, info, warning, error"),
+    ({"source": "/proc/self/fd/3\0x"}, "source: holds a NUL character"),
 ], ids=lambda value: str(value)[:40])
 def test_data_that_breaks_the_spec_is_refused_with_the_reason(change, reason):
     data = {**SPECS[0].to_data(), **change}
