@@ -121,7 +121,8 @@ def _tensor(entry: dict[str, Any], binary: memoryview, view: ModelView) -> tuple
                          f"{', '.join([*DATATYPES, BYTES])}")
     accepted = {declared.dtype, *declared.also_accepted} - {None}
     if accepted and dtype not in accepted:
-        wanted = " or ".join(sorted(filter(None, (NUMPY_TO_DATATYPE.get(str(d)) for d in accepted))))
+        names = {BYTES if d == TEXT else NUMPY_TO_DATATYPE.get(str(d)) for d in accepted}
+        wanted = " or ".join(sorted(filter(None, names)))  # texts are BYTES
         raise BadRequest(f"input {name!r} takes {wanted}, not {datatype}")
     if size is not None:
         needed = count * np.dtype(dtype).itemsize

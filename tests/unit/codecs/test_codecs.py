@@ -57,6 +57,12 @@ def test_bad_values_are_a_bad_request_never_an_overflow(document, words) -> None
         kserve.decode_infer(json.dumps(document).encode(), None, MLP)
 
 
+def test_numbers_sent_to_a_text_input_are_told_it_takes_bytes() -> None:
+    document = {"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [0.5]}]}
+    with pytest.raises(BadRequest, match="^input 'input' takes BYTES, not FP32$"):
+        kserve.decode_infer(json.dumps(document).encode(), None, TEXTS)
+
+
 def test_binary_sizes_are_checked_before_anything_is_allocated() -> None:
     body, head = binary(np.ones((1, 4), np.float32))
     with pytest.raises(BadRequest, match="not a size within"):
