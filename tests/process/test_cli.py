@@ -293,6 +293,7 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_serve_quietly(small_model, tmp_pa
 # module lock has one: whatever the handler raises there, Python prints and drops.
 _CTRL_C_IN_A_CALLBACK = """
 import os, signal, sys, weakref
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, whatever the test runner left
 from workerpool import command
 class Lock: pass
 lock = Lock()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -182,11 +186,11 @@ def test_tensors_that_do_not_fit_the_graph_are_refused(tmp_path, tensor, changed
         LoadedModel(str(tmp_path / "bad.bpk"), None, "mmap")
 
 
-def test_memory_is_given_back_after_a_pass_that_grew_the_worker_and_not_otherwise(tmp_path):
+def give_back_scenario(folder: str) -> None:
     """The arena keeps what a pass needed; ordinary passes leave it below the bound, so they run
     without shrinkage, and a pass that grows the worker past the bound is followed by a give-back
     once its request is answered (the worker settles after sending the replies)."""
-    loaded = served(tmp_path, onnx_graphs.mlp())
+    loaded = served(Path(folder), onnx_graphs.mlp())
     model = loaded.model
     for batch in range(1, 51):
         loaded.infer(mlp_input(batch))
@@ -202,6 +206,17 @@ def test_memory_is_given_back_after_a_pass_that_grew_the_worker_and_not_otherwis
     loaded.infer(mlp_input(4))
     loaded.settle()
     assert model.recoveries == 1
+
+
+@pytest.mark.process
+def test_memory_is_given_back_after_a_pass_that_grew_the_worker_and_not_otherwise(tmp_path):
+    """In a fresh interpreter, as a worker is: in the test's own process, an earlier test's
+    onnxruntime arena may already hold the room the big pass needs, and nothing grows."""
+    code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+            f"import test_onnx_model; test_onnx_model.give_back_scenario({str(tmp_path)!r})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_give_back_without_a_session_or_with_fixed_shapes_only_trims_the_heap(tmp_path):
