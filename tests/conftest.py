@@ -9,6 +9,7 @@ beside the checkout, as in CI); tests that need it skip when it is absent.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,14 @@ from workerpool import models
 from workerpool.config.pool import START_METHODS
 
 PROCESS_TESTS = TESTS / "process"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: the process tests wait on servers more than they compute, so two test
+    processes a CPU; the in-process tests alone only compute, and each test process collects the
+    whole suite again, so one a CPU."""
+    cpus = os.cpu_count() or 1
+    return cpus if "not process" in (config.option.markexpr or "") else 2 * cpus
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
