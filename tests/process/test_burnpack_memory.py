@@ -14,6 +14,8 @@ import textwrap
 import pytest
 from support.commands import python
 
+pytestmark = pytest.mark.xdist_group("timing")  # measures time or memory: in turn with the others
+
 MiB = 1024 * 1024
 
 _STATUS = textwrap.dedent(

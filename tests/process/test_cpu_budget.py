@@ -12,7 +12,8 @@ from support.status import pool_ready
 
 import workerpool
 
-pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
+pytestmark = [pytest.mark.usefixtures("start_method"),  # each test with fork and spawn
+              pytest.mark.xdist_group("timing")]  # CPU time is measured: in turn with the other timing tests
 
 REPORT = ("--model", "thread_model:factory")  # answers with its worker's thread limits
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
 import zmq
 from support.commands import cli
 from support.server import Server
+
+pytestmark = pytest.mark.xdist_group("timing")  # measures time or memory: in turn with the others
 
 WORKERS = 12
 

@@ -368,6 +368,7 @@ FAILED_START = re.compile(
 
 
 @pytest.mark.usefixtures("start_method")  # with fork and spawn: it is about starting
+@pytest.mark.xdist_group("timing")  # asserts how long it takes
 def test_worker_that_cannot_start_is_restarted_with_backoff(small_model, tmp_path, monkeypatch):
     """Replacements that die before they are ready are restarted after 0.5 s, 1 s, 2 s...,
     each failure logged, not spun; once they can start again the pool is whole.
@@ -453,6 +454,7 @@ def test_a_refused_publish_costs_no_capacity_and_the_pool_says_it_is_degraded(
 # 6. Hung workers.
 
 
+@pytest.mark.xdist_group("timing")  # asserts how long it takes
 def test_frozen_idle_worker_is_declared_lost_and_replaced(small_model, local_model):
     with Server(small_model, workers=2) as server:
         width = local_model.input_shape[1]
@@ -480,6 +482,7 @@ def test_frozen_idle_worker_is_declared_lost_and_replaced(small_model, local_mod
         assert f"killing worker {victim}" in log
 
 
+@pytest.mark.xdist_group("timing")  # asserts how long it takes
 def test_frozen_busy_worker_loses_its_connection_and_the_request_is_retried(small_model):
     """A busy worker does not beat; the router relies on ZMTP heartbeats (HEARTBEAT_IVL 1 s,
     HEARTBEAT_TIMEOUT 5 s on the backend): they close a frozen worker's connection, the next

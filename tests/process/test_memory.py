@@ -20,6 +20,8 @@ import workerpool
 from workerpool import models
 from workerpool.ops import metrics
 
+pytestmark = pytest.mark.xdist_group("timing")  # measures time or memory: in turn with the others
+
 MiB = 1024 * 1024
 WORKERS = 3
 
