@@ -2,9 +2,8 @@
 
 The pool reads a process's memory, mappings and children here alone, so a figure means the same
 wherever it is shown and one rule (:meth:`MappedFile.mapped_in`) tells whether a mapping is the
-model file. Figures are
-in bytes; a process is ``"self"`` or a pid. A process may exit while it is read: that is an
-``OSError`` for the caller to expect.
+model file. Figures are in bytes; a process is ``"self"`` or a pid. A process may exit while it
+is read: that is an ``OSError`` for the caller to expect.
 """
 
 from __future__ import annotations
