@@ -79,12 +79,15 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
             if not select.select([sock], [], [], STALE_CHECK_SECONDS)[0]:
                 _drop_stale_model()
                 continue
-            size = sock.recv_into(bytearray(1), 1, socket.MSG_PEEK | socket.MSG_TRUNC)  # still unread
-            if size > MAX_ORDER_BYTES:
-                log.error("template %d: an order of %d bytes, over %d; exiting", os.getpid(), size,
-                          MAX_ORDER_BYTES)
-                break
-            data, fds, flags, _ = socket.recv_fds(sock, MAX_ORDER_BYTES, 1)
+            try:
+                size = sock.recv_into(bytearray(1), 1, socket.MSG_PEEK | socket.MSG_TRUNC)  # still unread
+                if size > MAX_ORDER_BYTES:
+                    log.error("template %d: an order of %d bytes, over %d; exiting", os.getpid(), size,
+                              MAX_ORDER_BYTES)
+                    break
+                data, fds, flags, _ = socket.recv_fds(sock, MAX_ORDER_BYTES, 1)
+            except ConnectionResetError:  # the supervisor closed its end before reading ours: gone
+                data = b""
             if not data:
                 code = 0
                 break

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,3 +91,20 @@ def test_an_order_too_large_or_without_an_id_ends_the_template_unanswered(forked
     assert forked.exit_code() == 1
     said = (tmp_path / "template.log").read_text()
     assert "exiting" in said and "Traceback" not in said  # told, not failed
+
+
+def test_a_supervisor_that_leaves_without_reading_ends_the_template_quietly(tmp_path):
+    """A pool refused at start closes its end with the template's "ready" unread: the template
+    reads that as a reset, not an end of file, and must take it for the supervisor gone."""
+    log = tmp_path / "template.log"
+    sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        sock.close()
+        template.log.addHandler(logging.FileHandler(log))
+        template.run(theirs, os.getppid())  # never returns
+    theirs.close()
+    assert select.select([sock], [], [], 30)[0]  # "ready" has come, and stays unread
+    sock.close()
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert "Traceback" not in log.read_text()
