@@ -82,6 +82,24 @@ def test_metrics_move_with_traffic_and_memory_matches_status(small_model, local_
     assert len({labels for labels in samples["workerpool_worker_memory_bytes"]}) == 2 * 3
 
 
+def test_request_seconds_count_every_request_held_waiting_or_running(small_model):
+    """The autoscaling counter: one worker, three requests of 0.6 s sent at once, so one runs
+    while two wait: 0.6 + 1.2 + 1.8 = 3.6 request-seconds (a gauge scraped now and then would
+    see 0 or 3 depending on when); mid-run, a scrape counts the stretch not yet ended."""
+    with http_server(small_model, *SLOW, workers=1) as server:
+        url = server.status(memory=False)["http"]
+        assert scrape(url)["workerpool_request_seconds_total"][()] == 0
+        requests = [slow_request(server.endpoint, 0.6) for _ in range(3)]
+        server.wait_for(lambda s: s["queue"]["in_flight"] + s["queue"]["depth"] == 3)
+        early = scrape(url)["workerpool_request_seconds_total"][()]
+        time.sleep(0.2)  # a span of time is what is measured
+        assert scrape(url)["workerpool_request_seconds_total"][()] - early >= 3 * 0.2
+        for request in requests:
+            request.join(20)
+        held = scrape(url)["workerpool_request_seconds_total"][()]
+    assert 3.6 <= held < 3.6 + 0.5
+
+
 def test_readyz_follows_the_pool_and_status_ready_says_the_same(small_model):
     backend = free_backend()
     with http_server(small_model, "--backend", backend, *SLOW, workers=0) as server:

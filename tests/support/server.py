@@ -62,6 +62,11 @@ class Server(ServerProcess):
         except psutil.NoSuchProcess:
             pass
 
+    def descendants(self) -> list[psutil.Process]:
+        """Every process it started that still runs (the template, the workers)."""
+        self.track()
+        return [p for p in self._known.values() if p.is_running()]
+
     def wait_for(self, predicate: Callable[[dict], Any], timeout: float = 30.0,
                  interval: float = 0.05, *, memory: bool = False) -> dict:
         """Poll the server's status (with each process's memory when ``memory``) until

@@ -54,6 +54,9 @@ class PoolCollector:
                          snapshot["queue_waits"])
         yield _histogram("workerpool_run_seconds", "Time from a request's dispatch to its reply.",
                          snapshot["run_times"])
+        yield CounterMetricFamily("workerpool_request_seconds", "Seconds requests spent in the pool, waiting "
+                                  "or running, summed: its rate is the average number of requests in "
+                                  "the pool, the concurrency to autoscale on.", value=snapshot["request_seconds"])
         yield GaugeMetricFamily("workerpool_queue_depth", "Requests waiting for a worker.",
                                 value=status["queue"]["depth"])
         yield GaugeMetricFamily("workerpool_in_flight", "Requests running on workers.",

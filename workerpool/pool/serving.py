@@ -156,6 +156,7 @@ class ServingRole:
         return {"status": self.commands.status(), "outcomes": dict(router.intake.outcomes),
                 "queue_waits": router.stats.queue_waits.copy(), "run_times": router.stats.run_times.copy(),
                 "batch_rows": router.stats.batch_rows.copy(),
+                "request_seconds": router.stats.occupancy.seconds(time.monotonic()),
                 "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
                 "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
 
@@ -217,6 +218,7 @@ class ServingRole:
         if links.remote is not None:
             loop.read(links.remote, links.on_remote_backend)
         loop.after_each_turn(links.flush)
+        loop.after_each_turn(router.count_held)
         loop.every_tick(self._duties, urgent=lambda: bool(router.queue or self.commands.status_waiters),
                         due=lambda: router.wake_at)
 

@@ -112,6 +112,10 @@ class Router:
     def unfinished(self) -> int:
         return self.in_flight + len(self.queue)
 
+    def count_held(self) -> None:
+        """Tell the occupancy how many requests the pool holds now (after each turn of the loop)."""
+        self.stats.occupancy.count(time.monotonic(), self.unfinished)
+
     @property
     def wake_at(self) -> float | None:
         """When a held request is due to be released (None: none is held)."""

@@ -1,8 +1,10 @@
-"""The router's histograms: what ``/metrics`` reports of queue waits, run times and batches."""
+"""The router's tallies: what ``/metrics`` reports of queue waits, run times, batches and how
+many requests the pool holds over time."""
 
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 BATCH_BUCKETS = tuple(2**i for i in range(11))  # 1, 2, 4 ... 1024 rows
@@ -27,14 +29,38 @@ class Histogram:
         return self.bounds, list(self.counts), self.total
 
 
+class Occupancy:
+    """The requests in the pool (waiting or running) integrated over time: seconds spent in the
+    pool, summed over requests. Its rate over a window is the average number of requests in the
+    pool (Little's law), the concurrency an autoscaler compares with what a replica can take.
+    A gauge sampled at each scrape would miss every burst between two scrapes; this misses none.
+    The count changes only while the loop handles events, so reading it once after each turn
+    makes the integral exact."""
+
+    def __init__(self, now: float) -> None:
+        self._seconds = 0.0
+        self._requests = 0
+        self._since = now
+
+    def count(self, now: float, requests: int) -> None:
+        """The pool holds ``requests`` from ``now`` on."""
+        self._seconds += self._requests * (now - self._since)
+        self._requests, self._since = requests, now
+
+    def seconds(self, now: float) -> float:
+        """Request-seconds so far, the current stretch included."""
+        return self._seconds + self._requests * (now - self._since)
+
+
 def _latencies() -> Histogram:
     return Histogram(LATENCY_BUCKETS)
 
 
 @dataclass
 class RouterStats:
-    """The three histograms, kept since the start."""
+    """The three histograms and the occupancy, kept since the start."""
 
     queue_waits: Histogram = field(default_factory=_latencies)  # seconds from arrival to dispatch
     run_times: Histogram = field(default_factory=_latencies)  # seconds from dispatch to reply
     batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # per forward pass
+    occupancy: Occupancy = field(default_factory=lambda: Occupancy(time.monotonic()))
