@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,3 +37,20 @@ def with_supervisor_cpu(pid: int, run: Callable[[], dict[str, Any]], seconds: fl
     figures = run()
     figures["supervisor_us"] = (process_cpu(pid) - before) / (figures["rps"] * seconds) * 1e6
     return figures
+
+
+def busiest_others(sample: float = 0.5, top: int = 5, floor: float = 5.0) -> str:
+    """What else runs on this machine: the ``top`` processes outside this one and its
+    descendants that used at least ``floor`` % of a CPU over ``sample`` seconds, busiest first."""
+    ours = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}
+    others = [p for p in psutil.process_iter(["name"]) if p.pid not in ours]
+    for process in others:
+        with contextlib.suppress(psutil.Error):
+            process.cpu_percent(None)
+    time.sleep(sample)
+    used = []
+    for process in others:
+        with contextlib.suppress(psutil.Error):
+            used.append((process.cpu_percent(None), process.info["name"], process.pid))
+    busy = sorted((u for u in used if u[0] >= floor), reverse=True)[:top]
+    return ", ".join(f"{name} ({pid}) {percent:.0f}%" for percent, name, pid in busy) or "nothing busy"

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from support.balancers import Balancer, Load, haproxy, haproxy_up, nginx
+from benchlib.balancers import balancer, balancer_log, haproxy_up
+from support.kserve_load import Load
 from support.models import build_local
 from support.server import Server
 from support.sockets import free_port
@@ -140,7 +141,7 @@ def test_replicas_behind_nginx_lose_no_request_through_drain_kill_restart_and_ro
 ):
     port = free_port()
     width = local_model.input_shape[1]
-    with nginx(str(tmp_path), port, replicas.ports), \
+    with balancer("nginx", str(tmp_path), port, replicas.ports), \
             Load(port, MODEL, width, expected(weights)) as load:
         drain_kill_restart_and_roll(replicas, load, weights)
         rolled = dict(load.answers)
@@ -150,11 +151,12 @@ def test_replicas_behind_nginx_lose_no_request_through_drain_kill_restart_and_ro
     assert load.answers["1"] == rolled["1"]  # once every replica rolled, only the new weights answer
 
 
-def rotation_change(balancer: Balancer, name: str, up: bool, timeout: float = 30.0) -> float:
-    """Seconds until HAProxy has server ``name`` in rotation (``up``) or out of it."""
+def rotation_change(workdir: str, name: str, up: bool, timeout: float = 30.0) -> float:
+    """Seconds until the HAProxy running in ``workdir`` has server ``name`` in rotation
+    (``up``) or out of it."""
     began = time.monotonic()
-    while haproxy_up(balancer.workdir)[name] != up:
-        assert time.monotonic() - began < timeout, balancer.log()
+    while haproxy_up(workdir)[name] != up:
+        assert time.monotonic() - began < timeout, balancer_log(workdir)
         time.sleep(0.01)
     return time.monotonic() - began
 
@@ -169,20 +171,20 @@ def test_replicas_behind_haproxy_lose_no_request_and_a_draining_or_degraded_one_
     width = local_model.input_shape[1]
     misfit = str(tmp_path / "misfit.bpk")
     models.generate_mlp(misfit, 1024 * 1024, width=2 * width, seed=5)
-    with haproxy(str(tmp_path), port, replicas.ports) as balancer, \
+    with balancer("haproxy", str(tmp_path), port, replicas.ports), \
             Load(port, MODEL, width, expected(weights)) as load:
         wait_for_answers(load, 200)
         replicas.pool(0).proc.send_signal(signal.SIGTERM)
-        drained = rotation_change(balancer, "pool1", up=False)
+        drained = rotation_change(str(tmp_path), "pool1", up=False)
         replicas.drain(0)
         replicas.start(0)
-        rotation_change(balancer, "pool1", up=True)
+        rotation_change(str(tmp_path), "pool1", up=True)
         shutil.copyfile(misfit, replicas.paths[2] + ".new")  # published without the server's check
         os.replace(replicas.paths[2] + ".new", replicas.paths[2])
-        refused = rotation_change(balancer, "pool3", up=False)
+        refused = rotation_change(str(tmp_path), "pool3", up=False)
         replicas.pool(2).wait_for(lambda s: s["degraded"] is not None)
         replicas.publish(2, weights["2"], 2)
-        rotation_change(balancer, "pool3", up=True)
+        rotation_change(str(tmp_path), "pool3", up=True)
         replicas.kill(1)
         wait_for_answers(load, 100)
         replicas.start(1)

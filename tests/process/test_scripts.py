@@ -1,5 +1,5 @@
 """The scripts still run: every entry point in ``scripts/`` and ``scripts/checks/`` answers
-``--help``, and ``bench.py --quick`` measures a figure.
+``--help``, and ``bench.py --quick`` and ``scale_out_bench.py --quick`` measure their figures.
 
 Nothing else runs them in CI; a script that imports something renamed or gone would otherwise
 be found only by the next person who needs its figures.
@@ -8,6 +8,7 @@ be found only by the next person who needs its figures.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.process
 SCRIPTS = ROOT / "scripts"
 ENTRY_POINTS = sorted([*SCRIPTS.glob("*.py"), *(SCRIPTS / "checks").glob("*.py")])
 QUICK_BENCH_SECONDS = 30.0
+SCALE_OUT_COMMANDS = ("wrk", "nginx", "haproxy")
 
 
 def run(script: Path, *args: str) -> subprocess.Popen[str]:
@@ -57,3 +59,18 @@ def test_bench_quick_measures_requests_per_second_in_seconds():
     pool_rps = float(cells[3].split()[0])  # in flight | bare | bare+model | pool req/s p50 p99 | ratios
     assert pool_rps > 0, out
     assert took < QUICK_BENCH_SECONDS, f"bench.py --quick took {took:.1f} s"
+
+
+@pytest.mark.skipif(not all(shutil.which(command) for command in SCALE_OUT_COMMANDS),
+                    reason="needs wrk, nginx and haproxy")
+def test_scale_out_bench_quick_drives_every_layout():
+    """Four layouts at two levels each (some 16 s), every answer a 2xx: the shipped balancer
+    configurations, rendered, proxy to the pools."""
+    proc = run(SCRIPTS / "scale_out_bench.py", "--quick")
+    out, err = proc.communicate(timeout=4 * QUICK_BENCH_SECONDS)
+    assert proc.returncode == 0, err
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [a-z+]+ \| \d+ \|", line)]
+    assert [(cells[0].strip(), int(cells[1])) for cells in rows] == [
+        (layout, k) for layout in ("pool", "nginx", "haproxy", "router+hosts") for k in (16, 64)], out
+    assert all(float(cells[2]) > 0 and cells[5].split("/")[0].strip() == "0" for cells in rows), out
+    assert "router (router+hosts):" in out and "supervisor (pool):" in out, out

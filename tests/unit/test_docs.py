@@ -73,3 +73,9 @@ def test_operations_md_names_the_install_the_dockerfile_runs():
                     re.MULTILINE)
     assert run and f"`{run.group(1)}`" in section(ROOT / "docs" / "operations.md",
                                                   "## Containers and Kubernetes")
+
+
+def test_operations_md_gives_the_load_balancer_files_the_tests_run_as_they_are():
+    text = (ROOT / "docs" / "operations.md").read_text()
+    for language, path in [("nginx", "deploy/nginx/workerpool.conf"), ("haproxy", "deploy/haproxy/workerpool.cfg")]:
+        assert f"```{language}\n{(ROOT / path).read_text()}```" in text, path
