@@ -6,7 +6,6 @@ standing in for systemd.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -17,12 +16,12 @@ import time
 import urllib.error
 import urllib.request
 
-import kubernetes_validate
 import numpy as np
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support.commands import cli
+from support.manifests import documents, every_document, serve_accepts, the, validated
 from support.models import SLOW
 from support.paths import ROOT
 from support.processes import slow_request
@@ -31,10 +30,7 @@ from support.sockets import free_backend, free_port
 from support.status import pool_ready
 
 import workerpool
-from workerpool.cli.main import build_parser
 from workerpool.weights.publish import publish
-
-KUBERNETES = "1.33.0"  # the schema version the manifests are checked against
 
 
 def get(url: str) -> tuple[int, str]:
@@ -99,6 +95,25 @@ def test_request_seconds_count_every_request_held_waiting_or_running(small_model
             request.join(20)
         held = scrape(url)["workerpool_request_seconds_total"][()]
     assert 3.6 - 0.1 <= held < 3.6 + 0.5
+
+
+def test_the_autoscalers_metric_is_one_the_pool_exports_and_every_metric_is_documented(small_model):
+    """The Prometheus adapter's rule and KEDA's query name a series a live pool serves, and
+    docs/operations.md's table names every family ``/metrics`` has."""
+    adapter = yaml.safe_load(the(documents("replicas.yaml"), "ConfigMap")["data"]["config.yaml"])
+    keda = the(documents("keda.yaml"), "ScaledObject")["spec"]["triggers"][0]["metadata"]["query"]
+    read = {re.match(r"(\w+)\{", rule["seriesQuery"]).group(1) for rule in adapter["rules"]}
+    read |= set(re.findall(r"rate\((\w+)\{", keda))
+    with http_server(small_model, workers=1) as server:
+        status, text = get(server.status(memory=False)["http"] + "/metrics")
+    assert status == 200
+    families = {family.name for family in text_string_to_metric_families(text)}
+    served = {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+    assert read == {"workerpool_request_seconds_total"} and read <= served
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    table = operations.split("\n## Health, readiness and metrics\n", 1)[1].split("\n## ", 1)[0]
+    documented = {name.removesuffix("_total") for name in re.findall(r"`(workerpool_\w+)", table)}
+    assert families <= documented, families - documented
 
 
 def test_readyz_follows_the_pool_and_status_ready_says_the_same(small_model):
@@ -211,45 +226,25 @@ def test_json_logs_are_one_object_per_line(small_model):
     assert not any("lost" in e["message"] for e in entries)  # a normal stop is no loss
 
 
-def _validated(document: dict) -> None:
-    """Against the Kubernetes schemas, offline; a KServe resource's containers as a Pod's."""
-    if document["apiVersion"].startswith("serving.kserve.io/"):
-        spec = document["spec"]
-        containers = spec.get("containers") or []
-        if containers:
-            kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"},
-                                          "spec": {"containers": containers}}, KUBERNETES, strict=True)
-        return
-    kubernetes_validate.validate(document, KUBERNETES, strict=True)
-
-
-def _serve_accepts(args: list[str]) -> argparse.Namespace:
-    """``serve`` parses the container's arguments (a KServe placeholder stands for a name)."""
-    parsed = build_parser().parse_args(["serve", *[a.replace("{{.Name}}", "model") for a in args]])
-    assert parsed.path.endswith(".bpk")
-    return parsed
-
-
-def test_deployment_examples_are_valid_kubernetes_and_use_what_serve_accepts():
+def test_deployment_examples_are_valid_kubernetes_and_use_whatserve_accepts():
     deploy = ROOT / "deploy"
-    documents = {path.name: [d for d in yaml.safe_load_all(path.read_text()) if d]
-                 for path in deploy.glob("kubernetes/*.yaml")}
+    documents = every_document()
     for found in documents.values():
         for document in found:
-            _validated(document)
+            validated(document)
     deployment = next(d for d in documents["pool.yaml"] if d["kind"] == "Deployment")
     spec = deployment["spec"]["template"]["spec"]
     container = spec["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    parsed = _serve_accepts(container["args"])
+    parsed = serve_accepts(container["args"])
     assert spec["terminationGracePeriodSeconds"] > parsed.graceful_timeout
     http_port = int(re.search(r"WORKERPOOL_HTTP=\S*:(\d+)", (deploy / "Dockerfile").read_text()).group(1))
     assert {"name": "http", "containerPort": http_port} in container["ports"]
     runtime = next(d for d in documents["kserve.yaml"] if d["kind"] == "ServingRuntime")
     assert runtime["spec"]["protocolVersions"] == ["v2"]
     served = runtime["spec"]["containers"][0]
-    parsed = _serve_accepts(served["args"])
+    parsed = serve_accepts(served["args"])
     port = int(parsed.http.rpartition(":")[2])
     assert served["ports"] == [{"containerPort": port, "protocol": "TCP"}]
     assert served["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": port}

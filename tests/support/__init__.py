@@ -2,4 +2,5 @@
 raw sockets and frames (``sockets``), status predicates (``status``), background calls and
 processes (``processes``), CURVE keys (``keys``), reference models (``models``), small ONNX
 graphs and text models (``onnx_graphs``, ``onnx_texts``), hand-built
-Burnpack bytes (``bpk_builder``) and where things are (``paths``)."""
+Burnpack bytes (``bpk_builder``), the Kubernetes manifests checked offline
+(``manifests``) and where things are (``paths``)."""
