@@ -46,5 +46,6 @@ def check(text: str, *, bind: bool = False) -> str:
                          f"as tcp://127.0.0.1:{port}")
     if not (bind and port == "*") and not (port.isascii() and port.isdigit()
                                             and 0 < int(port) < 2**16):
-        raise ValueError(f"{text!r}: not tcp://HOST:PORT with a port from 1 to 65535")
+        free = f" (or * for a free one: tcp://{host}:*)" if bind else ""
+        raise ValueError(f"{text!r}: not tcp://HOST:PORT with a port from 1 to 65535{free}")
     return text

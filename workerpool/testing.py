@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Self
@@ -38,10 +40,25 @@ class NotReady(RuntimeError):
     """The pool exited, or said something else, before its ready line; or it was too slow."""
 
 
+def _control_of(args: Sequence[str]) -> str | None:
+    """The ``--control`` endpoint ``args`` name (the last one wins, as for argparse)."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == "--control" and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith("--control="):
+            found = arg.partition("=")[2]
+    return found
+
+
 class ServerProcess:
     """``python -m workerpool ARGS`` in a session of its own, so that stopping it reaps
     whatever it started too. Stderr goes to ``log_path`` when given, else to ours; ``timeout``
-    is how long start() waits for the ready line unless told otherwise."""
+    is how long start() waits for the ready line unless told otherwise.
+
+    A ``serve`` whose ``args`` name no ``--control`` gets one in a private directory, removed
+    at stop(): otherwise it would take the default socket, which a server already running
+    holds. ``control`` is the endpoint either way (None for other commands)."""
 
     def __init__(
         self,
@@ -51,6 +68,13 @@ class ServerProcess:
         log_path: str | os.PathLike | None = None,
         timeout: float = 60.0,
     ) -> None:
+        args = list(args)
+        self.control = _control_of(args)
+        self._private_dir: str | None = None
+        if args[:1] == ["serve"] and self.control is None:
+            self._private_dir = tempfile.mkdtemp(prefix="wp-")  # short: ipc paths are limited
+            self.control = f"ipc://{self._private_dir}/control.sock"
+            args += ["--control", self.control]
         self.command = [sys.executable, "-m", "workerpool", *args]
         self.env = env
         self.log_path = log_path
@@ -113,6 +137,13 @@ class ServerProcess:
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and up to ``timeout`` seconds to finish, then SIGKILL; then SIGKILL what is
         left of its session. Returns the exit code (None if never started); safe to repeat."""
+        code = self._reap(timeout)
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
+        return code
+
+    def _reap(self, timeout: float) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:

@@ -86,6 +86,7 @@ def held_request_after(model: str, fault: int) -> tuple[float, str]:
 
         thread = threading.Thread(target=hold, daemon=True)
         thread.start()
+        assert pool.control is not None
         while control.call(pool.control, "status", memory=False)["queue"]["in_flight"] < 1:
             time.sleep(0.02)
         assert pool.proc is not None

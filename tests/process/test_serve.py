@@ -23,6 +23,7 @@ from support.status import busy_pids, pool_ready
 
 import workerpool
 from workerpool import burnpack
+from workerpool.testing import ServerProcess, serve_args
 
 pytestmark = pytest.mark.usefixtures("start_method")  # each test with fork and spawn
 
@@ -296,12 +297,18 @@ def test_infer_command_round_trip(small_model, shared_pool, tmp_path):
 
 @pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the pool's defaults
 def test_the_testing_example_of_the_client_docs_runs(small_model, tmp_path):
-    """docs/client.md shows how to start a pool from a test: its example, as written, serves."""
+    """docs/client.md shows how to start a pool from a test: its example, as written, serves,
+    beside a server that holds the default control socket (the example's pool takes its own)."""
     text = (ROOT / "docs" / "client.md").read_text().split("## Pools in your tests", 1)[1]
     example = text.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "example.py").write_text(example.replace('"model.bpk"', repr(str(small_model))))
-    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, check=False)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path / "run"))  # the default socket: ours
+    default = f"ipc://{tmp_path}/run/workerpool/control.sock"
+    with ServerProcess(serve_args(small_model, 1, "--control", default), env=env,
+                       log_path=tmp_path / "default.log") as holder:
+        assert holder.control == default
+        done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, check=False, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(1, 10)"
     assert "ready" in (tmp_path / "pool.log").read_text()

@@ -167,7 +167,8 @@ _POOL_SETTINGS = (
 
 _SERVE_SETTINGS = _for(SERVE_ONLY,
     Setting("--bind", parse=values.bind_endpoint, default=DEFAULT_BIND,
-            metavar="ENDPOINT", help="client endpoint (default: %(default)s, loopback only)",
+            metavar="ENDPOINT", help="client endpoint (default: %(default)s, loopback only; "
+            "tcp://127.0.0.1:* picks a free port, named in the ready line)",
             doc="where clients connect; loopback unless you say otherwise (`tcp://127.0.0.1:*` picks "
             "a free port, shown in the ready line)"),
     Setting("--control", parse=values.control_endpoint, metavar="ENDPOINT",
