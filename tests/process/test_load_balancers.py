@@ -146,6 +146,7 @@ def test_replicas_behind_nginx_lose_no_request_through_drain_kill_restart_and_ro
         drain_kill_restart_and_roll(replicas, load, weights)
         rolled = dict(load.answers)
         wait_for_answers(load, 200)
+    print(f"nginx: {load.answered} answers, {len(load.failures)} failed")
     assert load.failures == []
     assert rolled.get("1", 0) > 0 and rolled.get("2", 0) > 0
     assert load.answers["1"] == rolled["1"]  # once every replica rolled, only the new weights answer
@@ -193,7 +194,8 @@ def test_replicas_behind_haproxy_lose_no_request_and_a_draining_or_degraded_one_
             wait_for_answers(load, 100)
         rolled = dict(load.answers)
         wait_for_answers(load, 200)
-    print(f"out of rotation after a drain in {drained:.3f} s, after a refused file in {refused:.3f} s")
+    print(f"HAProxy: {load.answered} answers, {len(load.failures)} failed; out of rotation after a "
+          f"drain in {drained:.3f} s, after a refused file in {refused:.3f} s")
     assert load.failures == [], "\n".join(load.failures)
     assert load.answers["1"] == rolled["1"] and rolled.get("2", 0) > 0
     assert drained < 2 * PROBE_PERIOD and refused < 2 * PROBE_PERIOD  # the next check, and its answer

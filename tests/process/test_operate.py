@@ -100,7 +100,7 @@ def test_request_seconds_count_every_request_held_waiting_or_running(small_model
 def test_the_autoscalers_metric_is_one_the_pool_exports_and_every_metric_is_documented(small_model):
     """The Prometheus adapter's rule and KEDA's query name a series a live pool serves, and
     docs/operations.md's table names every family ``/metrics`` has."""
-    adapter = yaml.safe_load(the(documents("replicas.yaml"), "ConfigMap")["data"]["config.yaml"])
+    adapter = yaml.safe_load(the(documents("prometheus-adapter.yaml"), "ConfigMap")["data"]["config.yaml"])
     keda = the(documents("keda.yaml"), "ScaledObject")["spec"]["triggers"][0]["metadata"]["query"]
     read = {re.match(r"(\w+)\{", rule["seriesQuery"]).group(1) for rule in adapter["rules"]}
     read |= set(re.findall(r"rate\((\w+)\{", keda))

@@ -15,14 +15,17 @@ import numpy as np
 
 @dataclass
 class Load:
-    """``connections`` clients sending KServe requests through ``port`` until stopped; each
-    answer must be 200 and equal ``expected[model_version](x)``."""
+    """``connections`` clients sending KServe requests through ``port`` until stopped, of
+    ``rows`` rows in turn (8 rows of a 256-wide model: a JSON body of about 41 KiB, past the
+    16 KiB a proxy keeps in memory by default); each answer must be 200 and equal
+    ``expected[model_version](x)``."""
 
     port: int
     model: str
     width: int
     expected: dict[str, Callable[[np.ndarray], np.ndarray]]
     connections: int = 16
+    rows: tuple[int, ...] = (1, 8)
     answers: dict[str, int] = field(default_factory=dict)  # by model_version
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -50,9 +53,12 @@ class Load:
         rng = np.random.default_rng(seed)
         path = f"/v2/models/{self.model}/infer"
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        turn = seed
         while not self._stop.is_set():
-            x = rng.standard_normal((1, self.width)).astype(np.float32)
-            body = json.dumps({"inputs": [{"name": "input", "shape": [1, self.width], "datatype": "FP32",
+            rows = self.rows[turn % len(self.rows)]
+            turn += 1
+            x = rng.standard_normal((rows, self.width)).astype(np.float32)
+            body = json.dumps({"inputs": [{"name": "input", "shape": [rows, self.width], "datatype": "FP32",
                                            "data": x.ravel().tolist()}]})
             try:
                 connection.request("POST", path, body, {"Content-Type": "application/json"})

@@ -206,8 +206,10 @@ def test_the_horizontal_pod_autoscaler_scales_the_replicas_on_the_adapters_rule(
     assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue"
     workers = serve_accepts(container["args"]).workers
     assert float(metric["pods"]["target"]["averageValue"]) == HEADROOM * workers
-    assert scaler["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 60
-    config = yaml.safe_load(the(found, "ConfigMap")["data"]["config.yaml"])
+    scale_down = scaler["behavior"]["scaleDown"]
+    assert scale_down["stabilizationWindowSeconds"] >= 60
+    assert scale_down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]  # not all at once
+    config = yaml.safe_load(the(documents("prometheus-adapter.yaml"), "ConfigMap")["data"]["config.yaml"])
     name = metric["pods"]["metric"]["name"]
     [rule] = [rule for rule in config["rules"] if rule["name"]["as"] == name]
     assert set(rule) <= ADAPTER_RULE_KEYS
@@ -215,7 +217,7 @@ def test_the_horizontal_pod_autoscaler_scales_the_replicas_on_the_adapters_rule(
     assert re.fullmatch(rule["name"]["matches"], METRIC)
     overrides = rule["resources"]["overrides"]
     assert overrides == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-    assert rule["metricsQuery"] == "sum(rate(<<.Series>>{<<.LabelMatchers>>}[1m])) by (<<.GroupBy>>)"
+    assert rule["metricsQuery"] == "sum(rate(<<.Series>>{<<.LabelMatchers>>}[2m])) by (<<.GroupBy>>)"
 
 
 def test_kedas_scaled_object_scales_the_replicas_as_the_horizontal_pod_autoscaler_does():
@@ -233,7 +235,7 @@ def test_kedas_scaled_object_scales_the_replicas_as_the_horizontal_pod_autoscale
     assert behavior["scaleDown"] == hpa["behavior"]["scaleDown"]
     [trigger] = spec["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
-    query = re.fullmatch(r"sum\(rate\((\w+)\{(.*)\}\[1m\]\)\)", trigger["metadata"]["query"])
+    query = re.fullmatch(r"sum\(rate\((\w+)\{(.*)\}\[2m\]\)\)", trigger["metadata"]["query"])
     assert query and query.group(1) == METRIC
     labels = dict(re.findall(r'(\w+=~?)"([^"]*)"', query.group(2)))
     assert labels.keys() == {"namespace=", "pod=~"}
@@ -251,6 +253,9 @@ def test_kserve_scales_the_inference_service_on_concurrency_at_the_same_headroom
     predictor = the(found, "InferenceService")["spec"]["predictor"]
     assert predictor["scaleMetric"] == "concurrency"  # queue-proxy's count of requests held
     assert predictor["scaleTarget"] == HEADROOM * serve_accepts(runtime["args"]).workers
+    # Knative aims at a share of scaleTarget (70% unless told): all of it, so the target holds
+    annotations = the(found, "InferenceService")["metadata"]["annotations"]
+    assert annotations["autoscaling.knative.dev/target-utilization-percentage"] == "100"
     assert 1 <= predictor["minReplicas"] <= predictor["maxReplicas"]
 
 
