@@ -56,9 +56,10 @@ class ServerProcess:
     whatever it started too. Stderr goes to ``log_path`` when given, else to ours; ``timeout``
     is how long start() waits for the ready line unless told otherwise.
 
-    A ``serve`` whose ``args`` name no ``--control`` gets one in a private directory, removed
-    at stop(): otherwise it would take the default socket, which a server already running
-    holds. ``control`` is the endpoint either way (None for other commands)."""
+    A ``serve`` told no ``--control`` (in ``args`` or ``WORKERPOOL_CONTROL``) gets one in a
+    private directory, removed at stop(): otherwise it would take the default socket, which a
+    server already running holds. ``control`` is the endpoint either way (None for other
+    commands told none)."""
 
     def __init__(
         self,
@@ -69,7 +70,7 @@ class ServerProcess:
         timeout: float = 60.0,
     ) -> None:
         args = list(args)
-        self.control = _control_of(args)
+        self.control = _control_of(args) or (os.environ if env is None else env).get("WORKERPOOL_CONTROL")
         self._private_dir: str | None = None
         if args[:1] == ["serve"] and self.control is None:
             self._private_dir = tempfile.mkdtemp(prefix="wp-")  # short: ipc paths are limited
