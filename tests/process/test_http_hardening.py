@@ -336,6 +336,12 @@ def test_sigterm_under_keep_alive_load_answers_every_request_it_read(small_model
     with server:
         def drive() -> None:
             conn = http.client.HTTPConnection(*address, timeout=30)
+            try:
+                send_until_stopped(conn)
+            finally:
+                conn.close()  # whichever connection it ends on: nothing left to the collector
+
+        def send_until_stopped(conn: http.client.HTTPConnection) -> None:
             fresh = True  # a connection that carried no request yet
             while True:
                 try:
@@ -359,8 +365,7 @@ def test_sigterm_under_keep_alive_load_answers_every_request_it_read(small_model
                     return
                 outcomes.append(str(reply.status))
                 if reply.getheader("Connection") == "close":
-                    conn.close()
-                    conn = http.client.HTTPConnection(*address, timeout=30)
+                    conn.close()  # http.client opens a new socket for the next request
                     fresh = True
 
         drivers = [threading.Thread(target=drive) for _ in range(16)]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,13 +304,17 @@ def test_the_testing_example_of_the_client_docs_runs(small_model, tmp_path):
     text = (ROOT / "docs" / "client.md").read_text().split("## Pools in your tests", 1)[1]
     example = text.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "example.py").write_text(example.replace('"model.bpk"', repr(str(small_model))))
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path / "run"))  # the default socket: ours
-    default = f"ipc://{tmp_path}/run/workerpool/control.sock"
-    with ServerProcess(serve_args(small_model, 1, "--control", default), env=env,
-                       log_path=tmp_path / "default.log") as holder:
-        assert holder.control == default
-        done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=60, check=False, env=env)
+    run = tempfile.mkdtemp(prefix="wp-")  # the default sockets' directory, short: ipc paths are limited
+    env = dict(os.environ, XDG_RUNTIME_DIR=run)
+    default = f"ipc://{run}/workerpool/control.sock"
+    try:
+        with ServerProcess(serve_args(small_model, 1, "--control", default), env=env,
+                           log_path=tmp_path / "default.log") as holder:
+            assert holder.control == default
+            done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=60, check=False, env=env)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(1, 10)"
     assert "ready" in (tmp_path / "pool.log").read_text()
