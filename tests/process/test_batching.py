@@ -184,6 +184,7 @@ def test_a_reload_under_batched_load_keeps_each_client_on_one_side_of_it(tmp_pat
     assert {g for seen in generations.values() for g in seen} == {1, 2, 3}
 
 
+@pytest.mark.xdist_group("timing")  # 20 ms between two replies: in turn with the loads of other tests
 def test_a_batchs_first_request_is_answered_before_the_rest_of_the_batch_is_done(tmp_path, context):
     """One batch (``--batch-wait``) of a request of a short text, then one of 900 long texts
     from another client: the first request's pass runs first and its reply leaves at once."""

@@ -221,10 +221,14 @@ def test_requests_past_the_connection_cap_are_answered_overloaded_without_a_reco
     with Server(small_model, "--max-connections", "4", "--http", f"127.0.0.1:{port}", workers=1) as server:
         host, zmq_port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
         x = one_row(server.endpoint)
-        for request_id in range(40):  # gone, some before their requests are read: they keep no place
-            with dealer(context, server.endpoint) as hasty:
-                hasty.send_multipart(protocol.encode_request(request_id, x))
-                hasty.close(linger=1000)
+        hasty_context = zmq.Context()
+        try:
+            for request_id in range(40):  # gone, some before their requests are read: they keep no place
+                with dealer(hasty_context, server.endpoint) as hasty:
+                    hasty.send_multipart(protocol.encode_request(request_id, x))
+                    hasty.close(linger=1000)
+        finally:
+            hasty_context.term()  # waits out each linger: no hasty request is still on its way below
         # A place is freed once libzmq says its connection went: then none of them holds one.
         server.wait_for(lambda s: s["connections"] == {"served": 0, "open": 0, "max": 4})
         idle = [socket.create_connection((host, int(zmq_port))) for _ in range(50)]

@@ -61,6 +61,7 @@ def test_bench_quick_measures_requests_per_second_in_seconds():
     assert took < QUICK_BENCH_SECONDS, f"bench.py --quick took {took:.1f} s"
 
 
+@pytest.mark.xdist_group("timing")  # seconds of wrk at full load: in turn with the timing tests
 @pytest.mark.skipif(not all(shutil.which(command) for command in SCALE_OUT_COMMANDS),
                     reason="needs wrk, nginx and haproxy")
 def test_scale_out_bench_quick_drives_every_layout():
