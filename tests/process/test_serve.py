@@ -58,8 +58,10 @@ def test_mnist_answers_equal_the_model_run_in_process(burn_mnist_path):
             t.join(60)
         assert not any(t.is_alive() for t in threads)
         assert failures == []
-        assert pids <= set(server.worker_pids())
-        assert len(pids) >= 2  # concurrent load was spread over workers
+        # Which workers answer is the dispatcher's choice: the most recently freed, so one warm
+        # worker may take every batch. test_slow_request_does_not_delay_free_workers checks the
+        # spread where it is owed.
+        assert pids and pids <= set(server.worker_pids())
 
 
 @pytest.mark.parametrize("start_method", ["fork"], indirect=True)  # the router's, not the start's
