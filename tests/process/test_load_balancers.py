@@ -60,8 +60,12 @@ class Replicas:
 
     def drain(self, n: int) -> None:
         """SIGTERM, and the pool's exit: it answers what it holds, then stops."""
+        self.pool(n).proc.send_signal(signal.SIGTERM)
+        self.drained(n)
+
+    def drained(self, n: int) -> None:
+        """The exit of a pool sent SIGTERM (once: a second signal would stop it at once)."""
         pool = self.pool(n)
-        pool.proc.send_signal(signal.SIGTERM)
         assert pool.proc.wait(30) == 0, pool.log()
         pool.stop()
 
@@ -177,7 +181,7 @@ def test_replicas_behind_haproxy_lose_no_request_and_a_draining_or_degraded_one_
         wait_for_answers(load, 200)
         replicas.pool(0).proc.send_signal(signal.SIGTERM)
         drained = rotation_change(str(tmp_path), "pool1", up=False)
-        replicas.drain(0)
+        replicas.drained(0)
         replicas.start(0)
         rotation_change(str(tmp_path), "pool1", up=True)
         shutil.copyfile(misfit, replicas.paths[2] + ".new")  # published without the server's check
