@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -44,7 +43,8 @@ from benchlib.cpu import busiest_others, process_cpu, tree_cpu_seconds
 from benchlib.http_load import kserve_body
 from benchlib.pools import http_pool, warmed_pool
 from benchlib.runs import Load, load_average, require_commands, scratch_run
-from benchlib.wrk import run_wrk, wrk_post_script
+from benchlib.servers import free_ports
+from benchlib.wrk import run_wrk, socket_error_count, wrk_post_script
 from benchlib.zmq_load import warm_workerpool
 
 from workerpool.protocol import messages as protocol
@@ -66,15 +66,6 @@ class Layout:
 
     url: str
     meters: dict[str, Meter]  # each of METERS
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports nothing listens on now."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 def total(meter: Callable[[int], float], pids: Iterable[int]) -> float:
@@ -177,11 +168,6 @@ def median_of(runs: list[list[Figures]], index: int, key: str) -> float:
     return statistics.median(run[index][key] for run in runs)
 
 
-def socket_errors(text: str) -> int:
-    """The errors of wrk's ``connect 0, read 0, write 0, timeout 0``."""
-    return sum(int(part.split()[-1]) for part in text.split(",") if part.strip())
-
-
 def print_table(runs: Runs) -> None:
     print("| layout | connections | req/s | p50 | p99 | non-2xx / socket errors | CPU µs per request: front "
           "| workerpool fronts | all processes |")
@@ -191,7 +177,7 @@ def print_table(runs: Runs) -> None:
             rps, p50, p99, *cpu = (median_of(run, index, key)
                                    for key in ("rps", "p50_us", "p99_us", *(f"{m}_us" for m in METERS)))
             failed = sum(rounds[index]["failed"] for rounds in run)
-            errors = sum(socket_errors(rounds[index]["socket_errors"]) for rounds in run)
+            errors = sum(socket_error_count(rounds[index]["socket_errors"]) for rounds in run)
             print(f"| {name} | {k} | {rps:.0f} | {p50 / 1e3:.2f} ms | {p99 / 1e3:.2f} ms | {failed} / {errors} | "
                   + " | ".join(f"{us:.0f}" for us in cpu) + " |")
 

@@ -37,7 +37,8 @@ def _servers(text: str, pattern: str, lines: Sequence[str]) -> str:
     if not examples:
         raise RuntimeError(f"no server line matches {pattern!r} in the shipped configuration")
     start, end = examples[0].start(), examples[-1].end()
-    indent = examples[0].group(0)[:len(examples[0].group(0)) - len(examples[0].group(0).lstrip())]
+    first = examples[0].group(0)
+    indent = first[:len(first) - len(first.lstrip())]
     return text[:start] + "\n".join(indent + line for line in lines) + text[end:]
 
 
@@ -103,9 +104,11 @@ def haproxy_up(workdir: str) -> dict[str, bool]:
         data = b""
         while chunk := admin.recv(65536):
             data += chunk
-    rows = [line.split(",") for line in data.decode().splitlines() if line and not line.startswith("#")]
-    return {row[1]: row[17].startswith("UP") for row in rows
-            if row[0] == "workerpool" and row[1] not in {"FRONTEND", "BACKEND"}}
+    header, *lines = data.decode().splitlines()
+    columns = header.removeprefix("# ").split(",")
+    rows = [dict(zip(columns, line.split(","), strict=False)) for line in lines if line]
+    return {row["svname"]: row["status"].startswith("UP") for row in rows
+            if row["pxname"] == "workerpool" and row["svname"] not in {"FRONTEND", "BACKEND"}}
 
 
 @contextlib.contextmanager

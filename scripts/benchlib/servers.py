@@ -18,9 +18,17 @@ from .zmq_load import WARMUP_TIMEOUT
 
 def free_port() -> int:
     """A loopback TCP port nothing listens on now (another process may take it before ours)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    [port] = free_ports(1)
+    return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports nothing listens on now (held at once while chosen)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 @contextlib.contextmanager

@@ -75,3 +75,8 @@ def wrk_figures(out: str) -> dict[str, Any]:
             "requests": int(found(r"(\d+) requests in").group(1)),
             "p50_us": latency("50"), "p99_us": latency("99"),
             "failed": int(failed.group(1)) if failed else 0, "socket_errors": errors.group(1) if errors else ""}
+
+
+def socket_error_count(text: str) -> int:
+    """The sum of wrk's ``Socket errors: connect 0, read 0, write 0, timeout 0``."""
+    return sum(int(part.split()[-1]) for part in text.split(",") if part.strip())

@@ -111,28 +111,19 @@ def replicas(weights) -> Iterator[Replicas]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def wait_for_answers(load: Load, more: int, timeout: float = 60.0) -> None:
-    """Until the load has had ``more`` answers since now (the balancer serves through it)."""
-    target = load.answered + more
-    deadline = time.monotonic() + timeout
-    while load.answered < target:
-        assert time.monotonic() < deadline, f"only {load.answered} answers; failures: {load.failures[:5]}"
-        time.sleep(0.05)
-
-
 def drain_kill_restart_and_roll(replicas: Replicas, load: Load, weights: dict[str, str]) -> None:
     """The operator's day, under load: each step waits for answers to flow again."""
-    wait_for_answers(load, 200)
+    load.await_answers(200)
     replicas.drain(0)
-    wait_for_answers(load, 100)
+    load.await_answers(100)
     replicas.start(0)
     replicas.kill(1)
-    wait_for_answers(load, 100)
+    load.await_answers(100)
     replicas.start(1)
-    wait_for_answers(load, 100)
+    load.await_answers(100)
     for n in range(3):
         replicas.publish(n, weights["2"], 2)
-        wait_for_answers(load, 100)
+        load.await_answers(100)
 
 
 def expected(weights: dict[str, str]) -> dict:
@@ -149,7 +140,7 @@ def test_replicas_behind_nginx_lose_no_request_through_drain_kill_restart_and_ro
             Load(port, MODEL, width, expected(weights)) as load:
         drain_kill_restart_and_roll(replicas, load, weights)
         rolled = dict(load.answers)
-        wait_for_answers(load, 200)
+        load.await_answers(200)
     print(f"nginx: {load.answered} answers, {len(load.failures)} failed")
     assert load.failures == []
     assert rolled.get("1", 0) > 0 and rolled.get("2", 0) > 0
@@ -178,7 +169,7 @@ def test_replicas_behind_haproxy_lose_no_request_and_a_draining_or_degraded_one_
     models.generate_mlp(misfit, 1024 * 1024, width=2 * width, seed=5)
     with balancer("haproxy", str(tmp_path), port, replicas.ports), \
             Load(port, MODEL, width, expected(weights)) as load:
-        wait_for_answers(load, 200)
+        load.await_answers(200)
         replicas.pool(0).proc.send_signal(signal.SIGTERM)
         drained = rotation_change(str(tmp_path), "pool1", up=False)
         replicas.drained(0)
@@ -191,13 +182,13 @@ def test_replicas_behind_haproxy_lose_no_request_and_a_draining_or_degraded_one_
         replicas.publish(2, weights["2"], 2)
         rotation_change(str(tmp_path), "pool3", up=True)
         replicas.kill(1)
-        wait_for_answers(load, 100)
+        load.await_answers(100)
         replicas.start(1)
         for n in range(2):
             replicas.publish(n, weights["2"], 2)
-            wait_for_answers(load, 100)
+            load.await_answers(100)
         rolled = dict(load.answers)
-        wait_for_answers(load, 200)
+        load.await_answers(200)
     print(f"HAProxy: {load.answered} answers, {len(load.failures)} failed; out of rotation after a "
           f"drain in {drained:.3f} s, after a refused file in {refused:.3f} s")
     assert load.failures == [], "\n".join(load.failures)

@@ -29,7 +29,7 @@ class Load:
     answers: dict[str, int] = field(default_factory=dict)  # by model_version
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _counted: threading.Condition = field(default_factory=threading.Condition)  # each answer notifies
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def __enter__(self) -> Self:
@@ -46,8 +46,15 @@ class Load:
 
     @property
     def answered(self) -> int:
-        with self._lock:
+        with self._counted:
             return sum(self.answers.values())
+
+    def await_answers(self, more: int, timeout: float = 60.0) -> None:
+        """Until ``more`` answers have come since now (requests flow through the balancer)."""
+        with self._counted:
+            target = sum(self.answers.values()) + more
+            met = self._counted.wait_for(lambda: sum(self.answers.values()) >= target, timeout)
+            assert met, f"only {sum(self.answers.values())} answers; failures: {self.failures[:5]}"
 
     def _client(self, seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -67,11 +74,12 @@ class Load:
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 outcome = f"{type(exc).__name__}: {exc}"
-            with self._lock:
+            with self._counted:
                 if isinstance(outcome, str):
                     self.failures.append(outcome)
                 else:
                     self.answers[outcome[0]] = self.answers.get(outcome[0], 0) + 1
+                    self._counted.notify_all()
         connection.close()
 
     def _check(self, status: int, body: bytes, x: np.ndarray) -> tuple[str] | str:
