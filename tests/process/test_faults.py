@@ -173,8 +173,9 @@ def garbage_cases(width: int) -> list[tuple[str, list[bytes], Any]]:
         ("huge dims", [*raw_request(20, [f32([2**62, 2**62])]), b""], 20),
         ("unknown method", [*raw_request(21, method="train")], 21),
         ("protocol version 1", [b"", json.dumps({"v": 1, "id": 22, "method": "info"}).encode()], 22),
-        ("header version 3", [*raw_request(22, method="info", v=3)], 22),
-        ("route frame of version 3", [b"", b"\x03" + bytes(15), header(22, method="info")], 22),
+        ("header version 4", [*raw_request(22, method="info", v=4)], 22),
+        ("route frame of version 4", [b"", b"\x04" + bytes(16), header(22, method="info")], 22),
+        ("route frame of version 2", [b"", b"\x02" + bytes(15), header(22, method="info")], 22),
         ("route frame cut short", [b"", b"\x02\x01", header(22, method="info")], 22),
         ("route frame undefined form", [b"", b"\x02\x01\x09" + bytes(13), header(22, method="info")], 22),
         ("route frame with no header", [b"", protocol.encode_request(22, None)[1]], None),
@@ -444,7 +445,7 @@ def test_a_refused_publish_costs_no_capacity_and_the_pool_says_it_is_degraded(
             urllib.request.urlopen(readyz, timeout=10)
         assert unready.value.code == 503 and b"new weights refused" in unready.value.read()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as metrics:
-            assert "workerpool_degraded 1.0" in metrics.read().decode()
+            assert f'workerpool_degraded{{model="{path.stem}"}} 1.0' in metrics.read().decode()
         assert cli("publish", small_model, path, "--control", server.control).returncode == 0
         server.wait_for(lambda s: s["degraded"] is None and s["model"]["generation"] == 2)
         assert cli("status", "--ready", "--control", server.control).returncode == 0

@@ -68,8 +68,8 @@ def test_a_remote_peer_claiming_a_local_pid_cannot_get_it_signalled(small_model,
     with Server(small_model, "--backend", backend, workers=1) as server:
         victim = server.worker_pids()[0]
         with dealer(context, backend, IDENTITY=b"forger") as forger:
-            ready = {**described(server.endpoint), "pid": victim, "host": os.uname().nodename,
-                     "local": True}
+            ready = {"pid": victim, "host": os.uname().nodename, "local": True,
+                     "models": {"small": described(server.endpoint)}}
             forger.send_multipart([protocol.READY, json.dumps(ready).encode()])
             server.wait_for(lambda s: [w["pid"] for w in s["workers"]].count(victim) == 2)
             forger.send_multipart([protocol.BYE])

@@ -170,7 +170,8 @@ def test_each_host_reloads_its_own_copy_and_status_shows_mixed_generations(host_
         assert all(w["host"] for w in status["workers"])
         seen = {(r.worker_pid in b_pids, r.generation) for r in results(router.endpoint, 40)}
         assert seen == {(True, 1), (False, 2)}
-    assert "started a worker on generation 2 to replace one on generation 1" in host_a.log()
+    assert f"started a worker on generation 2 of {copy_a.stem} to replace one on generation 1 of {copy_a.stem}" \
+        in host_a.log()
 
 
 def test_control_endpoint_must_be_local(host_model):

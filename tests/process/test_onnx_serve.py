@@ -153,8 +153,8 @@ def test_a_pass_past_max_worker_memory_fails_alone_and_the_worker_keeps_serving(
     path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", graph)
     small, huge = np.ones((4, 256), np.float32), np.ones((4000, 256), np.float32)  # 64 MiB a layer
     cache_args = ("--cache-dir", "off") if cache == "off" else ()
-    with Server(path, "--threads-per-worker", "1", "--max-worker-memory", "64MiB", *cache_args,
-                workers=1) as server, \
+    with Server(path, "--threads-per-worker", "1", "--max-worker-memory", "64MiB", "--max-batch", "4000",
+                *cache_args, workers=1) as server, \
             workerpool.Client(server.endpoint, timeout=30, retries=0) as client:
         pid = client.request(small).worker_pid
         for _ in range(2):
@@ -172,7 +172,8 @@ def test_an_idle_worker_gives_back_what_its_last_pass_took(tmp_path):
     one here.)"""
     path = onnx_graphs.write_onnx_bpk(tmp_path / "model.bpk", onnx_graphs.mlp())
     x = np.ones((40_000, 16), np.float32)
-    with Server(path, "--threads-per-worker", "1", "--max-message-size", "4MiB", workers=1) as server, \
+    with Server(path, "--threads-per-worker", "1", "--max-message-size", "4MiB", "--max-batch", "40000",
+                workers=1) as server, \
             workerpool.Client(server.endpoint) as client:
         client.infer(x[:4])
         rested = server.status()["workers"][0]["memory"]["anon"]

@@ -66,13 +66,15 @@ def test_metrics_move_with_traffic_and_memory_matches_status(small_model, local_
             client.infer(np.ones((1, width + 1), np.float32))
         samples = scrape(url)
         status = server.status()
-    assert samples["workerpool_requests_total"][(("code", "ok"),)] == 5
-    assert samples["workerpool_requests_total"][(("code", "bad_request"),)] == 1
-    assert samples["workerpool_run_seconds_count"][()] == 6
-    assert samples["workerpool_queue_wait_seconds_count"][()] == 6
+    model = (("model", "small"),)
+    assert samples["workerpool_requests_total"][(("code", "ok"), *model)] == 5
+    assert samples["workerpool_requests_total"][(("code", "bad_request"), *model)] == 1
+    assert samples["workerpool_run_seconds_count"][model] == 6
+    assert samples["workerpool_queue_wait_seconds_count"][model] == 6
     assert samples["workerpool_workers"][(("state", "ready"),)] == 2
-    assert samples["workerpool_generation"][()] == 1
-    assert samples["workerpool_batch_rows_count"][()] == 6
+    assert samples["workerpool_generation"][model] == 1
+    assert samples["workerpool_batch_rows_count"][model] == 6
+    assert samples["workerpool_queue_depth"][model] == 0 and samples["workerpool_in_flight"][model] == 0
     scraped = samples["workerpool_memory_bytes"][(("kind", "workers_pss"),)]
     assert abs(scraped - status["totals"]["workers_pss"]) <= 0.1 * status["totals"]["workers_pss"]
     assert len({labels for labels in samples["workerpool_worker_memory_bytes"]}) == 2 * 3

@@ -15,6 +15,7 @@ import yaml
 
 from support.paths import ROOT, TESTS
 from workerpool.cli.main import build_parser
+from workerpool.config.models import split_per_model
 
 KUBERNETES = "1.33.0"  # the schema version the manifests are checked against
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -96,5 +97,6 @@ def validated(document: dict[str, Any]) -> None:
 def serve_accepts(args: list[str]) -> argparse.Namespace:
     """``serve`` parses the container's arguments (a KServe placeholder stands for a name)."""
     parsed = build_parser().parse_args(["serve", *[a.replace("{{.Name}}", "model") for a in args]])
-    assert parsed.path.endswith(".bpk")
+    assert all(model.endswith(".bpk") for model in parsed.models) and parsed.models
+    parsed.workers = split_per_model(parsed.workers, None)[0]  # the worker count, as serve reads it
     return parsed

@@ -6,7 +6,7 @@ are byte-for-byte what Burn's own writer produces for the same tensors.
 
 from .dtypes import DType, bf16_to_float32, qfloat
 from .layout import BurnpackError
-from .reader import Burnpack, FileIdentity, TensorInfo, read, resolve
+from .reader import Burnpack, FileIdentity, TensorInfo, folder_hint, read, resolve
 from .writer import Deferred, write
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "FileIdentity",
     "TensorInfo",
     "bf16_to_float32",
+    "folder_hint",
     "qfloat",
     "read",
     "resolve",

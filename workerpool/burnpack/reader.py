@@ -142,7 +142,7 @@ def read(path: str | os.PathLike, *, mmap: bool = True, source: str | None = Non
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise BurnpackError(f"{path}: a folder, not a Burnpack file; {_folder_hint(path)}")
+            raise BurnpackError(f"{path}: a folder, not a Burnpack file; {folder_hint(path)}")
         if not stat.S_ISREG(st.st_mode):
             raise BurnpackError(f"{path}: not a regular file")
         identity = FileIdentity.of(st)
@@ -224,7 +224,7 @@ _NOT_CONVERTED = ("which workerpool convert does not read: save its state dict w
                   "safetensors.torch.save_file and convert that")
 
 
-def _folder_hint(folder: str) -> str:
+def folder_hint(folder: str) -> str:
     """What to do with a folder given where a weights file belongs: convert it, when it holds
     what convert reads (a config.json, and .safetensors weights or a model.onnx)."""
     try:

@@ -7,6 +7,7 @@ import argparse
 
 from .. import models, security
 from ..config import settings, values
+from ..config.models import per_model
 from ..units import format_size, parse_size
 from .failures import CommandError
 
@@ -22,14 +23,17 @@ def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
     """
     for setting in settings.of_command(command):
         default = setting.initial()
-        facts = {"builtin_models": ", ".join(models.BUILTIN_MODELS)}
+        facts = {"builtin_models": ", ".join(models.BUILTIN_MODELS), "default": default}
         if isinstance(default, int) and not isinstance(default, bool):
             facts["default_size"] = format_size(default)
         text = setting.help_for(command).format_map(facts)
         if setting.positional:
-            parser.add_argument(setting.name, metavar=setting.metavar, help=text)
+            parser.add_argument(setting.name, metavar=setting.metavar, help=text, nargs="*")
         elif setting.switch:
             parser.add_argument(setting.flag, action="store_true", help=text)
+        elif setting.per_model:  # every NAME=VALUE and VALUE given, read by config.models
+            parser.add_argument(setting.flag, dest=setting.name, type=per_model(setting.parse or str),
+                                action="append", default=[], metavar=setting.metavar, help=text)
         else:
             parser.add_argument(setting.flag, dest=setting.name, type=setting.parse or str,
                                 default=default, metavar=setting.metavar, choices=setting.choices,

@@ -84,10 +84,50 @@ def cmd_reload(args: argparse.Namespace) -> int:
     endpoint = control_endpoint(args)
     with reported(control.ControlError, saying=lambda exc: f"reload failed: {exc}"):
         answer = control.call(endpoint, "reload", timeout=args.timeout)
+    generations = (f"generation {answer['generation']}" if "generation" in answer else
+                   ", ".join(f"generation {g} of {name}" for name, g in answer["generations"].items()))
     if answer["result"] == "unchanged":
-        print(f"workerpool: weights unchanged; generation {answer['generation']} keeps serving")
+        print(f"workerpool: weights unchanged; {generations} keeps serving")
     else:
-        print(f"workerpool: every worker now serves generation {answer['generation']}")
+        print(f"workerpool: every worker now serves {generations}")
+    return 0
+
+
+def add_models(sub: Subcommands) -> None:
+    parser = add_command(sub, cmd_models)
+    parser.add_argument("action", nargs="?", choices=("list", "add", "remove"), default="list",
+                        help="list the models served (the default), add one, or remove one")
+    parser.add_argument("model", nargs="?", metavar="NAME=FILE|FILE|NAME",
+                        help="add: the weight file to serve, named NAME (or after the file); remove: "
+                        "the model's name")
+    add_control(parser)
+    add_timeout(parser, RELOAD_WAIT_SECONDS, "seconds to wait for every worker to serve an added model")
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """list, add or remove the models a running server serves
+
+    Without arguments, list the models a running server serves. 'models add NAME=FILE' serves
+    one more model without a restart: the server checks it, then every worker loads it, one at
+    a time (exit 0 once they all serve it). 'models remove NAME' stops serving one: requests for
+    it are refused from then on, and every process lets go of its file. Exit 1 with the reason
+    when the server refuses.
+    """
+    if args.action != "list" and not args.model:
+        raise CommandError(f"models {args.action} needs the model: "
+                           f"{'NAME=FILE' if args.action == 'add' else 'NAME'}", exit_code=2)
+    endpoint = control_endpoint(args)
+    request = {args.action: args.model} if args.action != "list" else {}
+    with reported(control.ControlError, saying=lambda exc: f"models {args.action} failed: {exc}"):
+        answer = control.call(endpoint, "models", timeout=args.timeout, **request)
+    if args.action == "add":
+        print(f"workerpool: every worker now serves {args.model}")
+    elif args.action == "remove":
+        print(f"workerpool: {args.model} is no longer served")
+    else:
+        for name, model in answer["models"].items():
+            print(f"{name}: {model['path']} (model {model['name']}, generation {model['generation']}, "
+                  f"{model['workers']} workers, max batch {model['max_batch']})")
     return 0
 
 
@@ -114,30 +154,33 @@ def cmd_publish(args: argparse.Namespace) -> int:
     """
     from ..weights.publish import PublishError, publish
 
-    checker = None if args.no_check else _checking_server(args)
+    checker, served = (None, None) if args.no_check else _checking_server(args)
     with reported(PublishError):
         identity = publish(args.source, args.destination, control_endpoint=checker, model=args.model,
-                           fit=not args.no_check)
+                           fit=not args.no_check, served=served)
     print(f"workerpool: published {args.source} as {args.destination} (inode {identity.inode}, "
           f"{format_size(identity.size)}){'; the server checked it first' if checker else ''}")
     return 0
 
 
-def _checking_server(args: argparse.Namespace) -> str | None:
-    """The control endpoint of the running server that serves DEST, or None (then SRC is
-    checked here) when none does: no server answers by default, or it serves another file."""
+def _checking_server(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The control endpoint of the running server that serves DEST and the name it serves it
+    under; (None, None) (then SRC is checked here) when none does: no server answers by
+    default, or it serves other files."""
     endpoint = control_endpoint(args)
     try:
         status = control.call(endpoint, "status", timeout=STATUS_SECONDS, memory=False)
     except control.ControlError as exc:
         if isinstance(exc, control.NoServer) and not args.control:
             print(f"workerpool: no server is running at {endpoint}: checking {args.source} here")
-            return None
+            return None, None
         raise CommandError(f"{args.source}: cannot ask the running server to check it: {exc} "
                            "(--no-check publishes without asking)") from exc
-    served = status["model"]["path"]
-    if os.path.realpath(served) != os.path.realpath(args.destination):
-        print(f"workerpool: the server at {endpoint} serves {served}, not {args.destination}: "
-              f"checking {args.source} here")
-        return None
-    return endpoint
+    destination = os.path.realpath(args.destination)
+    for name, model in status["models"].items():
+        if os.path.realpath(model["path"]) == destination:
+            return endpoint, name
+    served = ", ".join(model["path"] for model in status["models"].values())
+    print(f"workerpool: the server at {endpoint} serves {served}, not {args.destination}: "
+          f"checking {args.source} here")
+    return None, None

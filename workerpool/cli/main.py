@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_ShowVersion)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_command in (models.add_inspect, models.add_new_model, models.add_convert, serve.add_serve,
-                        control.add_reload, control.add_publish, control.add_status, request.add_infer,
-                        request.add_embed, serve.add_workers, keys.add_keys):
+                        control.add_reload, control.add_publish, control.add_status, control.add_models,
+                        request.add_infer, request.add_embed, serve.add_workers, keys.add_keys):
         add_command(sub)
     return parser
 

@@ -25,6 +25,10 @@ class Parser(argparse.ArgumentParser):
         by the command's parser: the arguments after it (``--workrs 2 model.bpk`` leaves
         ``model.bpk`` over) are not the mistake."""
         parsed, extras = self.parse_known_args(args, namespace)
+        if extras and isinstance(getattr(parsed, "models", None), list) \
+                and not any(extra.startswith("-") for extra in extras):
+            parsed.models += extras  # ``serve a.bpk --workers 2 b.bpk``: the models among the options
+            return parsed
         if not extras:
             return parsed
         command: Parser = getattr(parsed, "command_parser", self)

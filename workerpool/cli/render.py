@@ -85,13 +85,17 @@ def output_width() -> int:
 def print_status(status: dict[str, Any], width: int, *, explain: bool = False) -> None:
     """The status in ``width`` columns: its lines wrapped, the table's least important columns
     left out (``--json`` has them all)."""
-    model, queue = status["model"], status["queue"]
+    queue = status["queue"]
     say = functools.partial(_print_wrapped, width=width)
     say(f"supervisor {status['supervisor_pid']} serving on {status['endpoint']}")
     if status["degraded"]:
         say(f"DEGRADED: {status['degraded']}")
-    say(f"model {model['name']}: {model['path']} ({format_size(model['size'])}, inode {model['inode']}, "
-        f"generation {model['generation']}, {model['load']})")
+    several = len(status["models"]) > 1
+    for name, model in status["models"].items():
+        workers = f", {model['workers']} workers, {model['queue']} waiting" if several else ""
+        say(f"{'model ' + name if several else 'model ' + model['name']}: {model['path']} "
+            f"({'model ' + model['name'] + ', ' if several else ''}{format_size(model['size'])}, inode "
+            f"{model['inode']}, generation {model['generation']}, {model['load']}{workers})")
     threads = status["threads_per_worker"]
     say(f"queue: {queue['depth']} waiting (max {queue['max']}), {queue['in_flight']} in flight; "
         f"{threads} BLAS thread{'' if threads == 1 else 's'} per worker")

@@ -85,6 +85,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def _add_client_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Where a one-request command sends its request, how long it waits, and its keys."""
     parser.add_argument("--endpoint", type=values.endpoint, default=DEFAULT_BIND, help="default: %(default)s")
+    parser.add_argument("--model-name", metavar="NAME",
+                        help="the model to ask, for a server that serves several (default: its only model)")
     add_timeout(parser, 30.0, "seconds per attempt")
     parser.add_argument("--retries", type=int, default=2, help="retries after a timeout (default: %(default)s)")
     add_settings(parser, command)
@@ -106,7 +108,7 @@ def _request(args: argparse.Namespace, payload: Any) -> Any:
     ):
         reach.check(args.endpoint, keys)
         with Client(args.endpoint, timeout=args.timeout, retries=args.retries, keys=keys) as client:
-            return client.request(payload)
+            return client.request(payload, model=args.model_name)
 
 
 def _check_writable(path: str) -> None:

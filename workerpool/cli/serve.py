@@ -13,6 +13,15 @@ from typing import Any, TypeVar
 from .. import burnpack, extras, security
 from ..config import settings
 from ..config import sources as config_sources
+from ..config.models import (
+    PER_MODEL,
+    ModelList,
+    ModelsError,
+    list_models,
+    model_name_problem,
+    split_per_model,
+)
+from ..config.models import entries as model_entries
 from ..config.pool import HostConfig, PoolConfig, ServeConfig, StartupError
 from ..config.values import unpaired
 from ..logs import setup_logging
@@ -29,14 +38,20 @@ def add_serve(sub: Subcommands) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """serve a model from N worker processes
+    """serve one or more models from N worker processes
 
-    Serve MODEL.bpk from --workers processes that each map the file read-only, so the weights sit in
-    memory once. Prints one 'workerpool: serving ...' line on stdout when every worker is ready;
+    Serve each MODEL from --workers processes that each map its file read-only, so the weights sit
+    in memory once, however many workers there are: every worker serves every model unless
+    --workers NAME=N gives a model fewer. A request names its model (one with no name goes to the
+    only model). Prints one 'workerpool: serving ...' line on stdout when every worker is ready;
     logs go to stderr. SIGTERM/SIGINT finish in-flight requests and exit 0; SIGTTIN/SIGTTOU
-    add/remove a worker. Exit 2 when the file or model is invalid.
+    add/remove a worker; SIGHUP checks the weight files and reads model folders again. Exit 2
+    when a file or model is invalid.
+
+    Settings that may differ by model (--model, --max-batch, --batch-wait, --workers) are given
+    once for every model, or as NAME=VALUE for one: --max-batch 32 --max-batch rerank=8.
     """
-    if args.workers == 0 and not args.backend:
+    if split_per_model(args.workers, None)[0] == 0 and not args.backend:
         raise CommandError("--workers 0 serves nothing unless worker hosts can join: give --backend",
                            exit_code=2)
     if args.http and not extras.installed("httptools"):
@@ -72,28 +87,77 @@ def _add_pool_command(sub: Subcommands, handler: Handler) -> None:
 def with_sources(parser: argparse.ArgumentParser, argv: list[str],
                  args: argparse.Namespace) -> argparse.Namespace:
     """``args`` again with the settings of ``--config`` and ``WORKERPOOL_*`` placed before the
-    command line's, which therefore wins."""
+    command line's, which therefore wins; the models too, when the command line names none."""
     for line in config_sources.unknown_variables(args.command_parser, os.environ):
         print(f"workerpool: warning: {line}", file=sys.stderr)
     with reported(config_sources.SourceError, exit_code=2):
         extra = config_sources.arguments(args.command_parser, args.config, os.environ)
-    return parser.parse_args(config_sources.command_line(argv, extra)) if extra else args
+        listed = config_sources.models(args.config, os.environ)
+    if extra:
+        args = parser.parse_args(config_sources.command_line(argv, extra))
+    args.models = args.models or listed
+    return args
 
 
 def effective_config(args: argparse.Namespace) -> str:
     """``--print-config``: the settings in effect, as a ``--config`` file."""
-    shown = {setting.name: setting.file_value(getattr(args, setting.name))
-             for setting in settings.of_command(args.command) if setting.file_value}
+    shown = {}
+    for setting in settings.of_command(args.command):
+        if setting.per_model:
+            everyone, single = split_per_model(getattr(args, setting.name), setting.initial())
+            write = setting.file_value or (lambda value: value)
+            listed = [write(everyone), *(f"{name}={write(value)}" for name, value in single.items())]
+            shown[setting.name] = listed if single else listed[0]
+        elif setting.file_value:
+            shown[setting.name] = setting.file_value(getattr(args, setting.name))
     return config_sources.effective(args.command_parser, args, shown)
 
 
 def _pool_config(kind: type[Config], args: argparse.Namespace, **derived: Any) -> Config:
     """A config from the options named like its fields, so each setting is named once (by its
-    option), plus the settings ``derived`` from several options."""
+    option), plus the settings ``derived`` from several options, and the models served."""
     options = {f.name: getattr(args, f.name) for f in fields(kind) if hasattr(args, f.name)}
     options["watch_interval"] = None if args.no_watch else args.watch_interval
-    options["path"] = burnpack.resolve(args.path)  # "model" for model.bpk, as every later check reads it
+    everyone, single = {}, {}
+    for name in PER_MODEL:
+        default = settings.setting(name).initial()  # a setting serve alone takes: every model its default
+        everyone[name], single[name] = split_per_model(getattr(args, name, default), default)
+    options["workers"] = everyone["workers"]
+    with reported(ModelsError, exit_code=2):
+        found = list_models(args.models, burnpack.resolve)  # "model" for model.bpk, as later checks read it
+        served = _served(found, args, everyone["workers"], single["workers"])
+        options["models"] = model_entries(_renamed(served, getattr(args, "model_name", None)), everyone, single)
+    options["folders"] = found.folders
+    options["model_defaults"], options["model_settings"] = everyone, single
     return kind(**options | derived)
+
+
+def _served(found: ModelList, args: argparse.Namespace, workers: int, own: dict[str, int]) -> ModelList:
+    """``found``, refused when it names no model or a model's worker count does not fit."""
+    if found.folders and not found.named:  # a folder serves its .bpk files, and holds none
+        folder = found.folders[0]
+        raise ModelsError(f"{folder}: a folder of no Burnpack file; {burnpack.folder_hint(folder)}")
+    if not found.named:
+        raise ModelsError(f"no model to serve: give a weight file (MODEL.bpk), NAME=FILE or a folder of "
+                          f".bpk files ({args.command} --help)")
+    for name, count in own.items():
+        if not 1 <= count <= max(workers, 1):
+            raise ModelsError(f"--workers {name}={count}: a model is served by 1 to --workers "
+                              f"({workers}) workers")
+    return found
+
+
+def _renamed(found: ModelList, name: str | None) -> ModelList:
+    """``found`` with its one model named ``name`` (--model-name), when given."""
+    if name is None:
+        return found
+    if len(found.named) != 1 or found.folders:
+        raise ModelsError("--model-name names the one model served; with several, name each with NAME=FILE")
+    problem = model_name_problem(name)
+    if problem is not None:
+        raise ModelsError(f"--model-name: {problem}")
+    _, path, _ = found.named[0]
+    return ModelList([(name, path, None)])
 
 
 def _run_pool(run: Callable[[Config], int], config: Config) -> int:

@@ -7,6 +7,7 @@ each caller awaits a future that its call's outcome resolves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
@@ -14,6 +15,7 @@ from typing import Any, Self
 
 import zmq.asyncio
 
+from ..errors import RemoteError
 from ..protocol import messages as protocol
 from ..protocol.messages import Inputs
 from .base import BaseClient
@@ -40,18 +42,18 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
         """zmq.asyncio settles a non-blocking socket call at once, as a future."""
         return outcome.result() if asyncio.isfuture(outcome) else outcome
 
-    async def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
+    async def request(self, x: Inputs, *, deadline: float | None = None, model: str | None = None) -> Result:
         """Run the model on ``x``; see ``Client.request``."""
-        return (await self._wait(await self._start_infer(x, deadline))).result()
+        return (await self._wait(await self._start_infer(x, deadline, model))).result()
 
-    async def infer(self, x: Inputs, *, deadline: float | None = None) -> Outputs:
+    async def infer(self, x: Inputs, *, deadline: float | None = None, model: str | None = None) -> Outputs:
         """Like ``request``, returning only the outputs."""
-        return (await self.request(x, deadline=deadline)).outputs
+        return (await self.request(x, deadline=deadline, model=model)).outputs
 
-    async def info(self) -> dict[str, Any]:
-        """The server's description of itself and its model."""
+    async def info(self, *, model: str | None = None) -> dict[str, Any]:
+        """The server's description of itself and of ``model`` (its only model when None)."""
         self._take_news()
-        return (await self._wait(self._start(None, protocol.METHOD_INFO, None))).info()
+        return (await self._wait(self._start(None, protocol.METHOD_INFO, None, model))).info()
 
     def infer_many(
         self,
@@ -59,11 +61,12 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
         *,
         window: int = 8,
         deadline: float | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[Outputs]:
         """Outputs in input order with up to ``window`` in flight; see ``Client.infer_many``."""
         if window < 1:
             raise ValueError(f"window must be >= 1, not {window!r}")
-        return self._pipeline(inputs, window, deadline)
+        return self._pipeline(inputs, window, deadline, model)
 
     async def close(self) -> None:
         """Stop the reader, fail calls still waiting, close the socket at once."""
@@ -81,12 +84,13 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
         await self.close()
 
     async def _pipeline(
-        self, inputs: Iterable[Inputs] | AsyncIterable[Inputs], window: int, deadline: float | None
+        self, inputs: Iterable[Inputs] | AsyncIterable[Inputs], window: int, deadline: float | None,
+        model: str | None,
     ) -> AsyncIterator[Outputs]:
         calls: deque[Call] = deque()
         try:
             async for x in _aiter(inputs):
-                calls.append(await self._start_infer(x, deadline))
+                calls.append(await self._start_infer(x, deadline, model))
                 if len(calls) == window:
                     yield (await self._wait(calls.popleft())).result().outputs
             while calls:
@@ -95,17 +99,19 @@ class AsyncClient(BaseClient[zmq.asyncio.Socket]):
             for call in calls:
                 self._calls.forget(call)
 
-    async def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
+    async def _start_infer(self, x: Inputs, deadline: float | None, model: str | None) -> Call:
         """``Client._start_infer``; callers that need the limit at once share one ``info`` call."""
         self._take_news()
         if self._calls.must_learn_limit(x):
             if self._limit_asked is None or self._limit_asked.done():
-                self._limit_asked = asyncio.ensure_future(self.info())
-            await asyncio.shield(self._limit_asked)
-        return self._start(x, protocol.METHOD_INFER, deadline)
+                self._limit_asked = asyncio.ensure_future(self.info(model=model))
+            with contextlib.suppress(RemoteError):  # any reply states the server's limit
+                await asyncio.shield(self._limit_asked)
+        return self._start(x, protocol.METHOD_INFER, deadline, model)
 
-    def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> Call:
-        call = super()._start(payload, method, deadline)
+    def _start(self, payload: Inputs | None, method: str, deadline: float | None,
+               model: str | None = None) -> Call:
+        call = super()._start(payload, method, deadline, model)
         if self._calls.outstanding and (self._reader is None or self._reader.done()):
             self._reader = asyncio.get_running_loop().create_task(self._read())
         return call

@@ -76,11 +76,12 @@ class BaseClient(Generic[SocketT]):
         self._open()
         self._take_events()
 
-    def _start(self, payload: Inputs | None, method: str, deadline: float | None) -> Call:
+    def _start(self, payload: Inputs | None, method: str, deadline: float | None,
+               model: str | None = None) -> Call:
         """Send a new call on the connection as last heard of (``_take_news`` first). A request
         that may be over the server's --max-message-size waits for the front end to learn that
         limit (``Calls.must_learn_limit``): over it, it fails without being sent."""
-        return self._calls.start(payload, method, deadline, self._send)
+        return self._calls.start(payload, method, deadline, self._send, model)
 
     def _poll_ms(self) -> int | None:
         """How long to poll before the next call runs out of time; None once one has, and then

@@ -55,6 +55,7 @@ class Call:
     payload: Inputs | None
     method: str
     deadline: float | None
+    model: str | None = None  # the served model it is for; None: the server's only one
     deadline_at: float | None = None
     attempts: int = 0
     id: int | None = None
@@ -139,12 +140,13 @@ class Calls:
         method: str,
         deadline: float | None,
         send: Callable[[list], None],
+        model: str | None = None,
     ) -> Call:
         """A new call, sent at once, or already failed if its input cannot be encoded. Sent
         before any server is connected, it waits in the socket's queue until one is."""
         if deadline is not None and not deadline >= 0:
             raise ValueError(f"deadline must be >= 0 seconds, not {deadline!r}")
-        call = Call(payload, method, deadline)
+        call = Call(payload, method, deadline, model)
         self._attempt(call, time.monotonic(), send)
         return call
 
@@ -255,7 +257,7 @@ class Calls:
         call.id = next(self._ids)
         try:
             frames = protocol.encode_request(
-                call.id, call.payload, method=call.method, deadline_ms=deadline_ms
+                call.id, call.payload, method=call.method, deadline_ms=deadline_ms, model=call.model
             )
         except ProtocolError as exc:
             self._finish(call, errors.BadRequest(str(exc)))

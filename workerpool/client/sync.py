@@ -6,12 +6,14 @@ is waited for by polling the socket in the caller's thread.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Self
 
 import zmq
 
+from ..errors import RemoteError
 from ..protocol import messages as protocol
 from ..protocol.messages import Inputs
 from ..protocol.transport import NOBLOCK, send_parts
@@ -45,26 +47,29 @@ class Client(BaseClient[zmq.Socket]):
     _socket_class = zmq.Socket
     _poller_class = zmq.Poller
 
-    def request(self, x: Inputs, *, deadline: float | None = None) -> Result:
-        """Run the model on ``x`` (an array, or a dict of named arrays).
+    def request(self, x: Inputs, *, deadline: float | None = None, model: str | None = None) -> Result:
+        """Run the model on ``x`` (an array, a dict of named arrays, or a list of texts).
 
         ``deadline`` (seconds) asks the server to answer ``DeadlineExceeded`` rather than start
-        the request late. Inputs of a dtype the protocol cannot carry raise ``BadRequest``
-        before anything is sent.
+        the request late. ``model`` names the model, for a server that serves several (one
+        with no name goes to the only model; with several served, it raises ``ModelNotFound``
+        naming them). Inputs of a dtype the protocol cannot carry raise ``BadRequest`` before
+        anything is sent.
         """
-        return self._wait(self._start_infer(x, deadline)).result()
+        return self._wait(self._start_infer(x, deadline, model)).result()
 
-    def infer(self, x: Inputs, *, deadline: float | None = None) -> Outputs:
+    def infer(self, x: Inputs, *, deadline: float | None = None, model: str | None = None) -> Outputs:
         """Like ``request``, returning only the outputs."""
-        return self.request(x, deadline=deadline).outputs
+        return self.request(x, deadline=deadline, model=model).outputs
 
-    def info(self) -> dict[str, Any]:
-        """The server's description of itself and its model."""
+    def info(self, *, model: str | None = None) -> dict[str, Any]:
+        """The server's description of itself and of ``model`` (its only model when None)."""
         self._take_news()
-        return self._wait(self._start(None, protocol.METHOD_INFO, None)).info()
+        return self._wait(self._start(None, protocol.METHOD_INFO, None, model)).info()
 
     def infer_many(
-        self, inputs: Iterable[Inputs], *, window: int = 8, deadline: float | None = None
+        self, inputs: Iterable[Inputs], *, window: int = 8, deadline: float | None = None,
+        model: str | None = None,
     ) -> Iterator[Outputs]:
         """Outputs for ``inputs`` in order, with up to ``window`` requests in flight at once.
 
@@ -74,7 +79,7 @@ class Client(BaseClient[zmq.Socket]):
         """
         if window < 1:
             raise ValueError(f"window must be >= 1, not {window!r}")
-        return self._pipeline(iter(inputs), window, deadline)
+        return self._pipeline(iter(inputs), window, deadline, model)
 
     def close(self) -> None:
         """Close the socket at once, dropping anything unsent. Safe to call twice."""
@@ -88,12 +93,12 @@ class Client(BaseClient[zmq.Socket]):
         self.close()
 
     def _pipeline(
-        self, inputs: Iterator[Inputs], window: int, deadline: float | None
+        self, inputs: Iterator[Inputs], window: int, deadline: float | None, model: str | None
     ) -> Iterator[Outputs]:
         calls: deque[Call] = deque()
         try:
             for x in inputs:
-                calls.append(self._start_infer(x, deadline))
+                calls.append(self._start_infer(x, deadline, model))
                 if len(calls) == window:
                     yield self._wait(calls.popleft()).result().outputs
             while calls:
@@ -102,11 +107,12 @@ class Client(BaseClient[zmq.Socket]):
             for call in calls:
                 self._calls.forget(call)
 
-    def _start_infer(self, x: Inputs, deadline: float | None) -> Call:
+    def _start_infer(self, x: Inputs, deadline: float | None, model: str | None) -> Call:
         self._take_news()
         if self._calls.must_learn_limit(x):
-            self.info()  # its reply states the server's limit
-        return self._start(x, protocol.METHOD_INFER, deadline)
+            with contextlib.suppress(RemoteError):  # any reply states the server's limit
+                self.info(model=model)
+        return self._start(x, protocol.METHOD_INFER, deadline, model)
 
     def _push(self, frames: list) -> None:
         # Frame by frame with plain int flags: send_multipart combines pyzmq's enum flags for

@@ -19,7 +19,15 @@ import numpy as np
 
 from ..errors import BadRequest
 from ..models.contract import TEXT
-from ..protocol.messages import MAX_ARRAYS, MAX_EXTENT, MAX_RANK, extent, strict_json
+from ..protocol.messages import (
+    MAX_ARRAYS,
+    MAX_EXTENT,
+    MAX_RANK,
+    ProtocolError,
+    encode_texts,
+    extent,
+    strict_json,
+)
 from .view import Answer, ModelView, Tensor
 
 DATATYPES = {"BOOL": "|b1", "UINT8": "|u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
@@ -91,6 +99,10 @@ def _texts_or_arrays(inputs: dict[str, np.ndarray | list[str]], view: ModelView)
         return inputs  # type: ignore[return-value]  # no input was texts
     if len(inputs) > 1:
         raise BadRequest("a request gives texts or arrays, not both")
+    try:
+        encode_texts(texts[0])  # 1 to MAX_TEXTS of them, each valid Unicode
+    except ProtocolError as exc:
+        raise BadRequest(str(exc)) from None
     return texts[0]
 
 

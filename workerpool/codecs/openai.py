@@ -1,5 +1,11 @@
 """OpenAI's embeddings API (``POST /v1/embeddings``) for a model that takes texts: request and
-response bodies, and errors in OpenAI's shape."""
+response bodies, and errors in OpenAI's shape.
+
+The front door reads a request's body (:func:`decode_embeddings`), so that its texts can be
+spread over the workers; each worker writes the items of the response's ``data`` for the texts
+it ran (:func:`encode_items`), and the front door puts them in one body (:func:`join_embeddings`):
+the supervisor never formats a float.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadRequest, ModelNotFound
+from ..errors import BadRequest
 from .kserve import json_object
 from .view import Answer, ModelView
 
 ENCODINGS = ("float", "base64")
 
 
-def decode_embeddings(body: bytes | memoryview, view: ModelView) -> tuple[list[str], str]:
-    """The texts and the encoding format asked for."""
+def requested_model(body: bytes | memoryview) -> tuple[dict[str, Any], Any]:
+    """The request's JSON object, and the model it names (None when it names none)."""
     document = json_object(body)
-    model = document.get("model")
-    if model is not None and model != view.name:
-        raise ModelNotFound(f"the model {model!r} does not exist here; this server serves {view.name!r}")
+    return document, document.get("model")
+
+
+def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[str], str]:
+    """The texts and the encoding format asked for, of the model ``view`` describes."""
     if not view.takes_texts:
         raise BadRequest(f"the model {view.name!r} takes no texts, so it gives no embeddings: "
                          "call it with KServe v2 (/v2/models/NAME/infer)")
@@ -46,14 +54,21 @@ def _width(view: ModelView) -> int | None:
     return shape[-1] if shape else None
 
 
-def encode_embeddings(view: ModelView, answer: Answer, encoding: str) -> bytes:
+def encode_items(answer: Answer, first: int, encoding: str) -> tuple[bytes, int]:
+    """The items of ``data`` for the texts a worker ran, the first being the request's text
+    ``first``, joined by commas; and the tokens they held."""
     embeddings = np.asarray(answer.outputs["embedding"], dtype="<f4")
     tokens = int(answer.outputs["tokens"].sum()) if "tokens" in answer.outputs else 0
-    data = [{"object": "embedding", "index": index, "embedding": _encoded(row, encoding)}
-            for index, row in enumerate(embeddings)]
-    return json.dumps({"object": "list", "data": data, "model": view.name,
-                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
-                      separators=(",", ":")).encode()
+    items = [json.dumps({"object": "embedding", "index": first + index, "embedding": _encoded(row, encoding)},
+                        separators=(",", ":")) for index, row in enumerate(embeddings)]
+    return ",".join(items).encode(), tokens
+
+
+def join_embeddings(model: str, items: list[bytes], tokens: int) -> bytes:
+    """The response body around the items every part gave, in the order of the texts."""
+    usage = json.dumps({"prompt_tokens": tokens, "total_tokens": tokens})
+    return b"".join((b'{"object":"list","data":[', b",".join(items), b'],"model":',
+                     json.dumps(model).encode(), b',"usage":', usage.encode(), b"}"))
 
 
 def _encoded(row: np.ndarray, encoding: str) -> Any:

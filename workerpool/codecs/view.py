@@ -52,6 +52,16 @@ class ModelView:
 
 
 @dataclass(frozen=True)
+class ModelState:
+    """A served model as the supervisor knows it: its signature (what ``info`` lists), its kind
+    (``mlp``, ``bert``...) and its generation."""
+
+    signature: Mapping[str, Any]
+    kind: str
+    generation: int
+
+
+@dataclass(frozen=True)
 class Answer:
     """Outputs by name here, and which generation and worker gave them."""
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import field as plain_field
+from typing import TYPE_CHECKING, Any
 
+from .models import ModelEntry, entry_for
 from .settings import field, setting
 
 if TYPE_CHECKING:  # only for annotations: loading a model must not import ZeroMQ
@@ -46,9 +48,13 @@ class StartupError(Exception):
 class PoolConfig:
     """What ``serve`` and ``workers`` share: the weights, the workers and their supervision."""
 
-    path: str
+    models: list[ModelEntry]
     workers: int
-    model: str | None = None
+    folders: list[str] = plain_field(default_factory=list)  # whose every weight file is served: read again on SIGHUP
+    # The per-model settings (config.models.PER_MODEL) for every model, and those given for
+    # single models by name: what a model added later (a folder read again) is served with.
+    model_defaults: dict[str, Any] = plain_field(default_factory=dict)
+    model_settings: dict[str, dict[str, Any]] = plain_field(default_factory=dict)
     load: str = field("load")
     graceful_timeout: float = field("graceful_timeout")
     heartbeat: float = HEARTBEAT_SECONDS
@@ -60,6 +66,10 @@ class PoolConfig:
     threads_per_worker: int | None = None  # None: the CPUs this process may use, shared out
     cache_dir: str | None = field("cache_dir")  # None: models prepare nothing
     start: str = field("start")  # fork: from the warm template; spawn: a fresh interpreter each
+
+    def entry(self, name: str, path: str, folder: str | None = None) -> ModelEntry:
+        """The entry of a model added while the pool runs, with the settings it would have had."""
+        return entry_for(name, path, folder, self.model_defaults, self.model_settings)
 
     def cpu_budget(self) -> int:
         """Threads each worker's BLAS and OpenMP pools may use: with more workers than cores,
@@ -92,13 +102,10 @@ class ServeConfig(PoolConfig):
     max_queue_bytes: int = field("max_queue_bytes")
     max_connections: int | None = None  # None: follows the open file limit
     request_timeout: float = field("request_timeout")
-    max_batch: int = field("max_batch")
-    batch_wait: float = field("batch_wait")  # seconds a batch's first request may wait for more to join it
-    max_message_size: int | None = None  # None: sized to the model's input
+    max_message_size: int | None = None  # None: sized to the models' inputs
     reload_timeout: float = RELOAD_TIMEOUT_SECONDS
     backend: str | None = None  # None: a private ipc socket
     http: str | None = None  # HOST:PORT of the HTTP front door; None: none
-    model_name: str | None = None  # None: the file's name without .bpk
     http_timeout: float = field("http_timeout")
     http_token_file: str | None = None
     http_cert: str | None = None

@@ -56,6 +56,7 @@ class Setting:
     choices: tuple[str, ...] | None = None
     switch: bool = False
     from_files: bool = True  # False: only the command line gives it
+    per_model: bool = False  # NAME=VALUE gives it for one model (config.models)
     file_value: Callable[[Any], Any] | None = None  # how --print-config writes it, if not as parsed
     doc: str = ""  # its meaning in docs/configuration.md
     doc_default: str | None = None  # the default there, when the value alone does not say it
@@ -94,8 +95,11 @@ def _for(commands: frozenset[str], *settings: Setting) -> tuple[Setting, ...]:
 
 
 _POOL_SETTINGS = (
-    Setting("path", metavar="MODEL.bpk",
-            help={SERVE: "the Burnpack weight file", WORKERS: "this host's copy of the weights"}),
+    Setting("models", metavar="MODEL",
+            help={SERVE: "the models to serve, each a Burnpack weight file (served under its name "
+                  "without .bpk), NAME=FILE to name it, or a folder: every .bpk in it, read again on "
+                  "SIGHUP (the config file's 'models' key, or WORKERPOOL_MODELS, gives them otherwise)",
+                  WORKERS: "this host's copies of the weights, named as serve names them"}),
     Setting("--config", metavar="FILE", from_files=False,
             help="read options from this TOML file (keys are the long option names: workers = 8, "
             "max-batch = 16); the environment's WORKERPOOL_<OPTION> variables come next, the command "
@@ -108,13 +112,17 @@ _POOL_SETTINGS = (
     Setting("--log-format", choices=FORMATS, default="text",
             help="text, or json: one JSON object per line (default: %(default)s)",
             doc="`json`: one JSON object per line (see [Logs](operations.md#logs))"),
-    Setting("--workers", parse=values.count, default_factory=_cpu_count,
-            help="worker processes (default: the number of CPUs, %(default)s here)",
-            doc="worker processes", doc_default="number of CPUs"),
-    Setting("--model", metavar=MODEL_METAVAR,
+    Setting("--workers", parse=values.count, default_factory=_cpu_count, per_model=True,
+            help="worker processes (default: the number of CPUs, {default} here); NAME=N: only N of "
+            "them map and serve the model NAME (default: every worker serves every model)",
+            doc="worker processes; `NAME=N`: only N of them map and serve the model NAME (see "
+            "[Several models](models.md#several-models-in-one-pool))",
+            doc_default="number of CPUs; every worker serves every model"),
+    Setting("--model", metavar=MODEL_METAVAR, per_model=True,
             help="model to build (default: metadata workerpool.model, else recognised from the "
-            "tensors; built-ins: {builtin_models})",
-            doc="the model to build on the weights (built-ins: `mlp`, `burn-mnist`, `bert`)",
+            "tensors; built-ins: {builtin_models}); NAME=SPEC for one model",
+            doc="the model to build on the weights (built-ins: `mlp`, `burn-mnist`, `bert`); "
+            "`NAME=SPEC` for one model",
             doc_default="see [Models](models.md#choosing-the-model)"),
     Setting("--load", choices=tuple(LOAD_MODE_HELP), default="mmap",
             help=_modes_help(LOAD_MODE_HELP, "mmap"),
@@ -204,18 +212,20 @@ _SERVE_SETTINGS = _for(SERVE_ONLY,
             "the worker is replaced. Keep it below your clients' timeout (default: %(default)s)",
             doc="how long a request may run on a worker; past it the client gets `request_timeout` and "
             "the worker is replaced. Keep it below your clients' timeout (30 s by default)"),
-    Setting("--max-batch", parse=values.positive_count, default=32,
+    Setting("--max-batch", parse=values.positive_count, default=32, per_model=True,
             metavar="ROWS",
-            help="rows of the model's batch axis that queued requests may share in one forward pass; "
-            "1 turns batching off (default: %(default)s)",
-            doc="rows of the model's batch axis that waiting requests may share in one forward pass; "
-            "`1` turns batching off (see [Batching](benchmarks.md#batching))"),
-    Setting("--batch-wait", parse=values.milliseconds, default=0.0,
+            help="rows (or texts) one forward pass may take, from one request or several waiting "
+            "ones: a longer request is spread over several passes, and workers; 1 turns batching "
+            "off; NAME=ROWS for one model (default: {default})",
+            doc="rows (or texts) one forward pass may take, from one request or several waiting ones; "
+            "a request with more is spread over several passes and workers; `1` turns batching off; "
+            "`NAME=ROWS` for one model (see [Batching](benchmarks.md#batching))"),
+    Setting("--batch-wait", parse=values.milliseconds, default=0.0, per_model=True,
             metavar="MS", file_value=lambda seconds: seconds * MS_PER_SECOND,
             help="milliseconds a request may wait for others to share its forward pass when fewer "
-            "than --max-batch rows are queued (default: 0, never wait)",
+            "than --max-batch rows are queued; NAME=MS for one model (default: 0, never wait)",
             doc="how long a request may wait for others to share its forward pass while fewer than "
-            "`--max-batch` requests wait; 0 never delays a request"),
+            "`--max-batch` requests wait; 0 never delays a request; `NAME=MS` for one model"),
     Setting("--max-connections", parse=values.positive_count, metavar="N",
             help="client connections served at once, each from its first request on; requests on "
             "more are answered overloaded until one closes (default: 7/8 of what the open file "
@@ -233,9 +243,10 @@ _SERVE_SETTINGS = _for(SERVE_ONLY,
             "and [`/metrics`, `/healthz`, `/readyz`](operations.md#health-readiness-and-metrics)",
             doc_default="off"),
     Setting("--model-name", metavar="NAME",
-            help="the model's name in HTTP URLs and OpenAI's 'model' (default: the weight file's name "
-            "without .bpk)",
-            doc="the model's name in `/v2/models/NAME` and OpenAI's `model`", doc_default="the file's name"),
+            help="the name of the one model served, in requests, HTTP URLs and OpenAI's 'model' "
+            "(default: the weight file's name without .bpk; with several models, NAME=FILE names each)",
+            doc="the name of the one model served, in `/v2/models/NAME` and OpenAI's `model` (with "
+            "several models, `NAME=FILE` names each)", doc_default="the file's name"),
     Setting("--http-timeout", parse=values.seconds, default=10.0, metavar="SECONDS",
             help="how long an HTTP client may take to send a request's head, stay idle between "
             "requests or pause within a body before it is closed (default: %(default)s)",

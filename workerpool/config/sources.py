@@ -9,6 +9,11 @@ the key and file, or the variable, it came from. A key the command does not know
 naming it and the closest one; a ``WORKERPOOL_`` variable that names no option gets a warning
 (:func:`unknown_variables`), and an empty one counts as unset. Keys are written as the options
 are, with dashes (``max-batch``); underscores are read too.
+
+The models to serve are the command line's arguments, else ``WORKERPOOL_MODELS`` (separated by
+white space, quoted as a shell would), else the file's ``models`` key (a string or a list). An
+option that takes ``NAME=VALUE`` for one model takes a list in a file (``max-batch = [32,
+"rerank=8"]``) and items separated by white space in a variable.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import shlex
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -24,8 +30,9 @@ from .settings import SETTINGS
 
 ENV_PREFIX = "WORKERPOOL_"
 NOT_FROM_SOURCES = {"help"} | {setting.name for setting in SETTINGS if not setting.from_files}
+MODELS_KEY = "models"  # the file's key, and the variable's suffix, for the models to serve
 # Variables read by other commands or by workers, not options of serve and workers.
-OTHER_VARIABLES = {ENV_PREFIX + "CONTROL", ENV_PREFIX + "WORKER_TOKEN"}
+OTHER_VARIABLES = {ENV_PREFIX + "CONTROL", ENV_PREFIX + "WORKER_TOKEN", ENV_PREFIX + MODELS_KEY.upper()}
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
@@ -45,6 +52,8 @@ def arguments(parser: argparse.ArgumentParser, config: str | None, environ: Mapp
     found: list[str] = []
     if config is not None:
         for key, value in _read(config).items():
+            if key == MODELS_KEY:
+                continue
             action = options.get(key.replace("-", "_"))
             if action is None:
                 raise SourceError(f"{config}: unknown key {key!r}{closest(key_of(key), map(key_of, options))} "
@@ -52,9 +61,29 @@ def arguments(parser: argparse.ArgumentParser, config: str | None, environ: Mapp
             found += _as_arguments(parser, action, value, f"{config}: {key}")
     for dest, action in options.items():
         name = ENV_PREFIX + dest.upper()
-        if environ.get(name):  # set and not empty: `WORKERPOOL_X=` unsets X, as shells expect
-            found += _as_arguments(parser, action, environ[name], name)
+        if not environ.get(name):  # set and not empty: `WORKERPOOL_X=` unsets X, as shells expect
+            continue
+        items = environ[name].split() if isinstance(action, argparse._AppendAction) else [environ[name]]
+        for item in items:
+            found += _as_arguments(parser, action, item, name)
     return found
+
+
+def models(config: str | None, environ: Mapping[str, str]) -> list[str]:
+    """The models to serve that the environment, else the file, names (none: an empty list)."""
+    variable = environ.get(ENV_PREFIX + MODELS_KEY.upper())
+    if variable:
+        try:
+            return shlex.split(variable)
+        except ValueError as exc:
+            raise SourceError(f"{ENV_PREFIX}{MODELS_KEY.upper()}: {exc}") from None
+    if config is None:
+        return []
+    value = _read(config).get(MODELS_KEY, [])
+    listed = [value] if isinstance(value, str) else value
+    if not isinstance(listed, list) or not all(isinstance(item, str) for item in listed):
+        raise SourceError(f"{config}: {MODELS_KEY} is a weight file, NAME=FILE or folder, or a list of them")
+    return listed
 
 
 def unknown_variables(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
@@ -89,6 +118,9 @@ def _read(path: str) -> dict[str, Any]:
 
 def _as_arguments(parser: argparse.ArgumentParser, action: argparse.Action, value: Any,
                   where: str) -> list[str]:
+    if isinstance(value, list) and isinstance(action, argparse._AppendAction) \
+            and not any(isinstance(item, list) for item in value):  # a value for every model, or for one
+        return [argument for item in value for argument in _as_arguments(parser, action, item, where)]
     flag = action.option_strings[-1]
     if action.nargs == 0:  # a switch such as --no-watch
         if isinstance(value, str) and value.lower() in TRUE | FALSE:
@@ -108,20 +140,25 @@ def _as_arguments(parser: argparse.ArgumentParser, action: argparse.Action, valu
 def effective(parser: argparse.ArgumentParser, args: argparse.Namespace,
               shown: Mapping[str, Any] | None = None) -> str:
     """The settings ``args`` holds, as a TOML file ``--config`` would read back: ``shown``
-    maps a key to how its value is written when that differs from the parsed value."""
-    lines = []
+    maps a key to how its value is written when that differs from the parsed value (a list:
+    the value for every model, then ``NAME=VALUE`` for single ones)."""
+    lines = [f"{MODELS_KEY} = {_toml(list(args.models))}"] if getattr(args, MODELS_KEY, None) else []
     for dest in sorted(options_of(parser)):
         value = (shown or {}).get(dest, getattr(args, dest))
         key = key_of(dest)
-        if value is None:
-            lines.append(f"# {key}: not set")
-        elif isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        elif isinstance(value, int | float):
-            lines.append(f"{key} = {value!r}")
-        else:
-            lines.append(f"{key} = {json.dumps(str(value))}")
+        lines.append(f"# {key}: not set" if value is None else f"{key} = {_toml(value)}")
     return "\n".join(lines)
+
+
+def _toml(value: Any) -> str:
+    """``value`` as TOML writes it: a boolean, a number, a string or a list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_toml, value)) + "]"
+    return json.dumps(str(value))
 
 
 def command_line(argv: Sequence[str], extra: list[str]) -> list[str]:

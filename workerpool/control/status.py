@@ -33,7 +33,8 @@ class WorkerStatus(TypedDict):
     pid: int
     host: str
     state: str  # starting, ready, busy, reloading or stopping
-    generation: int
+    generation: int  # the newest it serves of any model (of the one model, in a pool of one)
+    models: dict[str, int]  # the models it serves (or is starting with), with their generations
     served: int
     errors: int
     batches: int  # forward passes it was sent (a request alone is a batch of one)
@@ -44,7 +45,7 @@ class WorkerStatus(TypedDict):
 
 
 class ModelStatus(TypedDict):
-    name: str
+    name: str  # its kind: mlp, burn-mnist, bert, onnx or a factory's name
     path: str
     size: int
     inode: int
@@ -52,6 +53,13 @@ class ModelStatus(TypedDict):
     load: str
     watch_interval: float | None
     last_reload: dict[str, Any] | None
+    degraded: str | None  # why its path is not what is served of it (new weights refused)
+    max_batch: int
+    workers: int  # workers that serve it (or are starting with it)
+    queue: int  # its requests waiting
+    in_flight: int  # its requests (or parts of them) running
+    switch_failure: str | None  # why a worker could not switch it to its newest generation
+    reloading: bool  # workers are moving to its newest generation
 
 
 class QueueStatus(TypedDict):
@@ -81,25 +89,45 @@ class Status(TypedDict):
     endpoint: str
     http: str | None  # the HTTP front door's URL, if --http was given
     threads_per_worker: int  # each worker's BLAS/OpenMP threads
-    model: ModelStatus
+    model: ModelStatus | None  # the one model served; None when there are several
+    models: dict[str, ModelStatus]  # every model served, by the name requests give
     queue: QueueStatus
     connections: ConnectionStatus
     workers: list[WorkerStatus]
     totals: dict[str, int | None] | None  # see metrics.TOTAL_FIELDS
 
 
+SERVING = (WorkerState.READY, WorkerState.BUSY, WorkerState.RELOADING)
+
+
 def unready(status: Status) -> str | None:
     """Why the pool is not ready, in one line; None when it is (what ``/readyz`` and ``status
-    --ready`` report): it would not answer a request now, or it is degraded (it serves, but
-    the path holds weights it refused, which a restart would load). A worker of any
-    generation counts: during a rolling reload, or one paused on a file that fails, the pool
-    keeps serving."""
+    --ready`` report): when every model is (:func:`model_unready`)."""
     if status["draining"]:
         return "the server is shutting down"
-    if status["degraded"]:
-        return status["degraded"]
-    serving = (WorkerState.READY, WorkerState.BUSY, WorkerState.RELOADING)
-    if any(w["state"] in serving for w in status["workers"]):
+    reasons = [(name, model_unready(status, name)) for name in status["models"]]
+    unready_models = [(name, why) for name, why in reasons if why is not None]
+    if not unready_models:
         return None
-    starting = sum(1 for w in status["workers"] if w["state"] == WorkerState.STARTING)
+    if len(reasons) == 1:
+        return unready_models[0][1]
+    return "; ".join(f"{name}: {why}" for name, why in unready_models)
+
+
+def model_unready(status: Status, model: str) -> str | None:
+    """Why ``model`` is not ready, in one line; None when it is: it would not answer a request
+    now, or it is degraded (it serves, but its path holds weights it refused, which a restart
+    would load). A worker of any generation counts: during a rolling reload, or one paused on
+    a file that fails, the model keeps serving."""
+    if status["draining"]:
+        return "the server is shutting down"
+    served = status["models"].get(model)
+    if served is None:
+        return f"no model named {model!r} is served"
+    if served["degraded"]:
+        return served["degraded"]
+    workers = [w for w in status["workers"] if model in w["models"]]
+    if any(w["state"] in SERVING for w in workers):
+        return None
+    starting = sum(1 for w in workers if w["state"] == WorkerState.STARTING)
     return f"no worker is ready yet ({starting} starting)"

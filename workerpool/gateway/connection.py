@@ -168,7 +168,7 @@ class Connection:
             self._respond(decision)
             return
         self.forwarded = decision
-        self.server.intake.admit_local(self.key, decision.frames, len(request.body))
+        self.server.router.admit_local(self.key, decision.frames, sum(len(frame) for frame in decision.frames))
 
     @_closing_on_failure
     def replied(self, frames: list[Any]) -> None:

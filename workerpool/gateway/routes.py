@@ -1,10 +1,14 @@
 """What the front door answers, socket-free: a request in, a response or a call to the router out.
 
-- Routes: the Open Inference Protocol's (``/v2/...``), OpenAI's ``/v1/embeddings`` and
-  ``/v1/models``, and the operations endpoint's (``/metrics``, ``/healthz``, ``/readyz``).
-- The model's description is answered here from the signature the supervisor holds; an
+- Routes: the Open Inference Protocol's (``/v2/...``, Triton's ``/v2/repository/index`` too),
+  OpenAI's ``/v1/embeddings`` and ``/v1/models``, and the operations endpoint's (``/metrics``,
+  ``/healthz``, ``/readyz``). Every served model has its own (``/v2/models/NAME``), and OpenAI's
+  ``model`` field picks one.
+- The models' descriptions are answered here from the signatures the supervisor holds; a KServe
   inference is passed to the router with its body unread (``codecs.http_call``): the worker
-  decodes it, and its reply comes back as the response body.
+  decodes it, and its reply comes back as the response body. An OpenAI request's body is read
+  here, so that its texts can spread over the workers; each part's worker writes its share of
+  the response, which is put together here.
 - With a token, every route but the probes and ``/metrics`` needs ``Authorization: Bearer
   TOKEN``, compared in constant time.
 - Every error is JSON: ``{"error": message}`` on KServe's routes, OpenAI's error object on
@@ -23,9 +27,16 @@ from typing import Any
 
 from .. import __version__
 from ..codecs import kserve, openai
-from ..codecs.http_call import KSERVE, OPENAI, HttpReply, read_reply, request_frames
-from ..codecs.view import ModelView, view_of
-from ..errors import ErrorCode
+from ..codecs.http_call import (
+    KSERVE,
+    OPENAI,
+    HttpReply,
+    read_reply,
+    request_frames,
+    text_request_frames,
+)
+from ..codecs.view import ModelState, ModelView, view_of
+from ..errors import ErrorCode, RemoteError
 from ..protocol import messages as protocol
 from .http11 import Refusal, Request
 
@@ -38,7 +49,7 @@ ROUTES = [(re.compile(pattern + "$"), method, name) for pattern, method, name in
     (r"/v2/health/live", "GET", "live"), (r"/v2/health/ready", "GET", "ready"),
     (r"/v2", "GET", "server"), (MODEL, "GET", "model"), (MODEL + "/ready", "GET", "model_ready"),
     (MODEL + "/infer", "POST", "infer"), (r"/v1/embeddings", "POST", "embeddings"),
-    (r"/v1/models", "GET", "models"),
+    (r"/v1/models", "GET", "models"), (r"/v2/repository/index", "POST", "repository"),
     (r"/metrics", "GET", "ops"), (r"/healthz", "GET", "ops"), (r"/readyz", "GET", "ops"),
 ]]
 MAX_ROUTES_KEPT = 256  # distinct method and path pairs whose route is remembered
@@ -46,7 +57,8 @@ OPEN_ROUTES = {"live", "ready", "ops"}  # probes and metrics need no token
 BODY_ROUTES = {"infer", "embeddings"}
 OPS_PATHS = {"live": "/healthz", "ready": "/readyz"}
 OpsAnswer = Callable[[str], tuple[int, str, bytes]]
-Describe = Callable[[], tuple[Mapping[str, Any], int]]
+Describe = Callable[[], Mapping[str, ModelState]]
+Unready = Callable[[str], str | None]  # why a served model is not ready, or None
 
 
 @dataclass
@@ -62,22 +74,29 @@ class Reply:
 
 @dataclass(frozen=True)
 class Forward:
-    """An inference for the router: the frames to hand it, and the API its answer is written in."""
+    """An inference for the router: the frames to hand it, the API its answer is written in and
+    the model it is for."""
 
     frames: list[Any]
-    openai: bool
+    api: str
+    model: str
+
+    @property
+    def openai(self) -> bool:
+        return self.api == OPENAI
 
 
 class Routes:
-    """The routes over the served model, named ``model_name``; ``describe`` gives its signature
-    and generation as the supervisor knows them, ``ops`` the operations routes' answers."""
+    """The routes over the served models; ``describe`` gives each one's signature and generation
+    as the supervisor knows them, ``unready`` why one is not ready, ``ops`` the operations
+    routes' answers."""
 
-    def __init__(self, model_name: str, describe: Describe, ops: OpsAnswer, *, token: bytes | None) -> None:
-        self.model_name = model_name
+    def __init__(self, describe: Describe, unready: Unready, ops: OpsAnswer, *, token: bytes | None) -> None:
         self.token = token
         self._describe = describe
+        self._unready = unready
         self._ops = ops
-        self._view: ModelView | None = None
+        self._views: dict[str, ModelView] = {}
         self._ids = 0
         self._routed: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}  # the paths seen, matched once
 
@@ -116,8 +135,10 @@ class Routes:
             return error_reply(500, f"internal: a malformed reply from a worker: {exc}", forward.openai)
         if reply.code is not None:
             return code_reply(reply, forward.openai)
+        if forward.openai:
+            return Reply(200, openai.join_embeddings(forward.model, reply.bodies, reply.tokens))
         headers = {} if reply.head is None else {"Inference-Header-Content-Length": str(reply.head)}
-        return Reply(200, reply.body, reply.content_type, headers)
+        return Reply(200, reply.bodies[0], reply.content_type, headers)
 
     def _route(self, request: Request) -> tuple[str, dict[str, str]]:
         key = (request.method, request.path)
@@ -134,34 +155,58 @@ class Routes:
             return _ops_reply(self._ops(OPS_PATHS.get(name, request.path)))
         if name == "server":
             return _json({"name": "workerpool", "version": __version__, "extensions": kserve.EXTENSIONS})
+        states = self._describe()
         if name == "models":
-            return _json({"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                                      "owned_by": "workerpool"}]})
+            return _json({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "workerpool"}
+                                                     for model in states]})
+        if name == "repository":
+            return _json([{"name": model, "version": str(state.generation),
+                           "state": "UNAVAILABLE" if self._unready(model) else "READY",
+                           "reason": self._unready(model) or ""} for model, state in states.items()])
         if name == "embeddings":
-            return self._forward(OPENAI, request, head=None, deadline=_timeout_header(request))
-        view = self._resolve(match["name"], match.get("version"))
+            return self._embeddings(request, states)
+        view = self._resolve(states, match["name"], match.get("version"))
         if name == "model":
             return _json(kserve.model_metadata(view))
         if name == "model_ready":
-            return _ops_reply(self._ops("/readyz"))
-        return self._forward(KSERVE, request, head=_header_length(request), deadline=_timeout_header(request))
-
-    def _forward(self, api: str, request: Request, *, head: int | None, deadline: float | None) -> Forward:
+            unready = self._unready(view.name)
+            return _ops_reply((503, "text/plain; charset=utf-8", f"{unready}\n".encode()) if unready
+                              else (200, "text/plain; charset=utf-8", b"ready\n"))
         self._ids += 1
-        frames = request_frames(self._ids, api, self.model_name, request.body, head=head, deadline=deadline)
-        return Forward(frames, api == OPENAI)
+        frames = request_frames(self._ids, KSERVE, view.name, request.body, head=_header_length(request),
+                                deadline=_timeout_header(request))
+        return Forward(frames, KSERVE, view.name)
 
-    def model(self) -> ModelView:
-        signature, generation = self._describe()
-        view = self._view
-        if view is None or view.version != generation:
-            view = self._view = view_of(self.model_name, signature, generation)
+    def _embeddings(self, request: Request, states: Mapping[str, ModelState]) -> Forward | Reply:
+        """OpenAI's embeddings: the body read here, its texts handed on as a request of texts."""
+        deadline = _timeout_header(request)
+        try:
+            document, named = openai.requested_model(request.body)
+            if named is None and len(states) == 1:
+                named = next(iter(states))
+            if not isinstance(named, str) or named not in states:
+                listed = ", ".join(map(repr, states))
+                return error_reply(404, f"the model {named!r} does not exist here; this server serves {listed}"
+                                   if named is not None else f"name a model: this server serves {listed}", True)
+            texts, encoding = openai.decode_embeddings(document, self._view(named, states[named]))
+            self._ids += 1
+            frames = text_request_frames(self._ids, OPENAI, named, texts, deadline=deadline, encoding=encoding)
+        except RemoteError as exc:
+            return error_reply(ErrorCode.read(exc.code.encode()).http_status, exc.message, True)
+        return Forward(frames, OPENAI, named)
+
+    def _view(self, name: str, state: ModelState) -> ModelView:
+        view = self._views.get(name)
+        if view is None or view.version != state.generation:
+            view = self._views[name] = view_of(name, {**state.signature, "model": state.kind}, state.generation)
         return view
 
-    def _resolve(self, name: str, version: str | None) -> ModelView:
-        if name != self.model_name:
-            raise Refusal(404, f"no model named {name!r} is served here; this server serves {self.model_name!r}")
-        view = self.model()
+    def _resolve(self, states: Mapping[str, ModelState], name: str, version: str | None) -> ModelView:
+        state = states.get(name)
+        if state is None:
+            raise Refusal(404, f"no model named {name!r} is served here; this server serves "
+                          f"{', '.join(map(repr, states))}")
+        view = self._view(name, state)
         if version is not None and version != str(view.version):
             raise Refusal(404, f"model {name!r} serves version {view.version}, not {version!r}")
         return view

@@ -3,7 +3,7 @@
 The listening socket and every connection (``connection.py``) are sources of the loop beside
 the router's ZeroMQ sockets. A connection's bytes go to its :class:`~.http11.RequestReader`;
 each whole request is answered by :class:`~.routes.Routes`, at once or by handing it to the
-router's intake as a client of its own (a lane: the intake's local key and the connection's
+router as a client of its own (a lane: the router intake's local key and the connection's
 number), whose reply the router's shell passes back here (:meth:`HttpServer.deliver`).
 
 Limits, each with its answer:
@@ -35,7 +35,7 @@ from typing import Any
 
 from ..events.loop import Loop
 from ..logs import Throttle
-from ..router.intake import Intake
+from ..router.core import Router
 from .connection import RECEIVE_BYTES, Connection
 from .http11 import Refusal, Request, response
 from .routes import Routes, error_reply
@@ -60,15 +60,15 @@ class FrontSettings:
 
 
 class HttpServer:
-    """Accepts connections on ``sock`` and serves them on ``loop``, inferences through ``intake``."""
+    """Accepts connections on ``sock`` and serves them on ``loop``, inferences through ``router``."""
 
     def __init__(self, loop: Loop, sock: socket.socket, settings: FrontSettings, routes: Routes,
-                 intake: Intake) -> None:
+                 router: Router) -> None:
         self.loop = loop
         self.socket = sock
         self.settings = settings
         self.routes = routes
-        self.intake = intake
+        self.router = router
         self.connections: dict[bytes, Connection] = {}
         self.refused: dict[socket.socket, float] = {}  # lingering refused connections, until when
         self.buffered = 0
@@ -98,7 +98,7 @@ class HttpServer:
             if len(self.connections) >= self.settings.max_connections:
                 self._refuse(sock)
                 continue
-            key = self.intake.local_key + next(self._numbers).to_bytes(8, "big")
+            key = self.router.intake.local_key + next(self._numbers).to_bytes(8, "big")
             self.connections[key] = Connection(self, sock, key)
 
     def _refuse(self, sock: socket.socket) -> None:
@@ -175,7 +175,7 @@ class HttpServer:
     @property
     def draining(self) -> bool:
         """The router takes no new requests: every answer closes its connection."""
-        return not self.intake.accepting
+        return not self.router.intake.accepting
 
     def sweep(self) -> None:
         """Close what has waited too long (a duty of the loop)."""
@@ -194,7 +194,7 @@ class HttpServer:
         router, whose answers ``flush_router`` sends), until they have been quiet for
         ``QUIET_AT_EXIT`` or ``CLOSE_FLUSH`` has passed; then close everything. A request sent
         after that reaches no one, and its client sees the connection close."""
-        self.intake.accepting = False
+        self.router.stop_accepting()
         self._accept()
         self.loop.forget(self.socket)
         self.socket.close()

@@ -47,19 +47,20 @@ def rollup_figures(pid: Pid = "self") -> dict[str, int]:
         return _sizes(rollup)
 
 
-def file_figures(pid: Pid, mapped: MappedFile) -> dict[str, int]:
+def file_figures(pid: Pid, mapped: MappedFile | Iterable[MappedFile]) -> dict[str, int]:
     """The sizes of ``/proc/<pid>/smaps`` (Rss, Pss, ...) summed over the mappings of
-    ``mapped``; empty when the process maps none of it."""
+    ``mapped`` (a file, or several: read in one pass); empty when the process maps none."""
+    files = [mapped] if isinstance(mapped, MappedFile) else list(mapped)
     with open(f"/proc/{pid}/smaps", "rb") as smaps:
-        return _sizes(_lines_of(smaps, mapped))
+        return _sizes(_lines_of(smaps, files))
 
 
-def _lines_of(smaps: Iterable[bytes], mapped: MappedFile) -> Iterable[bytes]:
-    """The lines of the mappings of ``mapped`` in a smaps file, without their first lines."""
+def _lines_of(smaps: Iterable[bytes], files: list[MappedFile]) -> Iterable[bytes]:
+    """The lines of the mappings of ``files`` in a smaps file, without their first lines."""
     matching = False
     for line in smaps:
         if not line.split(None, 1)[0].endswith(b":"):  # a mapping's first line
-            matching = mapped.mapped_in(line)
+            matching = any(mapped.mapped_in(line) for mapped in files)
         elif matching:
             yield line
 

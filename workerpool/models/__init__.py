@@ -179,6 +179,6 @@ def signature_mismatch(served: Mapping[str, Any], other: Mapping[str, Any]) -> s
     """How the ``inputs`` and ``outputs`` of ``other`` (an ``info``, a worker's READY) differ from
     the ``served`` ones (:meth:`Contract.info`), in one line, or None when they fit."""
     differences = [f"{key} are {format_entries(other.get(key))}, "
-                   f"the served model's {format_entries(value)}"
-                   for key, value in served.items() if other.get(key) != value]
+                   f"the served model's {format_entries(served.get(key))}"
+                   for key in ("inputs", "outputs") if other.get(key) != served.get(key)]
     return "; ".join(differences) or None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -26,11 +27,12 @@ class LoadedModel:
 
     def __init__(self, path: str, spec: str | None, load: str, generation: int = 0,
                  threads: int | None = None, cache_dir: str | None = None, source: str | None = None,
-                 pack: burnpack.Burnpack | None = None) -> None:
+                 pack: burnpack.Burnpack | None = None, max_rows: int | None = None) -> None:
         """``threads``: the worker's CPU budget, for a model that sizes its own thread pool;
         ``cache_dir``: where a model keeps what it prepares once per machine (None, or a
         ``load`` other than mmap: nothing is prepared); ``source``: opened instead of ``path``
-        (see :func:`burnpack.read`); ``pack``: the file, read already as ``load`` reads it."""
+        (see :func:`burnpack.read`); ``pack``: the file, read already as ``load`` reads it;
+        ``max_rows``: the rows (or texts) one forward pass may take (--max-batch; None: any)."""
         self.pack = pack or burnpack.read(path, mmap=load == "mmap", source=source)
         self.name = choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
         options = BuildOptions(threads, cache_dir if self.pack.mapped else None, path, self.pack.identity)
@@ -41,6 +43,8 @@ class LoadedModel:
         self.batching = bool(getattr(self.model, "batching", False)) and (
             self.contract.batched or self.contract.texts)
         self.batch_failure_logged = False
+        self.max_rows = max_rows
+        self.views: dict[str, Any] = {}  # what the HTTP codecs make of it, by the name it is served as
 
     def infer(self, inputs: Any) -> Any:
         """The model's outputs for ``inputs``, both checked against what the model declares.
@@ -58,11 +62,12 @@ class LoadedModel:
         """Each input's index and outputs, or the exception that fails it alone, as soon as
         they are known.
 
-        The inputs that fit together are stacked along the batch axis and run in one forward
-        pass, whose outputs are split back; a pass that raises is run again input by input, so
-        that the good ones still get answers. Texts are embedded in the passes their model plans
-        (:mod:`.text_passes`), and a request is answered when the last pass holding one of its
-        texts is done, not when the whole batch is.
+        The inputs that fit together are stacked along the batch axis and run in forward
+        passes of at most ``max_rows`` rows, whose outputs are split back; a pass that raises
+        is run again input by input, so that the good ones still get answers. Texts are
+        embedded in the passes their model plans (:mod:`.text_passes`), and a request is
+        answered when the last pass holding one of its texts is done, not when the whole batch
+        is.
         """
         if not self.batching:
             yield from ((i, self.outcome(one)) for i, one in enumerate(inputs))
@@ -79,10 +84,10 @@ class LoadedModel:
             else:
                 groups.setdefault(part[0], []).append((i, part[1]))
         for key, members in groups.items():
-            if len(members) == 1:
-                yield members[0][0], self.outcome(inputs[members[0][0]])
-            elif key == _TEXTS:
+            if key == _TEXTS:
                 yield from self._run_texts(members)
+            elif len(members) == 1 and _rows(members[0][1]) <= (self.max_rows or math.inf):
+                yield members[0][0], self.outcome(inputs[members[0][0]])
             else:
                 parts = [part for _, part in members]
                 joined = _joined_arrays if isinstance(parts[0], Mapping) else np.concatenate
@@ -94,6 +99,9 @@ class LoadedModel:
         """The outcomes of requests of texts, each given once the passes holding its texts are
         done; with a model that plans no passes of its own, one call on all the texts."""
         encoder = getattr(self.model, "text_encoder", None)
+        if encoder is None and len(members) == 1:
+            yield members[0][0], self.outcome(members[0][1])
+            return
         if encoder is None:
             parts = [texts for _, texts in members]
             outcomes = self._run_stacked([len(p) for p in parts], parts, functools.partial(_joined_texts, parts))
@@ -101,7 +109,7 @@ class LoadedModel:
             return
         owners = [k for k, (_, texts) in enumerate(members) for _ in texts]
         try:
-            lengths, passes = encoder.tokenized(_joined_texts([texts for _, texts in members]))
+            lengths, passes = encoder.tokenized(_joined_texts([texts for _, texts in members]), self.max_rows)
         except ModelInputError:  # one request's texts: each request is tokenized alone
             yield from ((i, self.outcome(texts)) for i, texts in members)
             return
@@ -156,10 +164,10 @@ class LoadedModel:
         return (arrays.dtype, arrays.shape[1:]), arrays
 
     def _run_stacked(self, counts: list[int], originals: list[Any], join: Callable[[], Any]) -> list[Any]:
-        """The outputs of ``originals`` (``counts`` rows each) from one pass over ``join()``, or
-        of each alone when that pass fails."""
+        """The outputs of ``originals`` (``counts`` rows each) from passes of at most
+        ``max_rows`` rows over ``join()``, or of each alone when a pass fails."""
         bounds = np.cumsum(counts)
-        stacked = self._outcome_joined(join)
+        stacked = self._outcome_joined(join, int(bounds[-1]))
         if isinstance(stacked, BaseException) or not _split_along(stacked, int(bounds[-1])):
             self._log_batch_failure(len(originals), stacked)
             del stacked  # and what it holds, before the requests run again
@@ -180,16 +188,32 @@ class LoadedModel:
         log.error("model %s failed on a stacked batch of %d requests (%s); such a batch is "
                   "answered request by request (logged once)", self.name, requests, what)
 
-    def _outcome_joined(self, join: Callable[[], Any]) -> Any:
-        """:meth:`outcome` of the joined inputs; an exception comes without its traceback,
-        whose frames would keep the joined input and the pass's buffers alive."""
+    def _outcome_joined(self, join: Callable[[], Any], rows: int) -> Any:
+        """:meth:`outcome` of the joined inputs, run in passes of at most ``max_rows`` rows and
+        put together again; an exception comes without its traceback, whose frames would keep
+        the joined input and the pass's buffers alive."""
         try:
-            outcome = self.outcome(join())
+            joined = join()
+            step = self.max_rows or rows
+            outcome = self.outcome(joined) if rows <= step else self._in_passes(joined, rows, step)
         except MemoryError as exc:  # joining needs a copy that no request alone needs
             outcome = exc
         if isinstance(outcome, BaseException):
             outcome.__traceback__ = None
         return outcome
+
+    def _in_passes(self, joined: Any, rows: int, step: int) -> Any:
+        """The outputs of ``joined`` (``rows`` rows) run ``step`` rows a pass, put together; the
+        first failure instead (what a pass raised, or outputs without the batch axis)."""
+        passes = []
+        for start in range(0, rows, step):
+            outputs = self.outcome(_rows_of(joined, start, min(start + step, rows)))
+            if isinstance(outputs, BaseException) or not _split_along(outputs, min(start + step, rows) - start):
+                return outputs
+            passes.append(outputs)
+        if isinstance(passes[0], Mapping):
+            return {name: np.concatenate([outputs[name] for outputs in passes]) for name in passes[0]}
+        return np.concatenate(passes)
 
     def outcome(self, inputs: Any) -> Any:
         """The outputs for ``inputs``, or the exception that fails them (not raised)."""
@@ -242,6 +266,13 @@ def _rows(part: Any) -> int:
 
 def _joined_arrays(parts: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
+def _rows_of(inputs: Any, start: int, stop: int) -> Any:
+    """Rows ``start`` to ``stop`` of an array, or of each named array."""
+    if isinstance(inputs, Mapping):
+        return {name: array[start:stop] for name, array in inputs.items()}
+    return inputs[start:stop]
 
 
 def _joined_texts(parts: list[list[str]]) -> list[str]:

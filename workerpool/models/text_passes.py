@@ -28,11 +28,13 @@ PASS_TOKENS = 256  # tokens in one pass at most, unless one text is longer (see 
 MAX_ROWS = 256  # texts in one pass: bounds the planning work per text
 
 
-def plan_passes(lengths: Sequence[int], overhead: float,
-                max_tokens: int = PASS_TOKENS) -> list[list[int]]:
+def plan_passes(lengths: Sequence[int], overhead: float, max_tokens: int = PASS_TOKENS,
+                max_rows: int | None = None) -> list[list[int]]:
     """The indices of ``lengths`` (each text's tokens) grouped into passes, in the order of
     their first text; each pass pads to its longest, at most :data:`PADDING_SHARE` of its real
-    tokens and at most ``max_tokens`` in all (a text longer than that runs alone)."""
+    tokens, at most ``max_tokens`` in all (a text longer than that runs alone) and at most
+    ``max_rows`` texts (--max-batch)."""
+    rows_cap = min(max_rows or MAX_ROWS, MAX_ROWS)
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     sizes = [max(1, lengths[i]) for i in order]  # a pass pads an empty text to one token
     best = [0.0] * (len(order) + 1)  # best[j]: the least cost of the first j sorted texts
@@ -41,7 +43,7 @@ def plan_passes(lengths: Sequence[int], overhead: float,
         longest = sizes[end - 1]
         real = 0
         best[end] = float("inf")
-        for first in range(end - 1, max(end - MAX_ROWS, 0) - 1, -1):
+        for first in range(end - 1, max(end - rows_cap, 0) - 1, -1):
             real += sizes[first]
             rows = end - first
             padded = rows * longest

@@ -140,11 +140,13 @@ class TextEncoder:
         assert embeddings is not None
         return {"embedding": embeddings, "tokens": np.array(lengths, np.int32)}
 
-    def tokenized(self, texts: Sequence[Any]) -> tuple[list[int], Iterator[tuple[list[int], np.ndarray]]]:
-        """Each text's tokens, and the passes over them (:func:`.text_passes.plan_passes`), run
-        one by one as the iterator is read: the indices of the texts each pass embedded, and
-        their embeddings, ``[len(indices), H]`` float32. A text's embedding does not depend on
-        the texts beside it. Raises :class:`ModelInputError` for what the tokenizer cannot read."""
+    def tokenized(self, texts: Sequence[Any],
+                  max_rows: int | None = None) -> tuple[list[int], Iterator[tuple[list[int], np.ndarray]]]:
+        """Each text's tokens, and the passes over them (:func:`.text_passes.plan_passes`, at most
+        ``max_rows`` texts each), run one by one as the iterator is read: the indices of the
+        texts each pass embedded, and their embeddings, ``[len(indices), H]`` float32. A text's
+        embedding does not depend on the texts beside it. Raises :class:`ModelInputError` for
+        what the tokenizer cannot read."""
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ModelInputError(f"{self.model}: texts must be a non-empty list of strings")
         try:
@@ -152,7 +154,7 @@ class TextEncoder:
         except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
             raise ModelInputError(f"{self.model}: the tokenizer cannot read these texts: {exc}") from None
         lengths = [len(e.ids) for e in encodings]
-        return lengths, self._passes(encodings, plan_passes(lengths, self.overhead))
+        return lengths, self._passes(encodings, plan_passes(lengths, self.overhead, max_rows=max_rows))
 
     def _passes(self, encodings: list[Any], plan: list[list[int]]) -> Iterator[tuple[list[int], np.ndarray]]:
         for indices in plan:

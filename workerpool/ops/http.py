@@ -3,8 +3,11 @@
 - ``/metrics``: the Prometheus text format, made by ``prometheus_client`` from a snapshot of
   the pool (counts the router keeps) and the processes' memory.
 - ``/healthz``: 200 while the supervisor's loop turns (the front door answers on that loop).
-- ``/readyz``: 200 while a worker serves the current weights and the server is not draining;
+- ``/readyz``: 200 while every model is served by a worker and the server is not draining;
   503 with a one-line reason otherwise (the same test as ``workerpool status --ready``).
+
+The families about requests carry a ``model`` label, whose values are the names of the models
+served (never a name a client sent: a request for a model not served counts under ``""``).
 
 They are answered on the supervisor's loop, between two events. Reading the processes' memory
 (parsing smaps) is the one part that costs: it is read again at most every ``MEMORY_MAX_AGE``
@@ -39,31 +42,34 @@ Snapshots = Callable[[], Snapshot]
 class PoolCollector:
     """The metric families of one scrape (``prometheus_client``'s custom collector protocol)."""
 
-    def __init__(self, snapshots: Snapshots, path: str) -> None:
+    def __init__(self, snapshots: Snapshots) -> None:
         self.snapshots = snapshots
-        self.path = path
         self._memory_read: tuple[float, list[int], metrics.PoolMemory] | None = None
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshots()
         status = snapshot["status"]
-        yield _labelled(CounterMetricFamily, "workerpool_requests",
-                        "Requests answered, by result code ('ok' or the error code).", "code",
-                        snapshot["outcomes"])
-        yield _histogram("workerpool_queue_wait_seconds", "Time from a request's arrival to its dispatch to a worker.",
-                         snapshot["queue_waits"])
-        yield _histogram("workerpool_run_seconds", "Time from a request's dispatch to its reply.",
-                         snapshot["run_times"])
+        models = status["models"]
+        requests = CounterMetricFamily("workerpool_requests", "Requests answered, by model and result code "
+                                       "('ok' or the error code).", labels=["model", "code"])
+        for (model, code), count in sorted(snapshot["outcomes"].items()):
+            requests.add_metric([model, code], count)
+        yield requests
+        histograms = snapshot["models"]
+        yield _histograms("workerpool_queue_wait_seconds", "Time from a request's arrival to its dispatch "
+                          "to a worker (each part's, for a request run in parts).", histograms, "queue_waits")
+        yield _histograms("workerpool_run_seconds", "Time from a message's dispatch to a worker to each of "
+                          "its replies.", histograms, "run_times")
         yield CounterMetricFamily("workerpool_request_seconds", "Seconds requests spent in the pool, waiting "
                                   "or running, summed: its rate is the average number of requests in "
                                   "the pool, the concurrency to autoscale on.", value=snapshot["request_seconds"])
-        yield GaugeMetricFamily("workerpool_queue_depth", "Requests waiting for a worker.",
-                                value=status["queue"]["depth"])
-        yield GaugeMetricFamily("workerpool_in_flight", "Requests running on workers.",
-                                value=status["queue"]["in_flight"])
-        yield GaugeMetricFamily("workerpool_degraded", "1 while the served path holds weights the pool "
-                                "refused (it serves the last valid ones; a restart would not).",
-                                value=int(status["degraded"] is not None))
+        yield _per_model(GaugeMetricFamily, "workerpool_queue_depth", "Requests waiting for a worker.",
+                         {name: served["queue"] for name, served in models.items()})
+        yield _per_model(GaugeMetricFamily, "workerpool_in_flight", "Requests (or parts of them) running on "
+                         "workers.", {name: served["in_flight"] for name, served in models.items()})
+        yield _per_model(GaugeMetricFamily, "workerpool_degraded", "1 while a model's path holds weights the "
+                         "pool refused (it serves the last valid ones; a restart would not).",
+                         {name: int(served["degraded"] is not None) for name, served in models.items()})
         connections = status["connections"]
         yield _labelled(GaugeMetricFamily, "workerpool_client_connections",
                         "ZeroMQ client connections: served (sent a request) and open (idle ones too).",
@@ -72,15 +78,19 @@ class PoolCollector:
         for worker in status["workers"]:
             states[worker["state"]] = states.get(worker["state"], 0) + 1
         yield _labelled(GaugeMetricFamily, "workerpool_workers", "Workers by state.", "state", states)
-        yield GaugeMetricFamily("workerpool_generation", "Newest generation of weights accepted "
-                                "(workers move to it one at a time).",
-                                value=status["model"]["generation"])
-        yield _labelled(CounterMetricFamily, "workerpool_reloads", "New weight files taken or refused.",
-                        "outcome", snapshot["reloads"])
+        yield _per_model(GaugeMetricFamily, "workerpool_generation", "Newest generation of a model's weights "
+                         "accepted (workers move to it one at a time).",
+                         {name: served["generation"] for name, served in models.items()})
+        reloads = CounterMetricFamily("workerpool_reloads", "New weight files taken or refused, by model.",
+                                      labels=["model", "outcome"])
+        for model, outcomes in sorted(snapshot["reloads"].items()):
+            for outcome, count in sorted(outcomes.items()):
+                reloads.add_metric([model, outcome], count)
+        yield reloads
         yield CounterMetricFamily("workerpool_worker_restarts", "Serving workers that died and were replaced.",
                                   value=snapshot["replacements"])
-        yield _histogram("workerpool_batch_rows", "Rows of the batch axis per forward pass.",
-                         snapshot["batch_rows"])
+        yield _histograms("workerpool_batch_rows", "Rows (or texts) per message to a worker, one or more "
+                          "forward passes.", histograms, "batch_rows")
         yield from self._memory(status, snapshot)
 
     def _read_memory(self, snapshot: Snapshot) -> metrics.PoolMemory:
@@ -90,7 +100,7 @@ class PoolCollector:
         now = time.monotonic()
         cached = self._memory_read
         if cached is None or now - cached[0] > MEMORY_MAX_AGE or cached[1] != pids:
-            memory = metrics.pool_memory(pids, self.path, snapshot["helpers"])
+            memory = metrics.pool_memory(pids, list(snapshot["paths"].values()), snapshot["helpers"])
             self._memory_read = cached = (now, pids, memory)
         return cached[2]
 
@@ -104,7 +114,7 @@ class PoolCollector:
                     per_worker.add_metric([str(pid), kind], figures[kind])
         yield per_worker
         totals = GaugeMetricFamily("workerpool_memory_bytes", "Memory of the whole pool: PSS of every "
-                                   "process, of the workers alone, and the model file's size.", labels=["kind"])
+                                   "process, of the workers alone, and the model files' size.", labels=["kind"])
         for kind in ("pss", "workers_pss", "model_size"):
             value = memory.totals.get(kind)
             if value is not None:
@@ -123,22 +133,29 @@ def _labelled(kind: type[Family], name: str, text: str, label: str, values: dict
     return family
 
 
-def _histogram(name: str, text: str, copy: tuple[tuple[float, ...], list[int], float]) -> HistogramMetricFamily:
-    """A histogram from :meth:`Histogram.copy`: Prometheus wants cumulative buckets."""
-    bounds, counts, total = copy
-    buckets, running = [], 0
-    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
-        running += count
-        buckets.append((bound, running))
-    return HistogramMetricFamily(name, text, buckets=buckets, sum_value=total)
+def _per_model(kind: type[Family], name: str, text: str, values: dict[str, int]) -> Family:
+    return _labelled(kind, name, text, "model", values)
+
+
+def _histograms(name: str, text: str, models: dict[str, dict[str, Any]], which: str) -> HistogramMetricFamily:
+    """A histogram per model from :meth:`ModelStats.copy`: Prometheus wants cumulative buckets."""
+    family = HistogramMetricFamily(name, text, labels=["model"])
+    for model, copies in sorted(models.items()):
+        bounds, counts, total = copies[which]
+        buckets, running = [], 0
+        for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+            running += count
+            buckets.append((bound, running))
+        family.add_metric([model], buckets, sum_value=total)
+    return family
 
 
 class OpsAnswers:
     """Each operations route's status, content type and body."""
 
-    def __init__(self, snapshots: Snapshots, path: str) -> None:
+    def __init__(self, snapshots: Snapshots) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(PoolCollector(snapshots, path))
+        self.registry.register(PoolCollector(snapshots))
         self.snapshots = snapshots
 
     def answer(self, path: str) -> tuple[int, str, bytes]:

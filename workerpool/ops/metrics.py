@@ -29,14 +29,14 @@ MEMORY_FIELDS: dict[str, str] = {
     "anon": "anonymous resident memory (RssAnon): heap and stacks (and --load copy's weights)",
     "pte": "page tables (VmPTE): about 2 MiB per GiB of weights touched, less with huge pages",
     "swap": "memory swapped out",
-    "weights_resident": "bytes of the model file resident in this worker's mapping",
+    "weights_resident": "bytes of the model files resident in this worker's mappings",
 }
 """One line on each per-worker figure (all in bytes), for ``status`` and the README."""
 
 TOTAL_FIELDS: dict[str, str] = {
     "pss": "PSS summed over every process of the pool (supervisor, template, workers): what it costs",
     "workers_pss": "PSS summed over the workers alone",
-    "model_size": "size of the model file, the most the shared weights can add to that sum",
+    "model_size": "size of the model files, the most the shared weights can add to that sum",
     "workers": "workers whose memory could be read",
 }
 """One line on each pool figure in ``status``'s ``totals``."""
@@ -51,14 +51,16 @@ class PoolMemory:
     totals: dict[str, int | None]
 
 
-def pool_memory(pids: list[int], model_path: str, helpers: Sequence[int] = ()) -> PoolMemory:
+def pool_memory(pids: list[int], model_paths: str | Sequence[str], helpers: Sequence[int] = ()) -> PoolMemory:
     """Every worker's figures (see ``MEMORY_FIELDS``), the helper processes', and the pool's
     (see ``TOTAL_FIELDS``).
 
-    ``weights_resident`` counts the file now at ``model_path``; it is 0 in a worker that does
-    not map that file (``--load copy``); ``model_size`` is None when the file is gone.
+    ``weights_resident`` counts the files now at ``model_paths`` (one path, or a path for each
+    model); it is 0 in a worker that does not map them (``--load copy``); ``model_size`` is
+    None when every file is gone.
     """
-    weights = MappedFile.of(model_path)
+    paths = [model_paths] if isinstance(model_paths, str) else list(model_paths)
+    weights = [found for found in map(MappedFile.of, paths) if found is not None]
     workers = {pid: _process_memory(pid, weights) for pid in pids}
     others = {pid: _process_memory(pid, weights) for pid in helpers}
     read = [m for m in workers.values() if m is not None]
@@ -66,13 +68,13 @@ def pool_memory(pids: list[int], model_path: str, helpers: Sequence[int] = ()) -
     totals = {
         "pss": workers_pss + sum(m["pss"] for m in others.values() if m is not None),
         "workers_pss": workers_pss,
-        "model_size": weights.size if weights else None,
+        "model_size": sum(found.size for found in weights) if weights else None,
         "workers": len(read),
     }
     return PoolMemory(workers, others, totals)
 
 
-def _process_memory(pid: int, weights: MappedFile | None) -> dict[str, int] | None:
+def _process_memory(pid: int, weights: Sequence[MappedFile]) -> dict[str, int] | None:
     """One process's figures in bytes, or None when it is gone (it may exit at any moment)."""
     try:
         rollup = rollup_figures(pid)

@@ -26,8 +26,9 @@ def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord],
             if child.stopping:
                 row["state"] = WorkerState.STOPPING
         else:
-            row = {"pid": child.pid, "host": os.uname().nodename, "generation": child.generation,
-                   "served": 0, "errors": 0, "batches": 0, "rows": 0, "batch_sizes": {},
+            row = {"pid": child.pid, "host": os.uname().nodename,
+                   "generation": max(child.generations.values(), default=0),
+                   "models": dict(child.generations), "served": 0, "errors": 0, "batches": 0, "rows": 0, "batch_sizes": {},
                    "started": child.started,
                    "state": WorkerState.STOPPING if child.stopping else WorkerState.STARTING,
                    "memory": memory.get(child.pid) if memory else None}
@@ -38,7 +39,8 @@ def worker_rows(children: Iterable[Child], registered: Iterable[WorkerRecord],
 
 def _row(worker: WorkerRecord, memory: MemoryFigures | None) -> WorkerStatus:
     return {"pid": worker.pid, "host": worker.host, "state": worker.state,
-            "generation": worker.generation, "served": worker.served, "errors": worker.errors,
+            "generation": worker.generation, "models": dict(worker.models),
+            "served": worker.served, "errors": worker.errors,
             "batches": worker.batches, "rows": worker.rows,
             "batch_sizes": {str(size): count for size, count in sorted(worker.batch_sizes.items())},
             "started": worker.started, "memory": memory}

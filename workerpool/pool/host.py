@@ -84,10 +84,13 @@ class HostRole:
     def child_exited(self, child: Child, why: str) -> None:
         self.roll_out()
 
+    def model_removed(self, model: str) -> None:
+        self.roll_out()
+
     def _older(self) -> list[Child]:
-        """Running workers of a generation before the newest."""
-        generation = self.pool.watcher.current.generation
-        return [c for c in self.pool.children.values() if not c.stopping and c.generation < generation]
+        """Running workers of a generation before the newest, or of a model no longer served."""
+        generations = self.pool.models.generations()
+        return [c for c in self.pool.children.values() if not c.stopping and c.behind(generations)]
 
     @property
     def surge(self) -> int:
@@ -95,7 +98,7 @@ class HostRole:
         children = self.pool.children.values()
         return 1 if self._older() and not any(c.stopping for c in children) else 0
 
-    def roll_out(self) -> None:
+    def roll_out(self, model: str | None = None) -> None:
         """Replace one worker of an older generation: once the one over the count is ready, the
         oldest of them leaves; the supervisor's count then starts the next."""
         pool = self.pool
@@ -108,16 +111,20 @@ class HostRole:
         if len(active) > pool.target:
             pool.stop_child(min(old, key=lambda c: c.started))
         elif pool.manage_workers():  # none while a failed start backs off
-            log.info("started a worker on generation %d to replace one on generation %d",
-                     pool.watcher.current.generation, old[0].generation)
+            log.info("started a worker on %s to replace one on %s", _generations(pool.models.generations()),
+                     _generations(old[0].generations))
 
     def reload_done(self) -> bool:
-        generation = self.pool.watcher.current.generation
-        return all(c.generation >= generation and c.ready for c in self.pool.children.values()
+        generations = self.pool.models.generations()
+        return all(not c.behind(generations) and c.ready for c in self.pool.children.values()
                    if not c.stopping)
 
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
         return workers_line(path, size, model, workers, self.config.connect)
+
+
+def _generations(generations: dict[str, int]) -> str:
+    return ", ".join(f"generation {generation} of {name}" for name, generation in generations.items())
 
 
 def _check_keys(keys: security.ClientKeys) -> None:

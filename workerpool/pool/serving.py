@@ -1,8 +1,9 @@
 """The ``serve`` role: the router, its control socket and what they report.
 
 Composed with a :class:`~workerpool.supervisor.core.Supervisor`, it binds the client and
-worker endpoints, starts workers that connect to the router's backend, moves them to new
-weights through the router's rolling reload, and answers ``status``, ``reload`` and ``check``
+worker endpoints, starts workers that connect to the router's backend, serves each model the
+supervisor serves (added and removed while it runs too), moves workers to new weights through
+each model's rolling reload, and answers ``status``, ``reload``, ``check`` and ``models``
 (``commands.py``).
 """
 
@@ -26,11 +27,11 @@ import numpy as np
 import zmq
 
 from .. import models, runtime, security
+from ..codecs.view import ModelState
 from ..config.pool import STOP_TIMEOUT_SECONDS, ServeConfig, StartupError
 from ..control.server import ControlServer
 from ..events.loop import Loop
 from ..protocol import messages as protocol
-from ..router.batching import BatchPolicy
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
 from ..router.links import RouterLinks
@@ -40,6 +41,7 @@ from ..supervisor.core import Supervisor
 from ..supervisor.process import Child
 from ..supervisor.ready_line import serve_line
 from ..units import MS_PER_SECOND, KiB, MiB, format_size
+from ..weights.served import ServedModel
 from ..worker.spec import WorkerSpec
 from .commands import ControlCommands
 from .exposure import open_doors
@@ -65,7 +67,7 @@ class ServingRole:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self._router: Router | None = None
-        self.switch_failure: str | None = None  # why a worker could not switch to the newest weights
+        self.switch_failures: dict[str, str] = {}  # by model: why a worker could not switch to its newest weights
         self.commands = ControlCommands(self)
         self.http_url: str | None = None
 
@@ -101,7 +103,7 @@ class ServingRole:
         self.control_server.bind(pool.loop, cleanup)
         self.connections = ConnectionLimit(self.links.frontend, *self._connection_caps())
         cleanup.callback(self.connections.close)
-        self.router.intake.connections = self.connections
+        self.router.intake.connections = lambda: self.connections
         self._read_sockets(pool.loop)
         self.http_url = self._open_http(pool, cleanup) if self.config.http else None
 
@@ -131,34 +133,34 @@ class ServingRole:
             # (a name that does not resolve has a negative one, and its own text).
             reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
             raise StartupError(f"cannot serve --http {config.http}: {reason}{_in_use(exc.errno, '--http')}") from exc
-        model_name = config.model_name or _model_name(config.path)
-        routes = Routes(model_name, self._describe, OpsAnswers(self._snapshot, config.path).answer,
+        routes = Routes(self._describe, self.commands.unready, OpsAnswers(self._snapshot).answer,
                         token=_token(config))
-        server = HttpServer(pool.loop, sock, settings, routes, self.router.intake)
+        server = HttpServer(pool.loop, sock, settings, routes, self.router)
         self.links.deliver_local = server.deliver
         cleanup.callback(server.close, self.links.flush)
         cleanup.callback(self.links.flush)  # the answers of the last turn, before the connections close
         pool.loop.every_tick(server.sweep)
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
-        texts = models.takes_text(self.pool.watcher.current.signature)
-        log.info("HTTP on %s: KServe v2 at /v2/models/%s%s, /metrics, /healthz, /readyz", url,
-                 model_name, ", OpenAI at /v1/embeddings" if texts else "")
+        names = ", ".join(served.name for served in self.pool.models)
+        texts = any(models.takes_text(served.current.signature) for served in self.pool.models)
+        log.info("HTTP on %s: KServe v2 at /v2/models/{%s}%s, /metrics, /healthz, /readyz", url,
+                 names, ", OpenAI at /v1/embeddings" if texts else "")
         return url
 
-    def _describe(self) -> tuple[dict[str, Any], int]:
-        """The served model's signature and generation, for the HTTP front door."""
-        current = self.pool.watcher.current
-        return {**current.signature, "model": current.model}, current.generation
+    def _describe(self) -> dict[str, ModelState]:
+        """Each served model's signature and generation, for the HTTP front door."""
+        return {served.name: ModelState(served.current.signature, served.current.model, served.current.generation)
+                for served in self.pool.models}
 
     def _snapshot(self) -> dict[str, Any]:
         """What a scrape reads, taken between two events of the loop."""
         router, pool = self.router, self.pool
-        return {"status": self.commands.status(), "outcomes": dict(router.intake.outcomes),
-                "queue_waits": router.stats.queue_waits.copy(), "run_times": router.stats.run_times.copy(),
-                "batch_rows": router.stats.batch_rows.copy(),
+        return {"status": self.commands.status(), "outcomes": dict(router.replies.outcomes),
+                "models": {name: stats.copy() for name, stats in router.stats.models.items()},
                 "request_seconds": router.stats.occupancy.seconds(time.monotonic()),
-                "reloads": dict(pool.watcher.outcomes), "replacements": pool.replacements,
-                "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()]}
+                "reloads": pool.models.outcomes(), "replacements": pool.replacements,
+                "pids": list(pool.children), "helpers": [os.getpid(), *pool.helper_pids()],
+                "paths": {served.name: served.entry.path for served in pool.models}}
 
     def _connection_caps(self) -> tuple[int, int]:
         """The connections served (--max-connections) and the most held open: what the open
@@ -177,8 +179,9 @@ class ServingRole:
 
     def _bind_router(self, context: zmq.Context, private_dir: str,
                      secure: Callable[[zmq.Socket, str], None] | None) -> tuple[Router, RouterLinks]:
-        config, current = self.config, self.pool.watcher.current
-        max_message_size = config.max_message_size or default_max_message_size(current.signature)
+        config = self.config
+        max_message_size = config.max_message_size or max(
+            default_max_message_size(served.current.signature) for served in self.pool.models)
         if max_message_size < protocol.MIN_MESSAGE_SIZE:
             raise StartupError(f"--max-message-size {format_size(max_message_size)} is below "
                                f"{format_size(protocol.MIN_MESSAGE_SIZE)}, the size up to which "
@@ -200,10 +203,10 @@ class ServingRole:
         router = Router(
             self, max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
             max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
-            signature=current.signature, request_timeout=config.request_timeout,
-            batching=BatchPolicy(max_rows=config.max_batch, wait=config.batch_wait,
-                                 running_cap=self._running_cap()),
+            request_timeout=config.request_timeout, running_cap=self._running_cap(),
         )
+        for served in self.pool.models:
+            _serve(router, served)
         return router, RouterLinks(sockets, router)
 
     def _running_cap(self) -> int:
@@ -255,7 +258,7 @@ class ServingRole:
             links.flush()
         frontend.close(linger=STRAGGLER_LINGER_MS)
         intake = router.intake
-        answered = sum(intake.outcomes.values())
+        answered = sum(router.replies.outcomes.values())
         if not self.pool.announced and not intake.read:  # it never served: nothing to account for
             return
         log.log(logging.INFO if answered == intake.read else logging.WARNING,
@@ -286,10 +289,19 @@ class ServingRole:
         self.router.worker_exited(child.token, why, asked=child.stopping,
                                   killed=child.returncode == -signal.SIGKILL)
 
-    def roll_out(self) -> None:
-        self.switch_failure = None
-        current = self.pool.watcher.current
-        self.router.begin_rollout(current.generation, current.identity.as_list(), current.source)
+    def roll_out(self, model: str) -> None:
+        """Move every worker to ``model``'s newest generation (a model new to the router is
+        served from now on, each worker loading it in turn)."""
+        self.switch_failures.pop(model, None)
+        served = self.pool.models[model]
+        if model not in self.router.policies:
+            _serve(self.router, served)
+        order = protocol.encode_header({"model": served.spec().to_data()})
+        self.router.begin_rollout(model, served.current.generation, order)
+
+    def model_removed(self, model: str) -> None:
+        self.switch_failures.pop(model, None)
+        self.router.remove_model(model)
 
     def reload_done(self) -> bool:
         return self.router.reload_complete()
@@ -326,14 +338,16 @@ class ServingRole:
             log.warning("killing worker %d: %s", worker.pid, why)
             child.kill()
 
-    def reload_failed(self, worker: WorkerRecord, why: str) -> None:
-        self.switch_failure = (f"worker {worker.pid} could not switch to generation "
-                               f"{self.pool.watcher.current.generation}: {why}")
+    def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
+        generation = self.pool.models[model].current.generation if model in self.pool.models else 0
+        self.switch_failures[model] = f"worker {worker.pid} could not switch {model} to generation {generation}: {why}"
 
 
-def _model_name(path: str) -> str:
-    name = os.path.basename(path)
-    return name[:-len(".bpk")] if name.endswith(".bpk") and len(name) > len(".bpk") else name
+def _serve(router: Router, served: ServedModel) -> None:
+    """Have ``router`` serve ``served`` with its own settings."""
+    entry = served.entry
+    router.add_model(served.name, served.current.signature, max_rows=entry.max_batch, wait=entry.batch_wait,
+                     limit=entry.workers)
 
 
 def _token(config: ServeConfig) -> bytes | None:

@@ -1,5 +1,6 @@
 """The wire protocol (docs/protocol.md): a request is a route frame (route.py), a JSON
-header and one raw frame per array; a reply is a JSON header and its arrays.
+header and one raw frame per array (or one frame of texts); a reply is a JSON header and its
+arrays.
 
 Nothing here unpickles or evaluates what arrives: headers are JSON, arrays are raw bytes whose
 dtype comes from a short allow-list and whose length must match the declared shape exactly.
@@ -16,17 +17,28 @@ from typing import Any, cast
 
 import numpy as np
 
+from ..config.models import NAME_RULE, is_model_name, model_name_problem
 from ..units import MS_PER_SECOND
-from .route import read_route, route_for, same_routing
+from .arrays import (  # noqa: F401 - the rest of the code reads them as protocol.X
+    ALLOWED_DTYPES,
+    Inputs,
+    Part,
+    buffer_of,
+    extent,
+    is_text,
+    pack_arrays,
+    unpack_arrays,
+)
+from .route import BATCHED_FRAMES, Form, Route, read_route, route_for, same_routing
 
 # The terms are read from here by the rest of the code, as ``protocol.VERSION`` and the like.
 from .terms import (
-    DTYPE_CODES,
-    MAX_ARRAYS,
-    MAX_EXTENT,
+    DTYPE_CODES,  # noqa: F401
+    MAX_ARRAYS,  # noqa: F401
+    MAX_EXTENT,  # noqa: F401
     MAX_HEADER_BYTES,
     MAX_NESTING,
-    MAX_RANK,
+    MAX_RANK,  # noqa: F401
     MAX_TEXTS,
     METHOD_INFER,
     METHOD_INFO,  # noqa: F401
@@ -42,7 +54,7 @@ ROUTING_ID_BYTES = 5  # the id a ROUTER gives a peer that sets none
 READY = b"READY"
 HEARTBEAT = b"HB"
 REQUEST = b"REQ"
-BATCH = b"BATCH"  # router: stride, then several requests (client, route, header, arrays) for one pass
+BATCH = b"BATCH"  # router: the model, the stride, then several requests (client, part, route, header, data)
 REPLY = b"REP"
 STOP = b"STOP"
 RELOAD = b"RELOAD"
@@ -51,19 +63,19 @@ BYE = b"BYE"  # worker: I am leaving; answered with STOP once nothing is in flig
 WHO = b"WHO"  # router: I do not know you (it restarted); answered with READY
 REFUSE = b"REFUSE"  # router: your model does not fit mine; the worker exits
 
-ALLOWED_DTYPES = {code: np.dtype(code) for code in DTYPE_CODES}
-
-Inputs = np.ndarray | Mapping[str, np.ndarray] | Sequence[str]
 
 
 @dataclass
 class Message:
-    """A decoded request or reply: its JSON header and its arrays (names may be None)."""
+    """A decoded request or reply: its JSON header and its arrays (names may be None), or its
+    texts."""
 
     header: dict[str, Any]
     arrays: list[np.ndarray] = field(default_factory=list)
     names: list[str | None] = field(default_factory=list)
     body: Any = None  # an HTTP request's body, as its front door received it (``"http"`` in the header)
+    texts: list[str] | None = None
+    first: int = 0  # the index of its first row or text in the request it is a part of
 
     @property
     def id(self) -> Any:
@@ -71,8 +83,8 @@ class Message:
 
     def payload(self) -> np.ndarray | dict[str, np.ndarray] | list[str] | None:
         """Texts as a list, one unnamed array as itself, named arrays as a dict, nothing as None."""
-        if "text" in self.header:
-            return list(self.header["text"])
+        if self.texts is not None:
+            return self.texts
         if not self.arrays:
             return None
         if len(self.arrays) == 1 and self.names[0] is None:
@@ -81,13 +93,40 @@ class Message:
         return dict(zip(cast(list[str], self.names), self.arrays))
 
 
+# A message that hands a worker work: REQUEST, the model's name, then one request (its client,
+# its part frame, its frames); or BATCH, the model's name, the stride, then that many frames for
+# each of several requests, all of a form that may share a pass.
+BATCH_STRIDE = 2 + BATCHED_FRAMES
+
+
+def work_message(model: str, requests: Sequence[Sequence[Any]]) -> list[Any]:
+    """The message that hands a worker ``requests`` of ``model``, each its client, its part
+    frame and its frames (several: each of ``BATCHED_FRAMES`` frames)."""
+    if len(requests) == 1:
+        return [REQUEST, model.encode(), *requests[0]]
+    return [BATCH, model.encode(), str(BATCH_STRIDE).encode(), *(frame for request in requests for frame in request)]
+
+
+def read_work(frames: Sequence[Any]) -> tuple[str, list[Sequence[Any]]] | None:
+    """The model and the requests (client, part frame, frames) of a REQUEST or BATCH message
+    (its command included); None when it is malformed."""
+    if len(frames) < 4:
+        return None
+    model = bytes(buffer_of(frames[1])).decode("ascii", "replace")
+    if bytes(buffer_of(frames[0])) == REQUEST:
+        return model, [frames[2:]]
+    if bytes(buffer_of(frames[2])) != str(BATCH_STRIDE).encode() or (len(frames) - 3) % BATCH_STRIDE:
+        return None
+    return model, [frames[i:i + BATCH_STRIDE] for i in range(3, len(frames), BATCH_STRIDE)]
+
+
 def encode_header(header: Mapping[str, Any]) -> bytes:
     return _COMPACT.encode(header).encode()
 
 
 def decode_header(frame: Any) -> dict[str, Any]:
     """Parse a JSON header frame; refuse anything but a bounded JSON object."""
-    data = bytes(frame.buffer) if hasattr(frame, "buffer") else bytes(frame)
+    data = bytes(buffer_of(frame))
     if len(data) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header is {len(data)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
     try:
@@ -141,40 +180,14 @@ def _nesting(value: Any) -> int:
     return deepest
 
 
-def pack_arrays(payload: Inputs | None) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Descriptors and C-contiguous little-endian buffers for a payload (no copy when possible)."""
-    if payload is None:
-        return [], []
-    if is_text(payload):
-        raise ProtocolError("texts are sent in the request header (encode_request), not as arrays")
-    items = payload.items() if isinstance(payload, Mapping) else [(None, payload)]
-    descriptors, buffers = [], []
-    for name, value in items:
-        array = np.asarray(value)
-        if array.dtype.newbyteorder("<").str not in ALLOWED_DTYPES:
-            raise ProtocolError(f"dtype {array.dtype} cannot be sent; use a numeric or bool dtype")
-        # np.asarray, not np.ascontiguousarray: the latter turns shape () into shape (1,).
-        array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
-        if array.ndim > MAX_RANK or extent(array.shape, array.itemsize) > MAX_EXTENT:
-            raise ProtocolError(
-                f"shape {list(array.shape)} cannot be sent: at most {MAX_RANK} axes spanning at most "
-                f"{MAX_EXTENT} bytes"
-            )
-        descriptor: dict[str, Any] = {"dtype": array.dtype.str, "shape": list(array.shape)}
-        if name is not None:
-            descriptor["name"] = str(name)
-        descriptors.append(descriptor)
-        buffers.append(array if array.nbytes else b"")
-    return descriptors, buffers
-
-
 def payload_bytes(payload: Inputs | None) -> int:
-    """The most bytes a request for ``payload`` can take: its arrays', and the route frame and
-    header at their limits (texts travel in the header)."""
-    if payload is None or is_text(payload):
-        arrays: list[Any] = []
-    else:
-        arrays = list(payload.values()) if isinstance(payload, Mapping) else [payload]
+    """The most bytes a request for ``payload`` can take: its arrays' or texts', and the route
+    frame and header at their limits."""
+    if payload is None:
+        return 2 * MAX_HEADER_BYTES
+    if is_text(payload):
+        return sum(len(str(text)) * 4 for text in payload) + 2 * MAX_HEADER_BYTES  # UTF-8's most
+    arrays = list(payload.values()) if isinstance(payload, Mapping) else [payload]
     return sum(np.asarray(array).nbytes for array in arrays) + 2 * MAX_HEADER_BYTES
 
 
@@ -184,95 +197,55 @@ def request_bytes(frames: Sequence[Any]) -> int:
     return ROUTING_ID_BYTES + sum(memoryview(frame).nbytes for frame in frames)
 
 
-def unpack_arrays(descriptors: Any, frames: Sequence[Any]) -> tuple[list[np.ndarray], list[str | None]]:
-    """Read-only array views of ``frames``, checked against their descriptors."""
-    if not isinstance(descriptors, list) or len(descriptors) > MAX_ARRAYS:
-        raise ProtocolError(f"'arrays' must be a list of at most {MAX_ARRAYS} descriptors")
-    if len(descriptors) != len(frames):
-        raise ProtocolError(f"header describes {len(descriptors)} arrays but {len(frames)} frames follow")
-    arrays, names = [], []
-    for index, (descriptor, frame) in enumerate(zip(descriptors, frames)):
-        dtype, shape, name = _check_descriptor(index, descriptor)
-        buffer = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-        expected = math.prod(shape) * dtype.itemsize
-        if buffer.nbytes != expected:
-            raise ProtocolError(
-                f"array {index}: {dtype.str} {shape} needs {expected} bytes, frame has {buffer.nbytes}"
-            )
-        array = np.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).reshape(shape)
-        array.flags.writeable = False
-        arrays.append(array)
-        names.append(name)
-    if len(names) > 1 and (None in names or len(set(names)) != len(names)):
-        raise ProtocolError("arrays must be one unnamed array or named arrays with distinct names")
-    return arrays, names
-
-
-def _check_descriptor(index: int, descriptor: Any) -> tuple[np.dtype, list[int], str | None]:
-    if not isinstance(descriptor, dict):
-        raise ProtocolError(f"array {index}: descriptor is not an object")
-    code = descriptor.get("dtype")
-    dtype = ALLOWED_DTYPES.get(code) if isinstance(code, str) else None
-    if dtype is None:
-        raise ProtocolError(
-            f"array {index}: dtype {descriptor.get('dtype')!r} is not one of {sorted(ALLOWED_DTYPES)}"
-        )
-    shape = descriptor.get("shape")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_RANK
-        or not all(type(d) is int and d >= 0 for d in shape)
-    ):
-        raise ProtocolError(f"array {index}: shape must be a list of at most {MAX_RANK} sizes >= 0")
-    if extent(shape, dtype.itemsize) > MAX_EXTENT:
-        raise ProtocolError(
-            f"array {index}: its shape spans more than {MAX_EXTENT} bytes "
-            "(a zero-size axis counted as one)"
-        )
-    name = descriptor.get("name")
-    if name is not None and not isinstance(name, str):
-        raise ProtocolError(f"array {index}: name must be a string")
-    return dtype, shape, name
-
-
-def extent(shape: Sequence[int], itemsize: int) -> int:
-    """Bytes that ``shape`` (sizes >= 0) spans with each zero-size axis counted as one: numpy
-    refuses an empty array whose other axes multiply past its index range.
-
-    Stops multiplying once past :data:`MAX_EXTENT`, so a hostile shape costs no big-integer work.
-    """
-    span = itemsize
-    for size in shape:
-        span *= size or 1
-        if span > MAX_EXTENT:
-            break
-    return span
-
-
 def encode_request(
-    request_id: Any, payload: Inputs | None, *, method: str = METHOD_INFER, deadline_ms: float | None = None
+    request_id: Any, payload: Inputs | None, *, method: str = METHOD_INFER, deadline_ms: float | None = None,
+    model: str | None = None,
 ) -> list[Any]:
     """The frames a client sends: the empty delimiter a DEALER needs for REQ peers, the route
-    frame, the header, the arrays. A list of strings is sent as texts (``"text"`` in the header)."""
-    text = is_text(payload)
-    descriptors, buffers = pack_arrays(None if text else payload)
-    header: dict[str, Any] = {"v": VERSION, "id": request_id, "method": method, "arrays": descriptors}
-    if text:
-        header["text"] = checked_text(list(cast(Sequence[str], payload)))
+    frame, the header, the arrays. A list of strings is sent as texts (``"texts"`` in the header,
+    then one frame of their UTF-8, each text's length in the route frame). ``model`` names the
+    model, for a server that serves several."""
+    header: dict[str, Any] = {"v": VERSION, "id": request_id, "method": method}
+    if model is not None:
+        problem = model_name_problem(model)
+        if problem is not None:
+            raise ProtocolError(problem)
+        header["model"] = model
+    lengths: list[int] = []
+    buffers: list[Any]
+    if is_text(payload):
+        encoded = encode_texts(list(cast(Sequence[str], payload)))
+        lengths = [len(text) for text in encoded]
+        header["arrays"], header["texts"] = [], len(encoded)
+        buffers = [b"".join(encoded)]
+    else:
+        header["arrays"], buffers = pack_arrays(payload)
     if deadline_ms is not None:
         header["deadline_ms"] = deadline_ms
-    encoded = encode_header(header)
-    if len(encoded) > MAX_HEADER_BYTES:  # the server could not even read its id to answer it
-        what = "texts travel in it: send fewer or shorter" if text else \
-            "each array's name, dtype and shape travel in it: send fewer arrays"
-        raise ProtocolError(f"the request header would be {len(encoded)} bytes, over the "
-                            f"{MAX_HEADER_BYTES}-byte limit ({what})")
-    return [b"", route_for(header), encoded, *buffers]
+    encoded_header = encode_header(header)
+    if len(encoded_header) > MAX_HEADER_BYTES:  # the server could not even read its id to answer it
+        raise ProtocolError(f"the request header would be {len(encoded_header)} bytes, over the "
+                            f"{MAX_HEADER_BYTES}-byte limit (each array's name, dtype and shape "
+                            "travel in it: send fewer arrays)")
+    return [b"", route_for(header, lengths), encoded_header, *buffers]
 
 
-def decode_request(frames: Sequence[Any]) -> Message:
+def encode_texts(texts: list[str]) -> list[bytes]:
+    """Each text in UTF-8, when there are 1 to ``MAX_TEXTS`` valid Unicode strings; else
+    ``ProtocolError``."""
+    if not isinstance(texts, list) or not 0 < len(texts) <= MAX_TEXTS \
+            or not all(isinstance(item, str) for item in texts):
+        raise ProtocolError(f"texts must be a list of 1 to {MAX_TEXTS} strings")
+    try:
+        return [text.encode() for text in texts]
+    except UnicodeEncodeError:  # JSON can spell a lone surrogate, which is no text
+        raise ProtocolError("a text is not valid Unicode (a lone surrogate)") from None
+
+
+def decode_request(frames: Sequence[Any], part: Part | None = None) -> Message:
     """Validate a request (route frame, header frame, then array frames) as a worker receives
-    it: the route frame must be the one its header gives."""
+    it: the route frame must be the one its header gives. ``part``: the frames after the header
+    hold only those rows of its one array, or those of its texts (the router split it)."""
     if len(frames) < 2:
         raise ProtocolError("a request is a route frame, a header frame, then array frames")
     header = decode_header(frames[1])
@@ -288,49 +261,76 @@ def decode_request(frames: Sequence[Any]) -> Message:
     try:
         route = read_route(frames[0])
         deadline_of(header)
-        if "http" in header:
+        _check_model(header)
+        if part is not None and not _divisible(route, part):
+            raise ProtocolError(f"rows {list(part)} of a request that has no such rows")
+        if "text" in header:
+            raise ProtocolError("texts travel in a frame of their own since protocol version 3, not "
+                                "in the header's 'text'")
+        if "texts" in header:
+            message = _texts_request(header, route, frames[2:], part)
+        elif "http" in header:
             message = _http_request(header, frames[2:])
         else:
-            arrays, names = unpack_arrays(header.get("arrays", []), frames[2:])
-            if "text" in header:
-                checked_text(header["text"])
-                if arrays:
-                    raise ProtocolError("a request carries texts or arrays, not both")
-            message = Message(header, arrays, names)
-        if not same_routing(route_for(header), route.frame):
-            raise ProtocolError("the route frame does not repeat what the header says (method, "
+            arrays, names = unpack_arrays(header.get("arrays", []), frames[2:], part)
+            message = Message(header, arrays, names, first=part[0] if part else 0)
+        lengths = route.text_lengths() if message.texts is not None else ()
+        if not same_routing(route_for(header, lengths), route.frame):
+            raise ProtocolError("the route frame does not repeat what the header says (method, model, "
                                 "texts, or the one array's dtype, shape and name)")
     except ProtocolError as exc:
         raise ProtocolError(str(exc), request_id) from None
     return message
 
 
+def _check_model(header: Mapping[str, Any]) -> None:
+    model = header.get("model")
+    if model is not None and not (isinstance(model, str) and is_model_name(model)):
+        raise ProtocolError(f"'model' must be a model's name ({NAME_RULE}), not {str(model)[:60]!r}")
+
+
+def _divisible(route: Route, part: Part) -> bool:
+    """Whether ``part`` names rows a request of ``route`` has: its texts, or its one array's
+    first axis."""
+    start, stop = part
+    if route.form == Form.TEXTS:
+        total = route.count
+    elif route.form == Form.ARRAY and route.count:
+        total = route.first_axis()
+    else:
+        return False
+    return 0 <= start < stop <= total
+
+
+def _texts_request(header: dict[str, Any], route: Route, frames: Sequence[Any], part: Part | None) -> Message:
+    """A request of texts: one frame of their UTF-8, cut by the lengths in the route frame."""
+    count = header["texts"]
+    if type(count) is not int or not 0 < count <= MAX_TEXTS or route.form != Form.TEXTS \
+            or route.count != count:
+        raise ProtocolError(f"'texts' must be the number of texts the route frame gives, 1 to {MAX_TEXTS}")
+    if len(frames) != 1 or header.get("arrays", []) != []:
+        raise ProtocolError("a request of texts has one frame after its header, their UTF-8")
+    start, stop = part or (0, count)
+    offsets = route.text_offsets()
+    data = buffer_of(frames[0])
+    base = offsets[start]
+    if data.nbytes != offsets[stop] - base:
+        raise ProtocolError(f"the texts' lengths add up to {offsets[stop] - base} bytes; their frame "
+                            f"has {data.nbytes}")
+    try:
+        texts = [str(data[a - base:b - base], "utf-8")
+                 for a, b in zip(offsets[start:stop], offsets[start + 1:stop + 1])]
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"a text is not valid UTF-8: {exc.reason}") from None
+    return Message(header, texts=texts, first=start)
+
+
 def _http_request(header: dict[str, Any], bodies: Sequence[Any]) -> Message:
     """A request the HTTP front door passed on: its header says how to read the one body frame
     (``workerpool.codecs.http_call``), which the worker decodes."""
-    if not isinstance(header["http"], dict) or len(bodies) != 1 or header.get("arrays", []) != [] \
-            or "text" in header:
+    if not isinstance(header["http"], dict) or len(bodies) != 1 or header.get("arrays", []) != []:
         raise ProtocolError("an HTTP request is a header whose 'http' is an object, then its body frame")
     return Message(header, body=bodies[0])
-
-
-def is_text(payload: Any) -> bool:
-    """Whether ``payload`` is texts: a list or tuple whose items are all strings."""
-    return isinstance(payload, list | tuple) and all(isinstance(item, str) for item in payload)
-
-
-def checked_text(text: Any) -> list[str]:
-    """``text`` when it is 1 to ``MAX_TEXTS`` valid Unicode strings; else ``ProtocolError``."""
-    if not isinstance(text, list) or not 0 < len(text) <= MAX_TEXTS \
-            or not all(isinstance(item, str) for item in text):
-        raise ProtocolError(f"'text' must be a list of 1 to {MAX_TEXTS} strings")
-    for item in text:
-        try:
-            item.encode()
-        except UnicodeEncodeError:  # JSON can spell a lone surrogate, which is no text
-            raise ProtocolError("'text' holds a string that is not valid Unicode (a lone "
-                                "surrogate)") from None
-    return text
 
 
 def deadline_of(header: Mapping[str, Any]) -> float | None:
@@ -398,3 +398,28 @@ def request_id_of(frame: Any) -> Any:
         return decode_header(frame).get("id")
     except ProtocolError:
         return None
+
+
+def merge_replies(replies: Sequence[Sequence[Any]]) -> list[Any]:
+    """One reply for a request whose parts were answered apart (``replies``, each a header
+    frame and its arrays, in the order of the parts): every output's rows, part after part.
+
+    The arrays are C-ordered, so rows after rows are their bytes one after the other. Raises
+    ``ProtocolError`` when the parts' outputs do not line up (a model whose outputs for some
+    rows differ in kind from those for others).
+    """
+    headers = [decode_header(reply[0]) for reply in replies]
+    first = headers[0]
+    merged = [dict(descriptor) for descriptor in first["arrays"]]
+    for header, reply in zip(headers[1:], replies[1:]):
+        arrays = header.get("arrays")
+        if not isinstance(arrays, list) or len(arrays) != len(merged) or len(reply) != len(merged) + 1:
+            raise ProtocolError("the parts of a request gave different outputs")
+        for descriptor, other in zip(merged, arrays):
+            if (other.get("name"), other.get("dtype")) != (descriptor.get("name"), descriptor.get("dtype")) \
+                    or other["shape"][1:] != descriptor["shape"][1:] or not descriptor["shape"]:
+                raise ProtocolError("the parts of a request gave different outputs")
+            descriptor["shape"] = [descriptor["shape"][0] + other["shape"][0], *descriptor["shape"][1:]]
+    header = {**headers[-1], "id": first.get("id"), "arrays": merged}
+    joined = [b"".join(buffer_of(reply[1 + index]) for reply in replies) for index in range(len(merged))]
+    return [encode_header(header), *joined]

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..units import KiB, MiB
 
-VERSION = 2  # 2: every request starts with a route frame (route.py)
+VERSION = 3  # 2: every request starts with a route frame (route.py); 3: it names the model, and texts travel in a frame
 MAX_HEADER_BYTES = 64 * KiB
 MAX_RANK = 32
 MAX_ARRAYS = 64
@@ -15,7 +15,7 @@ MAX_ARRAYS = 64
 # product of sizes overflows anywhere, not even for an empty array with huge other axes.
 MAX_EXTENT = 2**48
 MAX_NESTING = 64  # far below the recursion limit, so an id read can always be re-encoded
-MAX_TEXTS = 1024  # texts in one request; their bytes are bounded by the header's limit
+MAX_TEXTS = 1024  # texts in one request; their bytes are bounded by the message's limit
 # The least --max-message-size a server takes: a client sends a request up to this size before
 # it has learnt the server's own limit, which the server states in its connections' metadata
 # under LIMIT_PROPERTY (ZMTP handshake properties, read from any message it sends).

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..protocol import messages as protocol
-from ..protocol.route import Form, Route
+from ..protocol.route import FRAMES, Form, Route
 
 SERVICE_SMOOTHING = 0.2  # weight of the newest run in the moving average of run times
 OUTLIER_FACTOR = 4.0  # a run is counted as at most this many times the average
@@ -40,9 +40,6 @@ class BatchShape(NamedTuple):
 
 
 HTTP_SHAPE = BatchShape(HTTP_KEY, 1)
-# The frames of a request that may batch: its route frame, its header, then its one array
-# or body (texts travel in the header).
-FRAMES = {Form.ARRAY: 3, Form.TEXTS: 2, Form.HTTP: 3}
 
 
 @dataclass
@@ -54,11 +51,17 @@ class BatchPolicy:
     running_cap: int | None = None  # local workers that can run at once; None: no cap
     rank: int | None = None  # axes of the model's declared input with its batch axis; None: none
     text: bool = False  # the model takes texts, which batch as one list
+    splits: bool = False  # a request's rows or texts may run apart (the model stacks them)
     service: float = 0.0  # moving average of a worker's time from sending a batch to its last reply
 
     @property
     def on(self) -> bool:
         return self.max_rows > 1 and (self.rank is not None or self.text)
+
+    def split(self, shape: BatchShape | None) -> bool:
+        """Whether a request of ``shape`` runs in parts: it brings more rows (or texts) than one
+        pass may take, and the model stacks them (an HTTP body is the worker's to read)."""
+        return self.splits and shape is not None and shape.key != HTTP_KEY and shape.rows > self.max_rows
 
     def shape_of(self, route: Route, frames: int) -> BatchShape | None:
         """The batch shape of an ``infer`` request of one array, of texts, or from the HTTP

@@ -1,14 +1,15 @@
 """The load-aware router's core: a state machine with no socket. Events come in (a request
 arrived, a worker's message came, a worker's process exited, time passed, an operator asked
-for a reload or a stop); what is to be sent goes to its outbox, which the shell (``links.py``)
-sends, so no send ever re-enters the core mid-way. Its tests drive it with no socket at all.
+for a reload, a model or a stop); what is to be sent goes to its outbox, which the shell
+(``links.py``) sends, so no send ever re-enters the core mid-way. Its tests drive it with no
+socket at all.
 
-A request goes only to a worker that has said it is free (the ZeroMQ guide's load-balancing
-broker), so a slow request never holds up others that a free worker could take. Requests wait
-in a bounded queue; past ``max_queue`` they are refused at once (intake.py). A worker that
-takes a request takes the compatible ones queued behind it too, as one batch (dispatch.py,
-batching.py); it answers them in the order sent. What a lost or overdue worker was running is
-retried or answered by recovery.py.
+Its parts, each with one job: the intake admits a request or answers it at once
+(``intake.py``); the scheduler owns every worker's state and decides what each is sent
+(``scheduler.py``), handing out the requests the backlog holds (``backlog.py``: a queue per
+model, ``queue.py``); replies are counted on their way out (``replies.py``). A request goes
+only to a worker that has said it is free (the ZeroMQ guide's load-balancing broker), so a slow
+request never holds up others that a free worker could take.
 
 Local workers connect to a private ipc backend; worker hosts on other machines to an optional
 TCP one (sockets.py binds them). Which socket a worker registered on, never what it says,
@@ -23,16 +24,20 @@ from typing import Any, Protocol
 
 from .. import models
 from ..config.pool import HEARTBEAT_SECONDS, LIVENESS_BEATS
+from ..control.status import WorkerState
 from ..errors import ErrorCode
 from ..protocol import messages as protocol
+from . import recovery
+from .backlog import Backlog
 from .batching import BatchPolicy
-from .dispatch import Dispatcher
 from .intake import Intake
 from .outbox import Outbox
 from .quarantine import Quarantine
-from .recovery import Recovery
-from .registry import WorkerKey, WorkerRecord, WorkerState, admit
-from .rollout import Rollout
+from .queue import QueueFull, RequestQueue
+from .registry import WorkerKey, WorkerRecord, admit
+from .replies import Replies
+from .requests import Request
+from .scheduler import Scheduler
 from .stats import RouterStats
 
 log = logging.getLogger(__name__)
@@ -48,16 +53,16 @@ class RouterEvents(Protocol):
     def started_here(self, token: str | None) -> bool:
         """Whether this pool started (or is starting) the local worker that holds ``token``."""
 
-    def reload_failed(self, worker: WorkerRecord, why: str) -> None:
-        """``worker`` could not switch to the newest generation: the file fails there too."""
+    def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
+        """``worker`` could not switch ``model`` to its newest generation: the file fails there too."""
 
 
 class Router:
     """Routes client requests to free workers; knows nothing of processes or sockets.
 
-    It tells its owner about workers through ``events``; others read it through
-    ``queue_depth``, ``in_flight``, ``unfinished``, ``workers`` and ``reload_complete()``.
-    What it sends waits in ``outbox``.
+    Models are served once added (:meth:`add_model`). It tells its owner about workers through
+    ``events``; others read it through ``queue_depth``, ``in_flight``, ``unfinished``,
+    ``workers`` and ``reload_complete()``. What it sends waits in ``outbox``.
     """
 
     def __init__(
@@ -69,36 +74,46 @@ class Router:
         max_queue_bytes: int | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
         liveness: int = LIVENESS_BEATS,
-        signature: dict[str, Any] | None = None,
         request_timeout: float | None = None,
-        batching: BatchPolicy | None = None,
+        running_cap: int | None = None,
     ) -> None:
-        self.signature = signature or {}
-        self.batching = _batching_for(self.signature, batching or BatchPolicy())
-        self.quarantine = Quarantine()
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.events = events
-        self.rollout = Rollout()
-        self.stats = RouterStats()
-        self._workers: dict[WorkerKey, WorkerRecord] = {}
+        self.running_cap = running_cap  # local workers that can run at once (batching.py)
         self.outbox = Outbox()
-        self.intake = Intake(self.outbox, max_queue=max_queue, max_message_size=max_message_size,
-                             max_queue_bytes=max_queue_bytes,
-                             dispatch=lambda pending: self.dispatcher.dispatch(pending))
-        self.queue = self.intake.queue
-        self.dispatcher = Dispatcher(self._workers, self.intake, batching=self.batching,
-                                     rollout=self.rollout, quarantine=self.quarantine, stats=self.stats)
-        self.recovery = Recovery(self._workers, self.intake, self.dispatcher, rollout=self.rollout,
-                                 quarantine=self.quarantine, lost=events.worker_lost,
-                                 request_timeout=request_timeout)
+        self.replies = Replies(self.outbox)
+        self.stats = RouterStats()
+        self.queue = RequestQueue(max_queue, max_queue_bytes)
+        self.policies: dict[str, BatchPolicy] = {}  # by model: how its requests batch
+        self.intake = Intake(self.replies, self.policies, max_message_size=max_message_size)
+        self.backlog = Backlog(self.replies, self.queue, Quarantine(), self.intake.local_key)
+        self.scheduler = Scheduler(self.backlog, self.stats, events=events, request_timeout=request_timeout)
         self._next_beat = time.monotonic() + heartbeat
+
+    # Models.
+
+    def add_model(self, name: str, signature: dict[str, Any], *, max_rows: int, wait: float = 0.0,
+                  limit: int | None = None) -> None:
+        """Serve ``name``, whose model has ``signature`` (what ``info`` lists); ``max_rows``
+        and ``wait`` are its --max-batch and --batch-wait; ``limit``: the workers serving it."""
+        policy = BatchPolicy(max_rows=max_rows, wait=wait, running_cap=self.running_cap)
+        self.scheduler.add_model(name, dict(signature), _batching_for(signature, policy), limit)
+        self.policies[name] = policy
+
+    def remove_model(self, name: str) -> None:
+        del self.policies[name]
+        self.scheduler.remove_model(name)
+
+    def begin_rollout(self, model: str, generation: int, order: bytes) -> None:
+        """Move every local worker of ``model`` to ``generation``, whose RELOAD message is ``order``."""
+        self.scheduler.begin_rollout(model, generation, order)
 
     # The read-only view.
 
     @property
     def workers(self) -> list[WorkerRecord]:
-        return list(self._workers.values())
+        return list(self.scheduler.workers.values())
 
     @property
     def queue_depth(self) -> int:
@@ -106,11 +121,12 @@ class Router:
 
     @property
     def in_flight(self) -> int:
-        return sum(len(worker.inflight) for worker in self._workers.values())
+        return self.scheduler.in_flight
 
     @property
     def unfinished(self) -> int:
-        return self.in_flight + len(self.queue)
+        """Requests taken in and not answered yet, waiting or running."""
+        return self.backlog.held
 
     def count_held(self) -> None:
         """Tell the occupancy how many requests the pool holds now (after each turn of the loop)."""
@@ -119,14 +135,38 @@ class Router:
     @property
     def wake_at(self) -> float | None:
         """When a held request is due to be released (None: none is held)."""
-        return self.dispatcher.wake_at
+        return self.scheduler.wake_at
 
-    def reload_complete(self) -> bool:
-        return self.rollout.complete(self._workers.values())
+    def reload_complete(self, model: str | None = None) -> bool:
+        """Whether every local worker serves the newest generation of ``model`` (of every model)."""
+        served = self.scheduler.models
+        chosen = served.values() if model is None else [served[model]] if model in served else []
+        return all(record.rollout.complete(self.scheduler.workers.values()) for record in chosen)
 
     def stop_accepting(self) -> None:
         """From now on new requests are answered ``shutting_down``; held ones still run."""
         self.intake.accepting = False
+
+    # Client side.
+
+    def receive(self, frames: list[Any]) -> None:
+        """A message from the client socket: the client's routing id, then what it sent."""
+        request = self.intake.receive(frames)
+        if request is not None:
+            self._take(request)
+
+    def admit_local(self, lane: bytes, frames: list[Any], size: int) -> None:
+        """A request from the HTTP front door (see :meth:`Intake.receive_local`)."""
+        request = self.intake.receive_local(lane, frames, size)
+        if request is not None:
+            self._take(request)
+
+    def _take(self, request: Request) -> None:
+        try:
+            self.scheduler.add(request)
+        except QueueFull as full:
+            self.intake.refuse(request.client, request.frames, ErrorCode.OVERLOADED,
+                               self.intake.refusal(request, self.queue, full.limit), request.model)
 
     # Worker side.
 
@@ -134,13 +174,13 @@ class Router:
         """A message from a worker: its routing id, then what it sent; ``local``: it came on the
         private backend."""
         address, command = frames[0].bytes, frames[1].bytes
-        worker = self._workers.get((local, address))
+        worker = self.scheduler.workers.get((local, address))
         if worker is not None:
             worker.last_seen = time.monotonic()
         if command == protocol.REPLY and worker is not None and len(frames) >= 4:
-            self._reply(worker, frames[2].bytes, frames[3].bytes, frames[4:])
+            self.scheduler.replied(worker, frames[2].bytes, frames[3].bytes, frames[4:])
         elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
-            self._reloaded(worker, frames[2])
+            self.scheduler.reloaded(worker, frames[2])
         elif command == protocol.READY:
             self._register((local, address), frames[2:])
         elif worker is None:  # a worker registered with a router before this one restarted
@@ -150,26 +190,9 @@ class Router:
         elif command != protocol.HEARTBEAT:
             log.warning("unexpected %r message from worker %r ignored", command[:16], address)
 
-    def _reply(self, worker: WorkerRecord, client: bytes, status: bytes, frames: list[Any]) -> None:
-        inflight = worker.inflight
-        if not inflight or inflight[0].client != client:  # already answered, e.g. shutting down
-            log.debug("late reply from worker %d dropped", worker.pid)
-            return
-        inflight.pop(0)
-        ok = status == b"ok"
-        worker.served += 1
-        worker.errors += not ok
-        worker.failed_last = not ok
-        now = time.monotonic()
-        self.stats.run_times.observe(now - worker.busy_since)
-        self.intake.outcomes["ok" if ok else ErrorCode.read(status)] += 1
-        self.rollout.answered(client, worker.generation)
-        self.intake.send(client, frames)
-        if not inflight:
-            self.dispatcher.finished(worker, now)
-
     def _register(self, key: WorkerKey, frames: list[Any]) -> None:
-        worker = admit(self.outbox, key, frames, self.signature)
+        signatures = {name: model.signature for name, model in self.scheduler.models.items()}
+        worker = admit(self.outbox, key, frames, signatures)
         if worker is None:
             return
         if worker.local and not self.events.started_here(worker.token):
@@ -177,91 +200,66 @@ class Router:
                         "token is unknown)", worker.pid)
             self.outbox.to_peer(key, [protocol.REFUSE, b"not a worker this pool runs or is starting"])
             return
-        if worker.key in self._workers:
+        if worker.key in self.scheduler.workers:
             self.lose(worker.key, "re-registered")
-        self._workers[worker.key] = worker
-        log.info("worker %d on %s ready (model %s, generation %d)", worker.pid, worker.host,
-                 worker.model, worker.generation, extra={"worker": worker.pid, "generation": worker.generation})
+        log.info("worker %d on %s ready (%s)", worker.pid, worker.host,
+                 ", ".join(f"{name} generation {generation}" for name, generation in worker.models.items()),
+                 extra={"worker": worker.pid, "generation": worker.generation})
         self.events.worker_ready(worker)
-        self.dispatcher.worker_free(worker)
-
-    # Hot reload: one worker at a time switches generation, between two requests.
-
-    def begin_rollout(self, generation: int, file_identity: list[int], source: str) -> None:
-        """Move every local worker to ``generation``: the file with this identity, validated,
-        which workers open at ``source``."""
-        self.rollout.begin(generation, file_identity, source)
-        self.quarantine.clear()
-        self.dispatcher.reload_next()
-
-    def _reloaded(self, worker: WorkerRecord, answer: Any) -> None:
-        if worker.key != self.rollout.switching:
-            log.warning("unexpected RELOADED from worker %d ignored", worker.pid)
-            return
-        failure = self.rollout.finished(worker, answer)
-        if failure is not None:
-            self.events.reload_failed(worker, failure)
-        if worker.state == WorkerState.RELOADING:
-            worker.state = WorkerState.READY
-        self.dispatcher.worker_free(worker)
-        self.dispatcher.reload_next()
-
-    # Losing and stopping workers.
+        self.scheduler.register(worker)
 
     def lose(self, key: WorkerKey, why: str, *, asked: bool = False, unsent: bool = False) -> None:
         """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
         ``asked``: it left because it was told to (the supervisor logs that, not a loss);
         ``unsent``: the message that failed to reach it handed it the requests it holds."""
-        self.recovery.lose(key, why, asked=asked, unsent=unsent)
-        self.dispatcher.drain()  # what it ran goes to the free workers now, not at the next tick
+        self.scheduler.lose(key, why, asked=asked, unsent=unsent)
 
     def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
         ``asked``: it had been told to stop; ``killed``: by SIGKILL, which blames no request."""
-        self.recovery.worker_exited(token, why, asked=asked, killed=killed)
+        for key, worker in list(self.scheduler.workers.items()):
+            if worker.local and worker.token == token:
+                self.scheduler.lose(key, why, asked=asked, killed=killed)
 
     def stop_worker(self, key: WorkerKey) -> None:
         """Ask a worker to exit once its current request is done."""
-        worker = self._workers[key]
-        worker.state = WorkerState.STOPPING
-        self.dispatcher.withdraw(key)
-        if not worker.inflight and self.rollout.switching != key:
-            self.dispatcher.worker_free(worker)
+        self.scheduler.stop_worker(key)
 
     def fail_all(self, code: ErrorCode, message: str) -> None:
         """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
-        self.recovery.fail_all(code, message)
+        self.scheduler.fail_all(code, message)
 
     # Time-driven duties.
 
     def tick(self) -> None:
-        self.intake.expire_due()
         now = time.monotonic()
-        self.dispatcher.wake(now)
+        self.scheduler.tick(now)
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat
             self._beat(now)
-            self.dispatcher.drain()
+            self.scheduler.dispatch()
 
     def _beat(self, now: float) -> None:
         deadline = self.heartbeat * self.liveness
-        for key, worker in list(self._workers.items()):
+        scheduler = self.scheduler
+        for key, worker in list(scheduler.workers.items()):
             # A busy worker runs the model instead of beating; libzmq's transport heartbeats
             # still close its connection if it dies or freezes, and then this send fails.
             if not worker.inflight and worker.state != WorkerState.RELOADING \
                     and now - worker.last_seen > deadline:
                 self.lose(key, f"no heartbeat for {now - worker.last_seen:.1f}s")
-            elif self.recovery.overdue(worker, now):
-                self.recovery.time_out(worker)
+            elif recovery.overdue(worker, now, scheduler.request_timeout):
+                scheduler.time_out(worker)
             else:
                 self.outbox.to_worker(key, [protocol.HEARTBEAT])
 
 
 def _batching_for(signature: dict[str, Any], policy: BatchPolicy) -> BatchPolicy:
-    """``policy`` told how the model's requests stack: along a declared batch axis, or as texts."""
+    """``policy`` told how the model's requests stack: along a declared batch axis, or as
+    texts; and whether a request's rows or texts may run apart (the model batches them)."""
     declared = models.array_input(signature)
     if declared and declared["shape"][:1] == [None]:  # a batch axis: requests stack along it
         policy.rank = len(declared["shape"])
     policy.text = models.takes_text(signature)
+    policy.splits = signature.get("batching") is True
     return policy
-

@@ -32,8 +32,7 @@ class RouterLinks:
         self.deliver_local: Callable[[bytes, list[Any]], None] | None = None  # set by the HTTP front door
 
     def on_frontend(self) -> None:
-        intake = self.router.intake
-        receive_batch(self.frontend, intake.receive, intake.overlong)
+        receive_batch(self.frontend, self.router.receive, self.router.intake.overlong)
 
     def on_backend(self) -> None:
         receive_batch(self.backend, lambda frames: self.router.from_worker(True, frames))

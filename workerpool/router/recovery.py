@@ -1,137 +1,82 @@
-"""Recovery: what becomes of the requests of a worker that is lost or runs out of time.
+"""Recovery: what becomes of the parts a lost worker, or one that ran out of time, was running.
+Rules only: the scheduler asks, and applies the answer.
 
-A request in flight on a worker that dies is retried once on another worker, alone (inference
-is idempotent); one that fails twice is answered ``worker_failed``. One that runs past
-``request_timeout`` is answered ``request_timeout`` and its worker given up. A batch that dies
-or runs out of time tells nothing about which of its requests is to blame: each is retried
-alone. What killed workers is remembered by the quarantine (quarantine.py).
+A part in flight on a worker that dies is retried once on another worker, alone (inference is
+idempotent); one that fails twice answers its request ``worker_failed``, and the request is a
+killer (quarantine.py) unless the deaths came from outside (SIGKILL: an operator's kill, the
+OOM killer, a kill sweep that takes a retry's worker as well as the first). A batch that dies
+tells nothing about which of its parts is to blame: each is retried alone. Parts a worker never
+received (the message to it could not be sent) go to another worker as they were.
+
+A part that runs past ``--request-timeout`` alone answers its request ``request_timeout`` and
+the request is a killer; the parts of a batch that ran out of time are retried alone (none of
+them is to blame for the time the others took). Either way the worker is given up.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..control.status import WorkerState
 from ..errors import ErrorCode
-from .dispatch import Dispatcher
-from .intake import Intake, Pending
-from .quarantine import Quarantine
-from .registry import WorkerKey, WorkerRecord
-from .rollout import Rollout
+from .registry import WorkerRecord
+from .requests import Part
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2
 
 
-@dataclass(eq=False)
-class Recovery:
-    """Forgets lost workers and retries, refuses or answers what they were running."""
+@dataclass
+class AfterLoss:
+    """What to do with a lost worker's parts: retry these (in order, before other work), fail
+    those (with the code and message), and whether the failed ones are killers."""
 
-    workers: dict[WorkerKey, WorkerRecord]  # the router's registry: a lost worker leaves it here
-    intake: Intake
-    dispatcher: Dispatcher
-    rollout: Rollout
-    quarantine: Quarantine
-    lost: Callable[[WorkerRecord, str], None]
-    request_timeout: float | None = None
+    retry: list[Part] = field(default_factory=list)
+    fail: list[tuple[Part, ErrorCode, str]] = field(default_factory=list)
+    blame: bool = False
 
-    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False,
-             unsent: bool = False) -> None:
-        """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.
-        ``asked``: it left because it was told to (the supervisor logs that, not a loss);
-        ``killed``: by SIGKILL, which blames no request; ``unsent``: the message that failed to
-        reach it handed it its requests. Those, like requests still waiting in the outbox to be
-        sent to it, never ran there: they go to another worker as they were, counting no
-        attempt."""
-        worker = self.workers.pop(key, None)
-        if worker is None:
-            return
-        asked = asked or worker.state == WorkerState.STOPPING  # gone between its BYE and our STOP
-        self.dispatcher.withdraw(key)
-        self.rollout.forget(key)
-        unsent = self.intake.outbox.withdraw(key) or unsent
-        inflight = self.take_inflight(worker)
-        if inflight and unsent:
-            log.warning("worker %d lost (%s) before it got %d requests; they go to another worker",
-                        worker.pid, why, len(inflight), extra={"worker": worker.pid})
-            for pending in reversed(inflight):
-                pending.attempts -= 1
-                self.intake.enqueue(pending, first=True)
-        elif inflight:
-            self._recover(worker, why, inflight, killed)
-        else:
-            log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,
-                    "left" if asked else "lost", why, extra={"worker": worker.pid})
-        self.lost(worker, why)
-        self.dispatcher.reload_next()
 
-    def _recover(self, worker: WorkerRecord, why: str, inflight: list[Pending], killed: bool) -> None:
-        """Retry alone, or fail, what the lost ``worker`` was running. Only a request that
-        kills again when it runs alone is blamed, and never by a SIGKILL: deaths come from
-        outside too, and a kill sweep takes a retry's worker as well as the first."""
-        pending = inflight[0]
-        if worker.sent > 1:  # a batch, some of it answered maybe: each request left goes alone
-            log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each "
-                        "alone", worker.pid, why, len(inflight))
-            self._retry_alone(inflight)
-        elif pending.attempts < MAX_ATTEMPTS:
-            log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
-            self._retry_alone(inflight)
-        else:
-            log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
-            if not killed:
-                self.quarantine.killed(pending.client, pending.frames)
-            self.intake.fail(pending, ErrorCode.WORKER_FAILED,
-                              f"worker {worker.pid} failed while running the request, twice")
+def after_loss(worker: WorkerRecord, parts: list[Part], why: str, *, killed: bool, unsent: bool,
+               asked: bool) -> AfterLoss:
+    """The fate of ``parts``, which ``worker`` was running when it was lost (``why``)."""
+    if not parts:
+        log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,
+                "left" if asked else "lost", why, extra={"worker": worker.pid})
+        return AfterLoss()
+    if unsent:
+        log.warning("worker %d lost (%s) before it got %d requests; they go to another worker",
+                    worker.pid, why, len(parts), extra={"worker": worker.pid})
+        for part in parts:
+            part.attempts -= 1
+        return AfterLoss(retry=parts)
+    if worker.sent > 1:  # a batch, some of it answered maybe: each part left goes alone
+        log.warning("worker %d lost (%s) with a batch of %d requests in flight; retrying each alone",
+                    worker.pid, why, len(parts))
+        for part in parts:
+            part.solo = True
+        return AfterLoss(retry=parts)
+    part = parts[0]
+    if part.attempts < MAX_ATTEMPTS:
+        log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
+        part.solo = True
+        return AfterLoss(retry=[part])
+    log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
+    message = f"worker {worker.pid} failed while running the request, twice"
+    return AfterLoss(fail=[(part, ErrorCode.WORKER_FAILED, message)], blame=not killed)
 
-    def take_inflight(self, worker: WorkerRecord) -> list[Pending]:
-        """What ``worker`` was running, now no longer its to answer."""
-        inflight, worker.inflight = worker.inflight, []
-        self.dispatcher.stopped_running(worker.key)
-        return inflight
 
-    def _retry_alone(self, batch: list[Pending]) -> None:
-        """Queue ``batch`` again before everything else, each request to go alone: a request in
-        a batch that failed is no more to blame than its batch-mates until it fails alone."""
-        for pending in reversed(batch):
-            pending.solo = True
-            self.intake.enqueue(pending, first=True)
+def overdue(worker: WorkerRecord, now: float, request_timeout: float | None) -> bool:
+    """Whether what ``worker`` runs has run past ``request_timeout``."""
+    return bool(worker.inflight) and request_timeout is not None and now - worker.busy_since > request_timeout
 
-    def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:
-        """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
-        ``asked``: it had been told to stop; ``killed``: by SIGKILL, which blames no request."""
-        for key, worker in list(self.workers.items()):
-            if worker.local and worker.token == token:
-                self.lose(key, why, asked=asked, killed=killed)
-        self.dispatcher.drain()
 
-    def overdue(self, worker: WorkerRecord, now: float) -> bool:
-        """Whether what ``worker`` runs has run past ``request_timeout``."""
-        return bool(worker.inflight) and self.request_timeout is not None \
-            and now - worker.busy_since > self.request_timeout
-
-    def time_out(self, worker: WorkerRecord) -> None:
-        """Answer a request that ran too long and give up its worker (a local one is killed);
-        the requests of a batch that ran too long are retried alone."""
-        inflight = self.take_inflight(worker)
-        limit = f"--request-timeout {self.request_timeout:g}s"
-        if worker.sent > 1:  # none of a batch's requests is to blame for the time the others took
-            self._retry_alone(inflight)
-            self.lose(worker.key, f"its batch of {worker.sent} requests ran past {limit}; retrying the "
-                      f"{len(inflight)} unanswered each alone")
-            return
-        pending = inflight[0]
-        self.quarantine.killed(pending.client, pending.frames)
-        self.intake.fail(pending, ErrorCode.REQUEST_TIMEOUT, f"the request ran past {limit} on worker "
-                          f"{worker.pid}; that worker is being replaced")
-        self.lose(worker.key, f"its request ran past {limit}")
-
-    def fail_all(self, code: ErrorCode, message: str) -> None:
-        """Answer every queued and in-flight request with an error (end of a forced shutdown)."""
-        self.intake.fail_queued(code, message)
-        for worker in self.workers.values():
-            for pending in self.take_inflight(worker):
-                self.intake.fail(pending, code, message)
+def after_timeout(worker: WorkerRecord, parts: list[Part], limit: str) -> tuple[AfterLoss, str]:
+    """The fate of ``parts``, which ``worker`` ran past ``limit``, and why the worker is lost."""
+    if worker.sent > 1:  # none of a batch's parts is to blame for the time the others took
+        for part in parts:
+            part.solo = True
+        return AfterLoss(retry=parts), (f"its batch of {worker.sent} requests ran past {limit}; retrying the "
+                                        f"{len(parts)} unanswered each alone")
+    message = f"the request ran past {limit} on worker {worker.pid}; that worker is being replaced"
+    return AfterLoss(fail=[(parts[0], ErrorCode.REQUEST_TIMEOUT, message)], blame=True), f"its request ran past {limit}"

@@ -1,50 +1,57 @@
-"""The rolling reload: which worker switches generation next, and what clients may still see.
+"""The rolling reload of one model: which worker switches to its newest generation next, and
+what clients may still see.
 
-Workers switch one at a time, between two requests, so the pool keeps N-1 workers serving.
-While a switch is under way, a client that was answered by the new generation is only served
-by workers at least that new (its answers never go back a generation). This object only
-decides; the router does the sending.
+Workers switch one at a time, between two requests, so the pool keeps N-1 workers serving the
+model (and every worker serving the others). A model added while the pool runs rolls out the
+same way, from no generation to its first. While a switch is under way, a client that was
+answered by the new generation is only served by workers at least that new (its answers never
+go back a generation). This object only decides; the scheduler does the sending.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..protocol import messages as protocol
-from .registry import WorkerKey, WorkerRecord
+from .outbox import WorkerKey
+from .registry import WorkerRecord
 
 log = logging.getLogger(__name__)
 
 
 class Rollout:
-    """The state of moving local workers to the newest validated generation."""
+    """The state of moving local workers to ``model``'s newest validated generation; ``limit``:
+    the workers that serve it (None: every one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: str, limit: int | None = None) -> None:
+        self.model = model
+        self.limit = limit
         self.target = 0
-        self.order = b""  # the RELOAD message body: generation, expected file identity, where to open it
+        self.order = b""  # the RELOAD message body: the model's spec at its new generation
         self.switching: WorkerKey | None = None  # the worker switching now
         self.paused = False  # the newest file failed on a worker: wait for the next one
         self.active = False  # from begin() until every local worker is on the target
         self._floor: dict[bytes, int] = {}  # client -> newest generation that answered it
 
-    def begin(self, generation: int, file_identity: list[int], source: str) -> None:
-        """Move every local worker to ``generation``: the file with this identity, validated,
-        which workers open at ``source``."""
+    def begin(self, generation: int, order: bytes) -> None:
+        """Move every local worker that serves the model (or should) to ``generation``, whose
+        RELOAD message is ``order``."""
         self.target = generation
-        self.order = json.dumps({"generation": generation, "identity": file_identity,
-                                 "source": source}).encode()
+        self.order = order
         self.paused = False
         self.active = True
 
-    def wants(self, worker: WorkerRecord) -> bool:
-        """Whether ``worker``, now free, should switch before it takes another request."""
-        return (worker.generation < self.target
-                and worker.local  # worker hosts watch their own copy of the file
-                and self.switching is None
-                and not self.paused)
+    def wants(self, worker: WorkerRecord, serving: int) -> bool:
+        """Whether ``worker``, now free, should switch before it takes another request;
+        ``serving``: the local workers that serve the model now."""
+        if not (self.active and worker.local  # worker hosts watch their own copy of the file
+                and self.switching is None and not self.paused):
+            return False
+        have = worker.models.get(self.model)
+        if have is None:  # a model new to the pool, or one this worker was started without
+            return self.limit is None or serving < self.limit
+        return have < self.target
 
     def started(self, worker: WorkerRecord) -> None:
         self.switching = worker.key
@@ -53,29 +60,30 @@ class Rollout:
         if self.switching == key:
             self.switching = None
 
-    def finished(self, worker: WorkerRecord, answer: Any) -> str | None:
-        """Apply a worker's RELOADED answer; the reason when the target generation failed."""
+    def finished(self, worker: WorkerRecord, outcome: Mapping[str, Any]) -> str | None:
+        """Apply a worker's RELOADED answer (decoded); the reason when the target generation
+        failed."""
         self.switching = None
-        try:
-            outcome = protocol.decode_header(answer)
-            ok, ordered, generation = outcome["ok"], outcome["ordered"], outcome["generation"]
-            if type(ordered) is not int or type(generation) is not int:
-                raise TypeError("generations must be integers")
-        except (KeyError, TypeError, protocol.ProtocolError):
-            ok, ordered, generation = False, self.target, worker.generation
+        ok, ordered, generation = outcome.get("ok"), outcome.get("ordered"), outcome.get("generation")
+        if type(ordered) is not int or type(generation) is not int:
+            ok, ordered = False, self.target
             outcome = {"error": "malformed RELOADED"}
-        if ok is True:
-            worker.generation = generation
+        if ok is True and type(generation) is int:
+            worker.models[self.model] = generation
             return None
-        log.warning("worker %d could not switch to generation %d: %s", worker.pid, ordered,
-                    outcome.get("error"))
+        log.warning("worker %d could not switch %s to generation %d: %s", worker.pid, self.model,
+                    ordered, outcome.get("error"))
         if ordered != self.target:
             return None
         self.paused = True  # retrying the same file would fail the same way
         return str(outcome.get("error"))
 
     def complete(self, workers: Iterable[WorkerRecord]) -> bool:
-        return all(w.generation >= self.target for w in workers if w.local)
+        """Whether every local worker that should serve the model serves the target."""
+        local = [w for w in workers if w.local]
+        serving = [w for w in local if self.model in w.models]
+        wanted = len(local) if self.limit is None else min(self.limit, len(local))
+        return len(serving) >= wanted and all(w.models[self.model] >= self.target for w in serving)
 
     def settle(self, workers: Iterable[WorkerRecord]) -> None:
         """Once every local worker is on the target, clients may be served by any worker."""

@@ -57,10 +57,28 @@ def _latencies() -> Histogram:
 
 
 @dataclass
-class RouterStats:
-    """The three histograms and the occupancy, kept since the start."""
+class ModelStats:
+    """One model's three histograms, kept since it was first served."""
 
     queue_waits: Histogram = field(default_factory=_latencies)  # seconds from arrival to dispatch
     run_times: Histogram = field(default_factory=_latencies)  # seconds from dispatch to reply
-    batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # per forward pass
+    batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # per message to a worker
+
+    def copy(self) -> dict[str, tuple[tuple[float, ...], list[int], float]]:
+        return {"queue_waits": self.queue_waits.copy(), "run_times": self.run_times.copy(),
+                "batch_rows": self.batch_rows.copy()}
+
+
+@dataclass
+class RouterStats:
+    """Each model's histograms (a model's name comes from the pool's own list, never from a
+    client) and the occupancy, kept since the start."""
+
+    models: dict[str, ModelStats] = field(default_factory=dict)
     occupancy: Occupancy = field(default_factory=lambda: Occupancy(time.monotonic()))
+
+    def of(self, model: str) -> ModelStats:
+        found = self.models.get(model)
+        if found is None:
+            found = self.models[model] = ModelStats()
+        return found

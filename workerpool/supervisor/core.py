@@ -21,9 +21,11 @@ from ..config.pool import POLLS_PER_HEARTBEAT, PoolConfig, StartupError
 from ..errors import ErrorCode
 from ..events.loop import Loop
 from ..units import format_size
-from ..weights import reload
+from ..weights.reload import WeightsRefused
+from ..weights.served import ServedModels
 from ..worker.spec import EXIT_FILE_CHANGED, EXIT_RECYCLED, EXIT_REFUSED, WorkerSpec
 from .headcount import Correction, correct
+from .model_changes import ModelChanges
 from .process import Backoff, Child, Process, describe_exit
 from .ready_line import worker_count
 from .role import Role
@@ -39,8 +41,9 @@ KILLS_NAMED = 10  # pids a warning about workers killed at a stop names; the res
 
 class Supervisor:
     """Keeps the worker count (``manage_workers``: replacing the dead, with back-off after
-    failed starts; TTIN/TTOU move its target), reloads on HUP or a changed file, and shuts down
-    gracefully on TERM/INT."""
+    failed starts; TTIN/TTOU move its target), reloads a model whose file changed (or on HUP,
+    which reads model folders again too), adds and removes models, and shuts down gracefully on
+    TERM/INT."""
 
     def __init__(self, config: PoolConfig, role: Role) -> None:
         self.config = config
@@ -53,7 +56,6 @@ class Supervisor:
         self.announced = False
         self.notifier = Notifier()
         self.replacements = 0  # workers that were serving and died, replaced
-        self.reloading = False  # told the service manager RELOADING=1, not yet READY=1 again
         self.stopping = False
         self.stop_deadline = 0.0
         self.kill_deadline: float | None = None
@@ -61,23 +63,25 @@ class Supervisor:
         self.loop = Loop(idle_timeout=config.heartbeat / POLLS_PER_HEARTBEAT)
         self.signals = Signals(self)
         self.threads_per_worker = config.cpu_budget()  # fixed at start: TTIN/TTOU leave it
-        self.watcher: reload.Watcher
+        self.models: ServedModels
+        self.changes: ModelChanges
         self._next_watch = 0.0
         self.starter: Starter = (
             TemplateStarter(self._started, self._start_failed, log_level=config.log_level,
-                            model=lambda: self.config.model or self.watcher.current.model,
-                            workers=lambda: set(self.children), private=lambda: self.watcher.held)
+                            models=lambda: [served.current.model for served in self.models],
+                            workers=lambda: set(self.children), private=lambda: self.models.held)
             if config.start == "fork" else SpawnStarter(self._started))
 
     def run(self) -> int:
         raise_fd_limit()
-        try:  # the file and the model, checked once before anything starts
+        try:  # the files and the models, checked once before anything starts
             # A copy of the weights per worker (--load copy) prepares nothing to share.
-            cache_dir = self.config.cache_dir if self.config.load == "mmap" else None
-            self.watcher = reload.Watcher(self.config.path, self.config.model, cache_dir)
-        except reload.WeightsRefused as exc:
+            self.models = ServedModels(self.config.models, self.config.cache_dir if self.config.load == "mmap" else None)
+        except WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
-        _check_memory_limit(self.config, self.watcher.current.identity.size)
+        self.changes = ModelChanges(self.models, self.config, self.role, self.notifier, self.starter,
+                                    self.refusals, self._tell_status)
+        _check_memory_limit(self.config, max(served.current.identity.size for served in self.models))
         if (crowded := self.config.crowding()) is not None:
             log.warning("%s", crowded)
         self.loop.every_tick(self._duties, urgent=lambda: self.stopping,  # before the role's duties
@@ -91,8 +95,8 @@ class Supervisor:
             gc.freeze()  # what starting made lives on: collections in the loop never traverse it again
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up
             cleanup.enter_context(self.signals.take())
-            log.info("starting %s for %s (model %s, %s, %s, %d BLAS thread%s each)",
-                     worker_count(self.target), self.config.path, self.watcher.current.model, self.config.load,
+            log.info("starting %s for %s (%s, %s, %d BLAS thread%s each)",
+                     worker_count(self.target), self.models.described(), self.config.load,
                      "forked from a template" if self.config.start == "fork" else "spawned",
                      self.threads_per_worker, "" if self.threads_per_worker == 1 else "s")
             self.manage_workers()
@@ -107,12 +111,12 @@ class Supervisor:
         self.notifier.ping()
         self.manage_workers()
         self._watch()
-        if self.reloading and not self.stopping and self.role.reload_done():
-            self.reloading = False
+        if self.changes.reloading and not self.stopping and self.role.reload_done():
+            self.changes.reloading = False
             self.notifier.ready(self._summary())
-        elif self.watcher.holds_previous and not (self.reloading or self.starter.pending) \
+        elif self.models.holds_previous and not (self.changes.reloading or self.starter.pending) \
                 and all(c.ready for c in self.children.values()):  # none serves or starts on it
-            self.watcher.release_previous()
+            self.models.release_previous()
         if self.stopping:
             self._shutdown_step()
         else:
@@ -160,20 +164,17 @@ class Supervisor:
         self.spawn_at = [t for t in self.spawn_at if t > now]  # those due count as missing
         running = [c for c in self.children.values() if not c.stopping]
         return correct(self.target + self.role.surge, running, self.starter.pending,
-                       len(self.spawn_at), self.watcher.current.generation)
+                       len(self.spawn_at), self.models.generations())
 
     def spawn(self) -> None:
         """Start a worker; when the system refuses (no descriptors, no processes left), try
         again after a back-off instead of failing the pool."""
-        current = self.watcher.current
+        mapping = self.starter.pending_models()
+        mapping.update(name for c in self.children.values() if not c.stopping for name in c.generations)
         spec = WorkerSpec(
-            path=self.config.path,
+            models=self.models.wanted(mapping),
             backend=self.role.backend,
-            model=self.config.model or current.model,
             load=self.config.load,
-            generation=current.generation,
-            expect=current.identity.as_list(),
-            source=current.source,
             heartbeat=self.config.heartbeat,
             liveness=self.config.liveness,
             log_level=self.config.log_level,
@@ -217,22 +218,21 @@ class Supervisor:
             self.role.child_exited(child, why)
             return
         if code == -signal.SIGBUS:
-            log.error("worker %d was killed by SIGBUS: %s was truncated or rewritten in place while "
-                      "mapped; publish new weights by rename (workerpool publish NEW.bpk %s)",
-                      child.pid, self.config.path, self.config.path)
+            log.error("worker %d was killed by SIGBUS: a weight file it mapped (%s) was truncated or "
+                      "rewritten in place; publish new weights by rename (workerpool publish NEW.bpk "
+                      "MODEL.bpk)", child.pid, ", ".join(served.entry.path for served in self.models))
         # Before the role hears of it: a host's rollout may close the gap, hiding the log and back-off.
         if self._correction().start:  # not when the pool was over its count
             self._replace(child, code, why)
         self.role.child_exited(child, why)
-        self.check_weights("worker exit")
+        self.changes.check("worker exit")
         self.manage_workers()
 
     def _replace(self, child: Child, code: int, why: str) -> None:
         """Say why a worker that died is replaced; a failed start waits out a back-off first
         (``manage_workers`` starts the others at once)."""
         if code == EXIT_FILE_CHANGED:
-            log.info("worker %d found %s replaced while it started; starting another",
-                     child.pid, self.config.path)
+            log.info("worker %d found a weight file replaced while it started; starting another", child.pid)
         elif code == EXIT_RECYCLED:
             log.info("worker %d recycled (its private memory passed --max-worker-memory); starting "
                      "a replacement", child.pid)
@@ -260,19 +260,14 @@ class Supervisor:
         ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
         if not self.announced and ready >= self.target:
             self.announced = True
-            current = self.watcher.current
-            line = self.role.ready_line(self.config.path, format_size(current.identity.size),
-                                        current.model, self.target)
-            print(line, flush=True)
+            paths, kinds = self.models.named()
+            print(self.role.ready_line(paths, format_size(self.models.size), kinds, self.target), flush=True)
             self.notifier.ready(self._summary())
 
     def _summary(self) -> str:
         """One line for the service manager's status."""
-        current = self.watcher.current
         ready = sum(1 for child in self.children.values() if child.ready and not child.stopping)
-        summary = f"serving {current.model} generation {current.generation} with {worker_count(ready)}"
-        degraded = self.watcher.degraded
-        return summary if degraded is None else f"{summary}; degraded: {degraded}"
+        return self.models.summary(worker_count(ready))
 
     def stop_child(self, child: Child) -> None:
         child.terminate()
@@ -284,20 +279,11 @@ class Supervisor:
         now = time.monotonic()
         if interval is not None and now >= self._next_watch and not self.stopping:
             self._next_watch = now + interval
-            self.check_weights("watch")
+            self.changes.check("watch")
 
-    def check_weights(self, trigger: str) -> str:
-        """Look at the served path; start moving the pool to a new, valid generation."""
-        degraded = self.watcher.degraded
-        outcome = self.watcher.check(trigger)
-        if self.watcher.degraded != degraded and self.announced and not self.reloading:
+    def _tell_status(self) -> None:
+        if self.announced:
             self.notifier.status(self._summary())
-        if outcome == "new":
-            self.refusals.reset()
-            self.reloading = True
-            self.notifier.reloading(f"moving to generation {self.watcher.current.generation}")
-            self.role.roll_out()
-        return outcome
 
     # Shutdown.
 

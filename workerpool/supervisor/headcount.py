@@ -9,7 +9,7 @@ worker's replacement is the gap its death opens. Decisions only: the supervisor 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .process import Child
@@ -25,9 +25,10 @@ class Correction:
 
 
 def correct(wanted: int, running: Sequence[Child], starting: int, scheduled: int,
-            generation: int) -> Correction:
+            generations: Mapping[str, int]) -> Correction:
     """``running``: workers not told to stop; ``starting``: started but not yet reported;
-    ``scheduled``: restarts waiting out a back-off; ``generation``: the newest weights.
+    ``scheduled``: restarts waiting out a back-off; ``generations``: the newest weights of
+    each model.
 
     Too many: scheduled restarts go first (nothing runs yet), then running workers beyond
     ``wanted``: one not ready first (a ready worker is never stopped while one still loading is
@@ -39,5 +40,5 @@ def correct(wanted: int, running: Sequence[Child], starting: int, scheduled: int
         return Correction(start=gap)
     cancel = min(-gap, scheduled)
     stopping = min(-gap - cancel, max(0, len(running) - wanted))
-    victims = sorted(running, key=lambda c: (c.ready, c.generation >= generation, -c.started))
+    victims = sorted(running, key=lambda c: (c.ready, not c.behind(generations), -c.started))
     return Correction(cancel=cancel, stop=tuple(victims[:stopping]))

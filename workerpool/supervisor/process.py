@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..worker.spec import CONTROL_SIGNALS, STOP_SIGNAL
@@ -100,12 +100,17 @@ class Process:
 class Child(Process):
     """A worker process, and what the supervisor knows of it."""
 
-    generation: int
+    generations: dict[str, int]  # of each model it was started on
     token: str  # secret, given to the worker in its environment; it proves itself with it
     ready_pipe: int | None = None  # read end: the worker writes once its model is built
     ready: bool = False
     stopping: bool = False
     told_to_stop: float = 0.0  # monotonic time of terminate()
+
+    def behind(self, newest: Mapping[str, int]) -> bool:
+        """Whether it was started on an older generation of a model than ``newest``'s, or on a
+        model no longer served."""
+        return any(name not in newest or generation < newest[name] for name, generation in self.generations.items())
 
     def terminate(self) -> None:
         """The worker says goodbye to its router and leaves once its request is done."""

@@ -13,7 +13,7 @@ SERVE_READY_PREFIX = "workerpool: serving "
 
 _SERVE_READY = re.compile(
     re.escape(SERVE_READY_PREFIX)
-    + r"(?P<path>.+) \((?P<size>[^,()]+), model (?P<model>.+)\)"
+    + r"(?P<path>.+) \((?P<size>[^,()]+), models? (?P<model>.+)\)"
     r" with (?P<workers>\d+) workers? on (?P<endpoint>\S+)"
 )
 _WORKERS_READY = re.compile(
@@ -35,8 +35,12 @@ class Ready:
 
 
 def serve_line(path: str, size: str, model: str, workers: int, endpoint: str) -> str:
-    return (f"{SERVE_READY_PREFIX}{path} ({size}, model {model}) with {worker_count(workers)} "
+    """The ready line of ``serve``: ``path`` is the one file served, or ``NAME=PATH, ...`` for
+    several; ``model`` the kinds of the models (``mlp``, or ``bert, mlp``)."""
+    plural = "s" if ", " in model else ""
+    return (f"{SERVE_READY_PREFIX}{path} ({size}, model{plural} {model}) with {worker_count(workers)} "
             f"on {endpoint}")
+
 
 
 def workers_line(path: str, size: str, model: str, workers: int, connect: str) -> str:

@@ -60,8 +60,12 @@ class Role(Protocol):
 
     def child_exited(self, child: Child, why: str) -> None: ...
 
-    def roll_out(self) -> None:
-        """The watcher accepted a new generation: move the workers to it."""
+    def roll_out(self, model: str) -> None:
+        """A model's watcher accepted a new generation (or the model is new): move the workers
+        to it."""
+
+    def model_removed(self, model: str) -> None:
+        """``model`` is no longer served: its workers let go of it."""
 
     @property
     def surge(self) -> int:

@@ -123,9 +123,12 @@ class Signals:
     @_unless_stopping
     def handle_hup(self) -> None:
         pool = self.pool
-        if pool.check_weights("SIGHUP") == "unchanged":
-            log.info("SIGHUP: %s is unchanged; generation %d keeps serving",
-                     pool.config.path, pool.watcher.current.generation)
+        pool.changes.read_folders()
+        for name, outcome in pool.changes.check("SIGHUP").items():
+            if outcome == "unchanged":
+                served = pool.models[name]
+                log.info("SIGHUP: %s is unchanged; generation %d of %s keeps serving",
+                         served.entry.path, served.current.generation, name)
 
     def _stop(self, name: str) -> None:
         """The first TERM/INT drains gracefully; a second one stops without waiting."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -65,7 +66,8 @@ class StartOrder:
 
     def child(self, process: Process) -> Child:
         return Child(process.pid, process.pidfd, process.popen, process.started,
-                     generation=self.spec.generation, token=self.token, ready_pipe=self.ready_r)
+                     generations={model.name: model.generation for model in self.spec.models},
+                     token=self.token, ready_pipe=self.ready_r)
 
 
 def _new_token() -> str:
@@ -85,6 +87,12 @@ class Starter(Protocol):
 
     def tokens(self) -> set[str]:
         """The tokens of those orders: a worker may register before it is reported."""
+
+    def pending_models(self) -> Counter[str]:
+        """How many of those orders map each model."""
+
+    def forget_models(self, kept: set[str]) -> None:
+        """Only the models ``kept`` are served from now on: let go of any other."""
 
     @property
     def template(self) -> Process | None:
@@ -119,6 +127,12 @@ class SpawnStarter:
 
     def tokens(self) -> set[str]:
         return set()
+
+    def pending_models(self) -> Counter[str]:
+        return Counter()
+
+    def forget_models(self, kept: set[str]) -> None:
+        pass
 
     def start(self, order: StartOrder) -> None:
         spec = order.spec if order.ready_w is None else replace(order.spec, ready_fd=order.ready_w)

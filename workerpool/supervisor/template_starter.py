@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,10 +37,10 @@ class TemplateStarter:
     """Workers forked from a warm template, restarted (with back-off) when it dies; workers
     already running are the supervisor's children and are not touched."""
 
-    def __init__(self, started: Started, failed: Failed, *, model: Callable[[], str], log_level: str,
+    def __init__(self, started: Started, failed: Failed, *, models: Callable[[], list[str]], log_level: str,
                  workers: Callable[[], set[int]], private: Callable[[], Iterable[int]] = tuple) -> None:
         self.started, self.failed = started, failed
-        self.model = model  # the served model, for a restarted template to import
+        self.models = models  # the served models' factories, for a restarted template to import
         self.log_level = log_level
         self.workers = workers  # the pids of the supervisor's workers
         self.private = private  # descriptors of the supervisor's that a forked template closes
@@ -61,6 +62,17 @@ class TemplateStarter:
 
     def tokens(self) -> set[str]:
         return {order.token for order, _ in self._orders.values()} | {o.token for o in self._waiting}
+
+    def pending_models(self) -> Counter[str]:
+        orders = [order for order, _ in self._orders.values()] + self._waiting
+        return Counter(model.name for order in orders for model in order.spec.models)
+
+    def forget_models(self, kept: set[str]) -> None:
+        """Tell the template to drop what it built of any other model. Best effort: a template
+        that misses it (its socket full, or it is dying) drops them at its next order."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.send(json.dumps({"keep": sorted(kept)}).encode())
 
     def open(self, loop: Loop) -> None:
         """Become a subreaper, then start the template. While this process runs no thread of
@@ -141,7 +153,8 @@ class TemplateStarter:
 
     def _spawn(self, theirs: socket.socket) -> Process:
         argv = [sys.executable, "-m", "workerpool.worker.child", "template", "--fd", str(theirs.fileno()),
-                "--parent", str(os.getpid()), "--log-level", self.log_level, "--model", self.model()]
+                "--parent", str(os.getpid()), "--log-level", self.log_level,
+                *(argument for model in self.models() for argument in ("--model", model))]
         env = dict(python_env(), OPENBLAS_NUM_THREADS="1")  # no BLAS threads in the template
         return Process.spawn(argv, env, pass_fds=(theirs.fileno(),))
 

@@ -31,6 +31,7 @@ def publish(
     control_endpoint: str | None = None,
     model: str | None = None,
     fit: bool = False,
+    served: str | None = None,
 ) -> burnpack.FileIdentity:
     """Validate ``source``, then atomically make ``destination`` a copy of it.
 
@@ -38,7 +39,8 @@ def publish(
     own model on the copy beside ``destination``, the only place it looks, before the rename);
     otherwise ``model`` (or the file's own choice) is built here and, with ``fit``, must take the
     input and give the output of the model built on the file now at ``destination``, as a
-    server serving it would require. A symbolic link at ``destination`` is followed: the file
+    server serving it would require. ``served``: the name the server serves ``destination``
+    under (None: its only model). A symbolic link at ``destination`` is followed: the file
     it names is replaced.
     """
     source, destination = os.fspath(source), os.path.realpath(destination)
@@ -58,7 +60,7 @@ def publish(
             shutil.copyfileobj(src, dst, COPY_CHUNK)
             if control_endpoint is not None:
                 dst.flush()
-                _server_check(control_endpoint, source, dst.name)
+                _server_check(control_endpoint, source, dst.name, served)
     except OSError as exc:
         raise PublishError(f"cannot publish {source} to {destination}: {exc.strerror or exc}") from exc
     return burnpack.FileIdentity.of(os.stat(destination))
@@ -93,9 +95,9 @@ def _published_as(source: str, destination: str) -> str | None:
         return None
 
 
-def _server_check(control_endpoint: str, source: str, copy: str) -> None:
+def _server_check(control_endpoint: str, source: str, copy: str, served: str | None) -> None:
     try:
-        control.call(control_endpoint, "check", path=os.path.abspath(copy), timeout=CHECK_TIMEOUT)
+        control.call(control_endpoint, "check", path=os.path.abspath(copy), model=served, timeout=CHECK_TIMEOUT)
     except control.Unanswered as exc:
         raise PublishError(f"{source}: cannot ask the running server to check it: {exc}") from exc
     except control.ControlError as exc:

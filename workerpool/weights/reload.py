@@ -54,7 +54,7 @@ def validate(path: str, model: str | None,
         loaded = LoadedModel(path, model, DEFAULT_LOAD, threads=1, cache_dir=cache_dir)  # no thread pool
     except (burnpack.BurnpackError, models.ModelError) as exc:
         raise WeightsRefused(str(exc)) from exc
-    return loaded.name, loaded.pack.identity, loaded.contract.info()
+    return loaded.name, loaded.pack.identity, {**loaded.contract.info(), "batching": loaded.batching}
 
 
 def validate_new(path: str, model: str | None,
@@ -160,6 +160,11 @@ class Watcher:
         otherwise stay on disk, held open, until the next reload."""
         while len(self._held) > 1:
             os.close(self._held.pop(0))
+
+    def release_all(self) -> None:
+        """Close every file held: the model is no longer served (its workers hold their own)."""
+        while self._held:
+            os.close(self._held.pop())
 
     @property
     def degraded(self) -> str | None:

@@ -1,7 +1,9 @@
-"""A worker process: maps the weights itself, builds the model on the views, serves requests.
+"""A worker process: maps the weights itself, builds each model on the views, serves requests.
 
-This is the process's loop: register with the router, take its messages (requests are
-answered by ``requests.py``, inline), heartbeat, reload, leave. While the model runs,
+A worker serves every model its spec names (by default every model of the pool: their weights
+are shared mappings, so one more model costs a worker only the model's private state). This is
+the process's loop: register with the router, take its messages (requests, each naming its
+model, are answered by ``requests.py``, inline), heartbeat, reload or add or drop a model, leave. While the model runs,
 libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker is
 never mistaken for a dead one. A worker idle for :data:`IDLE_RELEASE` gives back the memory
 serving left free (:meth:`LoadedModel.release_memory`): under load it keeps its working set,
@@ -29,12 +31,13 @@ from threadpoolctl import ThreadpoolController
 from .. import burnpack, models, security
 from ..config.pool import POLLS_PER_HEARTBEAT
 from ..linux import controls, procfs
+from ..linux.controls import release_free_memory
 from ..logs import setup_logging
 from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
 from ..units import MS_PER_SECOND, format_size
-from .requests import Answer, handle_batch, handle_request, in_batch_order
+from .requests import Answer, handle_batch, in_batch_order, read_part
 from .spec import (
     CONTROL_SIGNALS,
     EXIT_FILE_CHANGED,
@@ -43,22 +46,24 @@ from .spec import (
     EXIT_REFUSED,
     STOP_SIGNAL,
     TOKEN_ENV,
+    InvalidSpec,
+    ModelSpec,
     WorkerSpec,
 )
 
 log = logging.getLogger(__name__)
 
 BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
-BATCH_STRIDES = (b"3", b"4")  # frames per request in a BATCH: client, route, header, then its one array or body
 IDLE_RELEASE = 1.0  # seconds without a request after which a worker gives back what serving took
 
 
 class Worker:
     """One worker's life: load, connect, register, serve requests and reloads, leave."""
 
-    def __init__(self, spec: WorkerSpec, parent: int, handoff: list[LoadedModel] | None = None) -> None:
+    def __init__(self, spec: WorkerSpec, parent: int, handoff: dict[str, LoadedModel] | None = None) -> None:
         self.spec = spec
-        self.handoff = handoff or []  # the model the template built for this order, if it did
+        self.handoff = handoff or {}  # the models the template built for this order, by name
+        self.models: dict[str, LoadedModel] = {}  # by the name each is served under
         self.token = os.environ.pop(TOKEN_ENV, None)  # proves to the router that our supervisor started us
         self.parent = parent  # the supervisor: once it is gone, so is this worker
         self.identity = f"{socket.gethostname()}/{os.getpid()}".encode()
@@ -73,20 +78,10 @@ class Worker:
         spec = self.spec
         if spec.threads is not None:  # before the model is built: it may run BLAS already
             self.threads = thread_pools().limit(limits=spec.threads)
-        try:  # the handoff is emptied: a reload must be able to free the model
-            self.loaded = self.handoff.pop() if self.handoff else LoadedModel(
-                spec.path, spec.model, spec.load, spec.generation, spec.threads, spec.cache_dir,
-                spec.source)
-        except burnpack.BurnpackError:
-            if spec.source is None or is_identity(spec.source, spec.expect):
-                raise
-            log.warning("worker %d: generation %d was replaced while starting", os.getpid(), spec.generation)
-            return EXIT_FILE_CHANGED  # the supervisor let go of its file: start on the newest
-        if spec.expect and self.loaded.pack.identity.as_list() != spec.expect:
-            log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
-                        os.getpid(), spec.path)
-            return EXIT_FILE_CHANGED
-        log.debug("mapped %s and built model %s", spec.path, self.loaded.name)
+        for model in spec.models:
+            if not self._load_first(model):
+                return EXIT_FILE_CHANGED  # the supervisor will validate the new file and start another
+        self.handoff.clear()  # a reload must be able to free what the template built
         if spec.ready_fd is not None:  # tell a worker host's supervisor: loaded, now connecting
             try:
                 os.write(spec.ready_fd, b"ready")
@@ -116,10 +111,35 @@ class Worker:
             router.close(linger=1000)
             context.term()
 
+    def _load_first(self, model: ModelSpec) -> bool:
+        """Build ``model`` (or take the template's) as the worker starts; False when its file
+        was replaced meanwhile."""
+        spec = self.spec
+        try:
+            loaded = self.handoff.pop(model.name, None) or self._build(model)
+        except burnpack.BurnpackError:
+            if model.source is None or is_identity(model.source, model.expect):
+                raise
+            log.warning("worker %d: generation %d of %s was replaced while starting", os.getpid(),
+                        model.generation, model.name)
+            return False
+        if model.expect and loaded.pack.identity.as_list() != model.expect:
+            log.warning("worker %d: %s changed while starting; the supervisor will validate the new file",
+                        os.getpid(), model.path)
+            return False
+        log.debug("mapped %s and built model %s (%s, %s)", model.path, model.name, loaded.name, spec.load)
+        self.models[model.name] = loaded
+        return True
+
+    def _build(self, model: ModelSpec) -> LoadedModel:
+        spec = self.spec
+        return LoadedModel(model.path, model.factory, spec.load, model.generation, spec.threads,
+                           spec.cache_dir, model.source, max_rows=model.max_batch)
+
     def _register(self, router: zmq.Socket) -> bool:
         """Say READY (with what this worker serves); False while no router is connected."""
         ready = {"pid": os.getpid(), "host": socket.gethostname(), "local": not self.spec.remote,
-                 "token": self.token, **self.loaded.describe()}
+                 "token": self.token, "models": {name: loaded.describe() for name, loaded in self.models.items()}}
         return _send_now(router, [protocol.READY, json.dumps(ready).encode()])
 
     def _loop(self, router: zmq.Socket, wakeup: int) -> int:
@@ -148,7 +168,7 @@ class Worker:
                     last_beat = release_at = time.monotonic()
             elif release_at is not None and now >= release_at + IDLE_RELEASE:
                 release_at = None  # idle: give back what serving took
-                self.loaded.release_memory()
+                self._release_memory()
             if self.reregister:
                 self.reregister = registered = False
             if not registered:
@@ -183,18 +203,24 @@ class Worker:
                 log.info("worker %d: the router at %s is back", os.getpid(), self.spec.backend)
                 self.router_missing = False
 
+    def _release_memory(self) -> None:
+        for loaded in self.models.values():
+            loaded.release_memory()
+
     def _on_router(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
         """Handle one message from the router; True when a reply was sent."""
         command = frames[0].bytes
-        if command == protocol.REQUEST and len(frames) >= 2:
-            self._answer(router, frames[1], handle_request(self.loaded, frames[2:]))
-            self._settle()
+        if command in (protocol.REQUEST, protocol.BATCH):
+            work = protocol.read_work(frames)
+            if work is None:
+                log.error("worker %d: malformed %s of %d frames ignored", os.getpid(), command.decode(), len(frames))
+                return False
+            loaded = self.models.get(work[0])
+            if loaded is None and len(self.models) == 1:  # the router's one model, by its name for it
+                loaded = next(iter(self.models.values()))
+            self._answer_all(router, loaded, work[1])
+            self._settle(loaded)
             return True
-        if command == protocol.BATCH and len(frames) >= 2:
-            if self._answer_batch(router, frames):
-                self._settle()
-                return True
-            log.error("worker %d: malformed BATCH of %d frames ignored", os.getpid(), len(frames))
         if command == protocol.RELOAD and len(frames) >= 2:
             outcome = self._reload(frames[1].bytes)
             _send_now(router, [protocol.RELOADED, json.dumps(outcome).encode()])
@@ -209,26 +235,22 @@ class Worker:
             raise Refused(reason)
         return False
 
-    def _answer_batch(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
-        """Answer a BATCH's requests, each as soon as it and those before it are (the router
-        takes a batch's replies in its order); False for a malformed BATCH."""
-        stride = frames[1].bytes
-        step = int(stride) if stride in BATCH_STRIDES else 0
-        if not step or (len(frames) - 2) % step:
-            return False
-        batch = [frames[i:i + step] for i in range(2, len(frames), step)]
-        for index, answer in in_batch_order(handle_batch(self.loaded, [request[1:] for request in batch])):
+    def _answer_all(self, router: zmq.Socket, loaded: LoadedModel | None, batch: list[Any]) -> None:
+        """Answer the requests of a message (client, part, frames each), each as soon as it and
+        those before it are: the router takes a batch's replies in its order."""
+        requests = [(request[2:], read_part(request[1])) for request in batch]
+        for index, answer in in_batch_order(handle_batch(loaded, requests)):
             self._answer(router, batch[index][0], answer)
-        return True
 
     def _answer(self, router: zmq.Socket, client: Any, answer: Answer) -> None:
         status, reply = answer
         _send_now(router, [protocol.REPLY, client, status, *reply])
 
-    def _settle(self) -> None:
+    def _settle(self, loaded: LoadedModel | None) -> None:
         """Once a message's replies are sent and its outputs let go of: the model gives back
         what a pass that grew the worker took, then the memory bound is checked."""
-        self.loaded.settle()
+        if loaded is not None:
+            loaded.settle()
         self._check_memory()
 
     def _leave(self, code: int, why: str) -> None:
@@ -247,33 +269,49 @@ class Worker:
                         f"--max-worker-memory {format_size(self.memory.limit)}")
 
     def _reload(self, order: bytes) -> dict[str, Any]:
-        """Map the file the order names and build the model on it, between two requests."""
-        wanted = json.loads(order)
-        generation, expected = int(wanted["generation"]), list(wanted["identity"])
-        source = wanted.get("source")
+        """Between two requests: map the file the order names and build its model on it (a new
+        generation, or a model this worker did not serve), or drop a model (``remove``)."""
+        try:
+            wanted = json.loads(order)
+            if isinstance(wanted, dict) and isinstance(wanted.get("remove"), str):
+                return self._drop(wanted["remove"])
+            model = ModelSpec.from_data(wanted.get("model") if isinstance(wanted, dict) else None)
+        except (ValueError, InvalidSpec) as exc:
+            log.error("worker %d: a malformed RELOAD ignored: %s", os.getpid(), exc)
+            return {"ok": False, "error": f"malformed RELOAD: {exc}"}
         with self.memory.lifted() if self.memory else contextlib.nullcontext():
-            error = self._switch(generation, expected, source if isinstance(source, str) else None)
+            error = self._switch(model)
+        current = self.models.get(model.name)
         if error is not None:
-            return {"ok": False, "ordered": generation, "generation": self.loaded.generation,
-                    "error": error}
-        log.info("worker %d: serving generation %d", os.getpid(), generation)
-        return {"ok": True, "ordered": generation, "generation": generation}
+            return {"model": model.name, "ok": False, "ordered": model.generation,
+                    "generation": current.generation if current else 0, "error": error}
+        log.info("worker %d: serving generation %d of %s", os.getpid(), model.generation, model.name)
+        return {"model": model.name, "ok": True, "ordered": model.generation, "generation": model.generation,
+                "info": current.describe() if current else None}
 
-    def _switch(self, generation: int, expected: list[int], source: str | None) -> str | None:
-        """Serve ``generation`` if it builds from the expected file; why not, or None.
+    def _switch(self, model: ModelSpec) -> str | None:
+        """Serve ``model`` if it builds from the expected file; why not, or None.
 
         The old generation is dropped only once the new one is built, and with it the last
         reference to the old mapping, so the replaced file's pages can be freed.
         """
         try:
-            loaded = LoadedModel(self.spec.path, self.spec.model, self.spec.load, generation,
-                                 self.spec.threads, self.spec.cache_dir, source)
+            loaded = self._build(model)
         except (burnpack.BurnpackError, models.ModelError) as exc:
             return str(exc)
-        if loaded.pack.identity.as_list() != expected:
-            return f"{self.spec.path} changed again before this worker mapped it"
-        self.loaded = loaded
+        if loaded.pack.identity.as_list() != model.expect:
+            return f"{model.path} changed again before this worker mapped it"
+        self.models[model.name] = loaded
         return None
+
+    def _drop(self, name: str) -> dict[str, Any]:
+        """Stop serving the model ``name``: its mapping goes with its last reference."""
+        dropped = self.models.pop(name, None)
+        if dropped is not None:
+            del dropped
+            log.info("worker %d: no longer serving %s", os.getpid(), name)
+        release_free_memory()
+        return {"model": name, "ok": True, "removed": True}
 
 
 def is_identity(path: str, identity: list[int] | None) -> bool:
@@ -369,9 +407,9 @@ def thread_pools() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def main(spec: WorkerSpec, handoff: list[LoadedModel] | None = None) -> int:
-    """A worker's life, spawned (``child``) or forked (``template``); ``handoff``: the model its
-    template built for this order, if any."""
+def main(spec: WorkerSpec, handoff: dict[str, LoadedModel] | None = None) -> int:
+    """A worker's life, spawned (``child``) or forked (``template``); ``handoff``: the models its
+    template built for this order, by name."""
     parent = spec.parent if spec.parent is not None else os.getppid()
     controls.set_name("wp-worker")
     orphan = not controls.die_with_parent(parent)

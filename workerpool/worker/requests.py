@@ -1,7 +1,8 @@
 """Answering requests inside a worker: decode, run the model, encode the reply.
 
-The router gives a worker one request, or a batch of them, at a time and it runs inline: no
-thread hand-off on the hot path. A batch is validated request by request, run in the passes
+The router gives a worker one request, or a batch of them, at a time, for one model, and it
+runs inline: no thread hand-off on the hot path. A request may be a part of a client's request
+(some of its texts, or rows): it is answered as one, the router puts the parts together. A batch is validated request by request, run in the passes
 the model's batching forms (which groups the requests that fit together) and answered request
 by request, each as soon as its pass is done. An HTTP request's body is decoded and its
 response body encoded here too (``codecs.http_call``), not in the supervisor. Every failure
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,36 +30,44 @@ from ..protocol import messages as protocol
 log = logging.getLogger(__name__)
 
 OK = b"ok"
+PART = struct.Struct("<II")  # the rows or texts [start, stop) of a request a message carries
 Answer = tuple[bytes, list[Any]]
 Decoded = protocol.Message | HttpCall  # what the model can run
+Request = tuple[Sequence[Any], protocol.Part | None]  # its frames, and the part of it they carry
 
 
-def handle_request(loaded: LoadedModel, frames: Sequence[Any]) -> Answer:
+def read_part(frame: Any) -> protocol.Part | None:
+    """The part of its request a message carries: None for the whole of it (an empty frame)."""
+    data = protocol.buffer_of(frame)
+    return PART.unpack(data) if data.nbytes == PART.size else None
+
+
+def handle_request(loaded: LoadedModel | None, frames: Sequence[Any], part: protocol.Part | None = None) -> Answer:
     """Run one request; every failure becomes an error reply, never an exception: no message,
     and nothing the model raises or returns, takes the worker down."""
-    reply = _Replies(loaded)
-    decoded = _decoded(reply, frames)
-    if not isinstance(decoded, protocol.Message | HttpCall):
-        return decoded
-    if isinstance(decoded, protocol.Message) and decoded.header["method"] == protocol.METHOD_INFO:
-        return reply.ok(decoded.id, None, info=loaded.describe())
-    return reply.answer(decoded, loaded.outcome(decoded.payload if isinstance(decoded, HttpCall)
-                                                else decoded.payload()))
+    return next(handle_batch(loaded, [(frames, part)]))[1]
 
 
-def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> Iterator[tuple[int, Answer]]:
-    """Answer each request of a batch as :func:`handle_request` would, as soon as its answer is
-    known: the index of the request and its answer. The ``infer`` requests run in the passes
-    :meth:`LoadedModel.infer_batch` forms."""
+def handle_batch(loaded: LoadedModel | None, requests: Sequence[Request]) -> Iterator[tuple[int, Answer]]:
+    """Answer each request of a batch, as soon as its answer is known: the index of the request
+    and its answer. The ``infer`` requests run in the passes :meth:`LoadedModel.infer_batch`
+    forms. ``loaded`` None: the model the router named is not served here (it was just
+    removed): each is answered so."""
+    if loaded is None:
+        for index, (frames, _) in enumerate(requests):
+            yield index, _Replies.unserved(frames)
+        return
     runnable: list[tuple[int, Decoded]] = []
     reply = _Replies(loaded)
-    for index, frames in enumerate(requests):
-        decoded = _decoded(reply, frames)
+    for index, (frames, part) in enumerate(requests):
+        decoded = _decoded(reply, frames, part)
         if isinstance(decoded, HttpCall) or (isinstance(decoded, protocol.Message)
                                              and decoded.header["method"] == protocol.METHOD_INFER):
             runnable.append((index, decoded))
+        elif isinstance(decoded, protocol.Message):
+            yield index, reply.ok(decoded.id, None, info=loaded.describe())
         else:
-            yield index, handle_request(loaded, frames) if isinstance(decoded, protocol.Message) else decoded
+            yield index, decoded
     unanswered = dict(enumerate(runnable))
     payloads = [one.payload if isinstance(one, HttpCall) else one.payload() for _, one in runnable]
     for k, outcome in loaded.infer_batch(payloads):
@@ -69,12 +79,12 @@ def handle_batch(loaded: LoadedModel, requests: Sequence[Sequence[Any]]) -> Iter
         yield index, reply.error(decoded.id, ErrorCode.INTERNAL, "the model gave no answer for this request")
 
 
-def _decoded(reply: _Replies, frames: Sequence[Any]) -> Decoded | Answer:
+def _decoded(reply: _Replies, frames: Sequence[Any], part: protocol.Part | None) -> Decoded | Answer:
     """The request in ``frames``, an HTTP one's body read against the model; or the error
     answer when it cannot be."""
     try:
-        message = protocol.decode_request(frames)
-        return decode_call(message, reply.view) if message.body is not None else message
+        message = protocol.decode_request(frames, part)
+        return decode_call(message, reply.view) if "http" in message.header else message
     except protocol.ProtocolError as exc:
         return reply.error(exc.request_id, ErrorCode.BAD_REQUEST, str(exc))
     except RemoteError as exc:  # an HTTP body that does not fit the model
@@ -117,6 +127,14 @@ class _Replies:
             request_id, code, message, worker_pid=self.pid, generation=self.generation
         )
 
+    @staticmethod
+    def unserved(frames: Sequence[Any]) -> Answer:
+        """The answer to a request for a model this worker does not serve."""
+        request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
+        return ErrorCode.MODEL_NOT_FOUND.encode(), protocol.encode_error(
+            request_id, ErrorCode.MODEL_NOT_FOUND, "the model was removed while the request waited",
+            worker_pid=os.getpid())
+
     def answer(self, decoded: Decoded, outcome: Any) -> Answer:
         """The reply for what the model returned or raised (see :meth:`LoadedModel.outcome`)."""
         loaded, request_id = self.loaded, decoded.id
@@ -137,16 +155,11 @@ class _Replies:
             return self.error(request_id, ErrorCode.INTERNAL, _misfit(loaded, problem))
 
 
-_VIEWS: dict[tuple[int, int, str], ModelView] = {}
-
-
 def _view(loaded: LoadedModel, name: str) -> ModelView:
-    """The view of ``loaded`` served as ``name``, built once per model and generation."""
-    key = (id(loaded), loaded.generation, name)
-    view = _VIEWS.get(key)
+    """The view of ``loaded`` served as ``name``, built once per model (and so generation)."""
+    view = loaded.views.get(name)
     if view is None:
-        _VIEWS.clear()  # a worker serves one model: an older key is a model it let go of
-        view = _VIEWS[key] = view_of(name, loaded.describe(), loaded.generation)
+        view = loaded.views[name] = view_of(name, loaded.describe(), loaded.generation)
     return view
 
 

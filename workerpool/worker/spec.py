@@ -1,6 +1,7 @@
 """The contract between a supervisor and the worker processes it starts.
 
-:class:`WorkerSpec` is everything a worker needs to know, typed; it checks its own values. A
+:class:`WorkerSpec` is everything a worker needs to know, typed, with a :class:`ModelSpec` for
+each model it maps and serves; each checks its own values. A
 spawned worker is a fresh interpreter (``python -m workerpool.worker.child worker``), so its
 spec crosses a command line (:meth:`WorkerSpec.to_argv`, :meth:`WorkerSpec.from_argv`); a
 forked one's crosses the template's socket as a JSON object (:meth:`WorkerSpec.to_data`,
@@ -18,6 +19,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 from ..config import values
+from ..config.models import model_name_problem
 from ..config.pool import (
     DEFAULT_LOAD,
     DEFAULT_LOG_LEVEL,
@@ -29,6 +31,7 @@ from ..logs import LEVELS
 
 MAX_TEXT = 4096  # characters of a path, endpoint or name in a spec (the kernel's PATH_MAX)
 MAX_NUMBERS = 8  # items of a list of numbers in a spec (a file identity has four)
+MAX_MODELS = 256  # models one worker may serve
 MIN_HEARTBEAT = 0.001  # seconds: ZeroMQ's heartbeat options count whole milliseconds
 
 # Exit codes by which a worker tells its supervisor why it stopped.
@@ -51,6 +54,40 @@ class InvalidSpec(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """One model a worker serves: its name, the file it maps and the generation of it."""
+
+    name: str
+    path: str
+    factory: str | None = None  # --model; None: as the file says
+    generation: int = field(default=1, metadata={"least": 1})
+    expect: list[int] | None = None  # the file identity the supervisor validated
+    source: str | None = None  # opened instead of the path: the supervisor's descriptor of the file it validated
+    max_batch: int = field(default=32, metadata={"least": 1})  # rows one forward pass may take
+
+    def __post_init__(self) -> None:
+        _check(self)
+        problem = model_name_problem(self.name)
+        if problem is not None:
+            raise InvalidSpec(f"name: {problem}")
+
+    def to_data(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_data(cls, data: object) -> ModelSpec:
+        return cls(**_known_fields(cls, data, "a model's spec"))
+
+
+def _models(text: str) -> list[ModelSpec]:
+    """The models of a worker's command line: a JSON list of :meth:`ModelSpec.to_data`."""
+    listed = json.loads(text)
+    if not isinstance(listed, list):
+        raise InvalidSpec("models: not a JSON list")
+    return [ModelSpec.from_data(item) for item in listed]
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerSpec:
     """What one worker serves and how it reaches its router.
 
@@ -60,15 +97,9 @@ class WorkerSpec:
     breaks its types, sizes, choices or key pairs is not made: :class:`InvalidSpec` says why.
     """
 
-    path: str  # the one positional argument
+    models: list[ModelSpec] = field(metadata={"help": "the models to serve, as a JSON list"})
     backend: str
-    model: str | None = None
     load: str = field(default=DEFAULT_LOAD, metadata={"choices": LOAD_MODES})
-    generation: int = field(default=1, metadata={"least": 1})
-    expect: list[int] | None = field(default=None, metadata={
-        "help": "the file identity the supervisor validated, as a JSON list"})
-    source: str | None = field(default=None, metadata={
-        "help": "open this instead of the path: the supervisor's descriptor of the file it validated"})
     heartbeat: float = field(default=HEARTBEAT_SECONDS, metadata={"least": MIN_HEARTBEAT})
     liveness: int = field(default=LIVENESS_BEATS, metadata={"least": 1})
     log_level: str = field(default=DEFAULT_LOG_LEVEL, metadata={"choices": LEVELS})
@@ -88,10 +119,10 @@ class WorkerSpec:
         "help": "where the model keeps what it prepares once per machine"})  # None: nothing
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            problem = _problem(f, getattr(self, f.name))
-            if problem:
-                raise InvalidSpec(f"{f.name}: {problem}")
+        _check(self)
+        names = [model.name for model in self.models]
+        if len(set(names)) != len(names):
+            raise InvalidSpec(f"models: two are named alike ({', '.join(names)})")
         unpaired = values.unpaired(("--curve-key", self.curve_key),
                                    ("--curve-server-key", self.curve_server_key))
         if unpaired:
@@ -99,19 +130,21 @@ class WorkerSpec:
 
     def to_data(self) -> dict[str, Any]:
         """Every field by name, as a JSON object holds them (``from_data`` reads it back)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: [m.to_data() for m in self.models] if f.name == "models" else getattr(self, f.name)
+                for f in fields(self)}
 
     @classmethod
     def from_data(cls, data: object) -> WorkerSpec:
         """The spec ``to_data`` gave, arrived from another process: checked as any spec is,
         and with no field unknown or missing."""
-        if not isinstance(data, dict):
-            raise InvalidSpec(f"a worker spec is a JSON object, not {type(data).__name__}")
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in data]
-        if unknown or missing:
-            raise InvalidSpec(f"unknown fields {unknown}, missing fields {missing}")
-        return cls(**data)
+        known = _known_fields(cls, data, "a worker spec")
+        listed = known.get("models")
+        if not isinstance(listed, list):
+            raise InvalidSpec(f"models: {type(listed).__name__} where a list belongs")
+        return cls(**known | {"models": [ModelSpec.from_data(item) for item in listed]})
+
+    def model(self, name: str) -> ModelSpec:
+        return next(model for model in self.models if model.name == name)
 
     def to_argv(self) -> list[str]:
         """The settings every worker is given, then those given only when set."""
@@ -120,12 +153,12 @@ class WorkerSpec:
         argv = []
         for f in given + when_set:
             value = getattr(self, f.name)
-            if f.name == "path":
-                argv.append(value)
+            if f.name == "models":
+                argv += [_flag(f), json.dumps(self.to_data()["models"])]
             elif value is True:
                 argv.append(_flag(f))
             elif not _unset(value):
-                argv += [_flag(f), json.dumps(value) if _kind(f) == "list[int]" else str(value)]
+                argv += [_flag(f), str(value)]
         return argv
 
     @classmethod
@@ -137,13 +170,32 @@ class WorkerSpec:
             parser.error(str(exc))
 
 
-_PARSE: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "list[int]": json.loads}
+_PARSE: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "list[ModelSpec]": _models}
 """How an option's text becomes its field's value, by the field's type (``str``: as it is)."""
 
 
 _TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float),
-                                        "bool": (bool,), "list[int]": (list,)}
+                                        "bool": (bool,), "list[int]": (list,), "list[ModelSpec]": (list,)}
 """The Python types a field's value may have, by the field's type."""
+
+
+def _check(spec: Any) -> None:
+    """Refuse a spec (worker or model) whose fields break their types, sizes or choices."""
+    for f in fields(spec):
+        problem = _problem(f, getattr(spec, f.name))
+        if problem:
+            raise InvalidSpec(f"{f.name}: {problem}")
+
+
+def _known_fields(kind: type, data: object, what: str) -> dict[str, Any]:
+    """``data`` when it is a JSON object with every field of ``kind`` it needs and no other."""
+    if not isinstance(data, dict):
+        raise InvalidSpec(f"{what} is a JSON object, not {type(data).__name__}")
+    unknown = sorted(set(data) - {f.name for f in fields(kind)})
+    missing = [f.name for f in fields(kind) if f.default is MISSING and f.name not in data]
+    if unknown or missing:
+        raise InvalidSpec(f"unknown fields {unknown}, missing fields {missing}")
+    return data
 
 
 def _kind(f: Field[Any]) -> str:
@@ -165,8 +217,12 @@ def _problem(f: Field[Any], value: object) -> str | None:
     if isinstance(value, int | float) and not isinstance(value, bool) \
             and not (math.isfinite(value) and (least is None or value >= least)):
         return f"{value!r} is not a number from {least} up"
-    if isinstance(value, list) and (len(value) > MAX_NUMBERS or
-                                    not all(type(item) is int for item in value)):
+    if kind == "list[ModelSpec]":
+        if not isinstance(value, list) or not 0 < len(value) <= MAX_MODELS \
+                or not all(isinstance(item, ModelSpec) for item in value):
+            return f"not a list of 1 to {MAX_MODELS} models"
+    elif isinstance(value, list) and (len(value) > MAX_NUMBERS or
+                                      not all(type(item) is int for item in value)):
         return f"not a list of at most {MAX_NUMBERS} integers"
     choices = f.metadata.get("choices")
     if choices is not None and value not in choices:
@@ -192,9 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workerpool-worker",
                                      description="One worker process; started by a supervisor.")
     for f in fields(WorkerSpec):
-        if f.name == "path":
-            parser.add_argument("path")
-        elif _kind(f) == "bool":
+        if _kind(f) == "bool":
             parser.add_argument(_flag(f), action="store_true", **_described(f))
         elif f.default is MISSING:
             parser.add_argument(_flag(f), type=_PARSE.get(_kind(f), str), required=True, **_described(f))

@@ -3,8 +3,8 @@
 A worker forked from it skips the interpreter's start and the imports, and shares their pages
 with the template and its siblings (copy-on-write), as gunicorn's ``--preload`` shares its
 arbiter's. It holds no ZeroMQ context and no thread, so there is nothing a fork could copy in
-a broken state. For the built-in numpy models it also builds the ordered generation's model
-once (``_share_model``) and hands it to the workers it forks, which then share that work's
+a broken state. For the built-in numpy models it also builds each ordered model's generation
+once (``_share_models``) and hands them to the workers it forks, which then share that work's
 pages too; any other model each worker loads itself, exactly as a spawned one.
 
 Each worker is forked twice (template, then a short-lived intermediate) and the intermediate
@@ -17,6 +17,8 @@ per message. The template says ``{"ready": true}`` once its imports are done; an
 ``{"id": n, "spec": {...}, "token": "..."}`` (the spec as ``WorkerSpec.to_data`` gives it),
 with at most one descriptor attached (a worker host's ready pipe, which becomes the spec's
 ``ready_fd``), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}``. The
+supervisor also says ``{"keep": [names]}`` when a model is no longer served (not answered): what
+the template built of any other model is let go of. The
 forked worker gets the checked spec itself: nothing is parsed again as a command line. An
 order over :data:`MAX_ORDER_BYTES`, or one without an id to answer, ends the template: the
 supervisor and it no longer understand each other.
@@ -45,7 +47,7 @@ from ..models import mlp, mnist
 from ..models.loaded import LoadedModel
 from ..units import KiB
 from . import main as worker
-from .spec import CONTROL_SIGNALS, STOP_SIGNAL, TOKEN_ENV, InvalidSpec, WorkerSpec
+from .spec import CONTROL_SIGNALS, STOP_SIGNAL, TOKEN_ENV, InvalidSpec, ModelSpec, WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ REPARENT_TIMEOUT = 5.0  # seconds a new worker waits to become the supervisor's 
 SHARED_MODELS = (mlp.NAME, mnist.NAME)  # built here for the workers (see _share_model)
 STALE_CHECK_SECONDS = 1.0  # how often an idle template looks whether its model's file is gone
 
-_shared: tuple[tuple[Any, ...], LoadedModel] | None = None  # the order it fits, the model
+_shared: dict[str, tuple[tuple[Any, ...], LoadedModel]] = {}  # by model name: the spec it fits, the model
 
 
 def run(sock: socket.socket, parent: int) -> NoReturn:
@@ -77,7 +79,7 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
         sock.send(json.dumps({"ready": True}).encode())
         while True:
             if not select.select([sock], [], [], STALE_CHECK_SECONDS)[0]:
-                _drop_stale_model()
+                _drop_stale_models()
                 continue
             try:
                 size = sock.recv_into(bytearray(1), 1, socket.MSG_PEEK | socket.MSG_TRUNC)  # still unread
@@ -92,7 +94,11 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
                 code = 0
                 break
             try:
-                reply = _fork_order(data, fds, bool(flags & socket.MSG_CTRUNC), sock)
+                order = _decoded(data)
+                if set(order) == {"keep"} and not fds:
+                    _keep_only(order["keep"])
+                    continue
+                reply = _fork_order(order, fds, bool(flags & socket.MSG_CTRUNC), sock)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -111,15 +117,15 @@ class BadOrder(ValueError):
     """An order the supervisor would not send: refused, and the supervisor told why."""
 
 
-def _fork_order(data: bytes, fds: list[int], truncated: bool, sock: socket.socket) -> dict[str, Any] | None:
-    """Fork the worker ``data`` orders and say which, or why not; None for no order at all.
+def _fork_order(order: dict[str, Any], fds: list[int], truncated: bool,
+                sock: socket.socket) -> dict[str, Any] | None:
+    """Fork the worker ``order`` asks for and say which, or why not; None for no order at all.
     ``truncated``: descriptors beyond the one an order may carry came and were dropped."""
-    order = _decoded(data)
     if type(order.get("id")) is not int:
         return None
     try:
         spec, token = _checked(order, fds, truncated)
-        _share_model(spec)
+        _share_models(spec)
         pid = fork_worker(spec, token, sock)
     except (BadOrder, InvalidSpec) as exc:
         return {"id": order["id"], "error": f"the template refused the order: {exc}"}
@@ -211,8 +217,8 @@ def _become_worker(spec: WorkerSpec, token: str, sock: socket.socket, intermedia
             sys.modules["numpy.random"].seed()  # numpy's global generator does not
         _wait_until_adopted(intermediate)
         os.environ[TOKEN_ENV] = token
-        handoff = [] if _shared is None else [_shared[1]]
-        _shared = None
+        handoff = {name: model for name, (_, model) in _shared.items()}
+        _shared = {}
         code = worker.main(spec, handoff)
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
@@ -225,49 +231,70 @@ def _become_worker(spec: WorkerSpec, token: str, sock: socket.socket, intermedia
         os._exit(code)
 
 
-def _share_model(spec: WorkerSpec) -> None:
-    """Make ``_shared`` the model a worker ordered with ``spec`` serves, built here once for
-    every worker forked on it, or None (the worker loads its own).
+def _share_models(spec: WorkerSpec) -> None:
+    """Make ``_shared`` the models a worker ordered with ``spec`` serves that can be built here
+    once for every worker forked on them (the others each worker loads itself).
 
     Building a model runs much code (reading and checking the file, making the views), and
     CPython writes the reference counts of every object that code touches: in each worker that
     builds its own, some 0.6 MiB of pages shared with the template become private copies.
     Built here once, those pages stay shared. Only the built-in numpy models are built here:
     they hold no thread, which a fork would copy in a broken state, and read nothing but the
-    file. The previous model is dropped first, so the template maps one generation at most.
+    file. A model no longer ordered, or of another generation, is dropped first, so the
+    template maps one generation of each model at most.
     """
-    global _shared
-    key = (spec.path, spec.source, spec.model, spec.load, spec.generation, spec.expect)
-    if _shared is not None and _shared[0] == key:
-        return
-    _shared = None
+    keys = {model.name: _key(spec, model) for model in spec.models}
+    for name in [name for name, (key, _) in _shared.items() if keys.get(name) != key]:
+        del _shared[name]
     if spec.load != "mmap" or spec.remote:
         return
+    built = False
+    for model in spec.models:
+        if model.name not in _shared:
+            loaded = _shared_model(spec, model)
+            if loaded is not None:
+                _shared[model.name] = keys[model.name], loaded
+                built = True
+    if built:
+        gc.collect()
+        gc.freeze()  # the workers' collections never traverse the models' objects
+
+
+def _key(spec: WorkerSpec, model: ModelSpec) -> tuple[Any, ...]:
+    return (model.path, model.source, model.factory, spec.load, model.generation, model.expect, model.max_batch)
+
+
+def _shared_model(spec: WorkerSpec, model: ModelSpec) -> LoadedModel | None:
+    """``model`` built here for the workers, or None when it is not a built-in numpy model (or
+    fails: each worker meets that itself and reports it)."""
     try:
-        pack = burnpack.read(spec.path, source=spec.source)  # mapped, as --load mmap maps it
+        pack = burnpack.read(model.path, source=model.source)  # mapped, as --load mmap maps it
         # Named as choose_model would name it, without importing a module the file names.
-        name = spec.model or pack.metadata.get(models.MODEL_KEY) or models.recognise(pack.tensors)
+        name = model.factory or pack.metadata.get(models.MODEL_KEY) or models.recognise(pack.tensors)
         if name not in SHARED_MODELS:
-            return
-        model = LoadedModel(spec.path, spec.model, spec.load, spec.generation, spec.threads,
-                            spec.cache_dir, spec.source, pack)
+            return None
+        return LoadedModel(model.path, model.factory, spec.load, model.generation, spec.threads,
+                           spec.cache_dir, model.source, pack, max_rows=model.max_batch)
     except Exception as exc:  # noqa: BLE001 - whatever it is, each worker meets it and reports it
-        log.debug("template %d: not building generation %d for its workers: %s", os.getpid(),
-                  spec.generation, exc)
-        return
-    gc.collect()
-    gc.freeze()  # the workers' collections never traverse the model's objects
-    _shared = key, model
+        log.debug("template %d: not building generation %d of %s for its workers: %s", os.getpid(),
+                  model.generation, model.name, exc)
+        return None
 
 
-def _drop_stale_model() -> None:
-    """Unmap the model built for the workers once the supervisor has let go of its file (two
-    newer generations came): the template must not keep a replaced file's disk space."""
-    global _shared
-    if _shared is not None:
-        path, source, *_, expect = _shared[0]
+def _keep_only(names: Any) -> None:
+    """Let go of what was built for the workers of a model no longer served."""
+    kept = set(names) if isinstance(names, list) else set()
+    for name in [name for name in _shared if name not in kept]:
+        del _shared[name]
+
+
+def _drop_stale_models() -> None:
+    """Unmap a model built for the workers once the supervisor has let go of its file (two
+    newer generations came, or the model was removed and its file deleted): the template must
+    not keep a replaced file's disk space."""
+    for name, ((path, source, *_, expect, _), _) in list(_shared.items()):
         if not worker.is_identity(source or path, expect):
-            _shared = None
+            del _shared[name]
 
 
 def _ignore_the_supervisors_signals() -> None:
@@ -300,8 +327,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                                      description="Forks workers on request; started by a supervisor.")
     parser.add_argument("--fd", type=int, required=True, help="the inherited socket to the supervisor")
     parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
-    parser.add_argument("--model", default=None,
-                        help="the served model (package.module:factory): its module is imported now")
+    parser.add_argument("--model", action="append", default=[],
+                        help="a served model (package.module:factory): its module is imported now")
     parser.add_argument("--log-level", choices=LEVELS, default="info")
     args = parser.parse_args(argv)
     controls.set_name("wp-template")
@@ -310,9 +337,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     _ignore_the_supervisors_signals()
     os.environ.pop("OPENBLAS_NUM_THREADS", None)  # read when numpy loaded; not the workers' setting
     setup_logging(args.log_level)
-    if args.model:
+    for model in args.model:
         try:
-            models.resolve(args.model)
+            models.resolve(model)
         except models.ModelError as exc:
             log.error("template %d: %s", os.getpid(), exc)
             sys.exit(1)

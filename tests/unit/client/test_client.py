@@ -238,7 +238,7 @@ def test_a_server_of_another_protocol_version_fails_every_call_once(server: Fake
     server.malformed = "v1"
     server.batch = 2
     with workerpool.Client(server.endpoint, timeout=60, retries=3) as client, \
-            pytest.raises(workerpool.BadRequest, match="protocol version 1 and this client version 2"):
+            pytest.raises(workerpool.BadRequest, match="protocol version 1 and this client version 3"):
         list(client.infer_many([arange(1), arange(2)], window=2))
     assert len(server.wait_for_requests(2)) == 2
 

@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 
 from workerpool.codecs import kserve, openai
-from workerpool.codecs.http_call import KSERVE, OPENAI, decode_call, read_reply, request_frames
+from workerpool.codecs.http_call import (
+    KSERVE,
+    OPENAI,
+    decode_call,
+    read_reply,
+    request_frames,
+    text_request_frames,
+)
 from workerpool.codecs.view import Answer, view_of
-from workerpool.errors import BadRequest, DeadlineExceeded, ErrorCode, ModelNotFound
+from workerpool.errors import BadRequest, DeadlineExceeded, ErrorCode
 from workerpool.protocol import messages as protocol
 from workerpool.protocol.route import route_for
 
@@ -90,17 +97,19 @@ def test_outputs_are_written_as_asked() -> None:
 
 
 def test_openai_bodies_in_and_out() -> None:
-    texts, encoding = openai.decode_embeddings(b'{"model": "bert", "input": "hi", "encoding_format": "base64"}', TEXTS)
-    assert (texts, encoding) == (["hi"], "base64")
-    with pytest.raises(ModelNotFound, match="does not exist"):
-        openai.decode_embeddings(b'{"model": "gpt", "input": "hi"}', TEXTS)
+    document, model = openai.requested_model(b'{"model": "bert", "input": "hi", "encoding_format": "base64"}')
+    texts, encoding = openai.decode_embeddings(document, TEXTS)
+    assert (model, texts, encoding) == ("bert", ["hi"], "base64")
     with pytest.raises(BadRequest, match="takes no texts"):
-        openai.decode_embeddings(b'{"input": "hi"}', MLP)
+        openai.decode_embeddings({"input": "hi"}, MLP)
     rows = np.arange(16, dtype=np.float32).reshape(2, 8)
-    body = json.loads(openai.encode_embeddings(TEXTS, Answer({"embedding": rows, "tokens": np.array([3, 4])}, 1, 1),
-                                               "base64"))
-    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+    items, tokens = openai.encode_items(Answer({"embedding": rows, "tokens": np.array([3, 4])}, 1, 1), 5, "base64")
+    more, tokens_more = openai.encode_items(Answer({"embedding": rows[:1], "tokens": np.array([2])}, 1, 1), 7, "float")
+    body = json.loads(openai.join_embeddings("bert", [items, more], tokens + tokens_more))
+    assert body["usage"] == {"prompt_tokens": 9, "total_tokens": 9} and body["model"] == "bert"
+    assert [item["index"] for item in body["data"]] == [5, 6, 7]
     np.testing.assert_array_equal(np.frombuffer(base64.b64decode(body["data"][1]["embedding"]), "<f4"), rows[1])
+    assert body["data"][2]["embedding"] == rows[0].tolist()
 
 
 def request_message(api: str, body: bytes, *, head: int | None = None) -> protocol.Message:
@@ -117,16 +126,29 @@ def test_an_http_request_crosses_the_router_and_its_answer_comes_back() -> None:
     np.testing.assert_array_equal(call.payload, x)
     reply = read_reply(call.reply(np.zeros((2, 2), np.float32), worker_pid=9, generation=3))
     assert reply.code is None and reply.content_type == "application/octet-stream"
-    assert json.loads(reply.body[:reply.head])["outputs"][0]["shape"] == [2, 2]
+    assert json.loads(reply.bodies[0][:reply.head])["outputs"][0]["shape"] == [2, 2]
     error = read_reply(protocol.encode_error(5, ErrorCode.OVERLOADED, "full"))
     assert (error.code, error.message) == (ErrorCode.OVERLOADED, "full")
 
 
+def test_a_text_apis_parts_cross_the_router_and_their_shares_come_back_as_one_body() -> None:
+    frames = text_request_frames(5, OPENAI, "bert", ["one", "two", "three"], deadline=None, encoding="float")
+    first = decode_call(protocol.decode_request([frames[0], frames[1], b"onetwo"], (0, 2)), lambda name: TEXTS)
+    last = decode_call(protocol.decode_request([frames[0], frames[1], b"three"], (2, 3)), lambda name: TEXTS)
+    assert (first.payload, first.first, last.payload, last.first) == (["one", "two"], 0, ["three"], 2)
+    embeddings = np.ones((3, 8), np.float32)
+    replies = [first.reply({"embedding": embeddings[:2], "tokens": np.array([3, 3])}, worker_pid=1, generation=1),
+               last.reply({"embedding": embeddings[2:], "tokens": np.array([4])}, worker_pid=2, generation=1)]
+    reply = read_reply([frame for part in replies for frame in part])
+    body = json.loads(openai.join_embeddings("bert", reply.bodies, reply.tokens))
+    assert [item["index"] for item in body["data"]] == [0, 1, 2] and body["usage"]["prompt_tokens"] == 10
+
+
 def test_texts_are_bounded_and_a_passed_timeout_is_answered_without_running() -> None:
     with pytest.raises(BadRequest, match="1 to 1024 texts, not 1025"):
-        decode_call(request_message(OPENAI, json.dumps({"input": ["a"] * 1025}).encode()), lambda name: TEXTS)
+        text_request_frames(1, OPENAI, "bert", ["a"] * 1025, deadline=None)
     with pytest.raises(BadRequest, match="lone surrogate"):
-        decode_call(request_message(OPENAI, b'{"input": ["\\ud800"]}'), lambda name: TEXTS)
+        text_request_frames(1, OPENAI, "bert", ["\ud800"], deadline=None)
     late = request_frames(1, KSERVE, "mlp", json.dumps({"inputs": [{"name": "input", "shape": [1, 4],
                           "datatype": "FP32", "data": [0] * 4}], "parameters": {"timeout": 1000}}).encode(),
                           head=None, deadline=None)

@@ -12,7 +12,7 @@ from support.paths import ROOT
 from workerpool.cli.main import build_parser
 from workerpool.config import docs, settings, sources
 from workerpool.config.pool import HostConfig, ServeConfig
-from workerpool.worker.spec import WorkerSpec
+from workerpool.worker.spec import ModelSpec, WorkerSpec
 from workerpool.worker.spec import build_parser as worker_parser
 
 
@@ -33,7 +33,9 @@ def test_each_option_of_a_pool_command_is_a_setting(command):
     assert [a.dest for a in actions] == [s.name for s in declared]
     for action, setting in zip(actions, declared, strict=True):
         assert action.option_strings == ([] if setting.positional else [setting.flag])
-        if setting.default_factory is None:
+        if setting.per_model:  # VALUE and NAME=VALUE as given, read by config.models
+            assert action.default == [], setting.name
+        elif setting.default_factory is None:
             assert action.default == (False if setting.switch else setting.default), setting.name
 
 
@@ -44,8 +46,8 @@ def test_a_file_and_the_environment_know_the_keys_of_the_settings(command):
 
 
 @pytest.mark.parametrize(("kind", "required"), [
-    (ServeConfig, {"path": "m.bpk", "workers": 1}),
-    (HostConfig, {"path": "m.bpk", "workers": 1, "connect": "tcp://h:1"}),
+    (ServeConfig, {"models": [], "workers": 1}),
+    (HostConfig, {"models": [], "workers": 1, "connect": "tcp://h:1"}),
 ])
 def test_the_config_defaults_are_the_settings_defaults(kind, required):
     config = kind(**required)
@@ -58,5 +60,6 @@ def test_the_config_defaults_are_the_settings_defaults(kind, required):
 def test_the_workers_command_line_is_the_worker_spec():
     options = {a.dest for a in worker_parser()._actions} - {"help"}
     assert options == {f.name for f in dataclasses.fields(WorkerSpec)}
-    spec = WorkerSpec(path="/m.bpk", backend="ipc:///b", max_memory=1 << 20, parent=7, threads=2)
+    spec = WorkerSpec(models=[ModelSpec(name="m", path="/m.bpk")], backend="ipc:///b", max_memory=1 << 20,
+                      parent=7, threads=2)
     assert WorkerSpec.from_argv(spec.to_argv()) == spec

@@ -6,18 +6,28 @@ import json
 
 import pytest
 
+from workerpool.codecs.http_call import KSERVE, OPENAI
+from workerpool.codecs.view import ModelState
 from workerpool.errors import ErrorCode
 from workerpool.gateway.http11 import Refusal, Request
 from workerpool.gateway.routes import Forward, Reply, Routes
 from workerpool.protocol import messages as protocol
 from workerpool.protocol.route import read_route
 
-SIGNATURE = {"model": "mlp", "inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
+SIGNATURE = {"inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
              "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 2]}]}
+TEXTS = {"inputs": [{"name": None, "dtype": "text", "shape": [None]}],
+         "outputs": [{"name": "embedding", "dtype": "<f4", "shape": [None, 4]}]}
 
 
-def routes(token: bytes | None = None) -> Routes:
-    return Routes("mlp", lambda: (SIGNATURE, 2), lambda path: (200, "text/plain", path.encode()), token=token)
+def routes(token: bytes | None = None, *, several: bool = False) -> Routes:
+    """The routes of a server of the model mlp (generation 2), and with ``several`` the text
+    model embed beside it (not ready)."""
+    served = {"mlp": ModelState(SIGNATURE, "mlp", 2)}
+    if several:
+        served["embed"] = ModelState(TEXTS, "bert", 1)
+    return Routes(lambda: served, lambda model: "no worker is ready yet" if model == "embed" else None,
+                  lambda path: (200, "text/plain", path.encode()), token=token)
 
 
 def request(method: str, path: str, body: bytes = b"", **headers: str) -> Request:
@@ -48,8 +58,9 @@ def test_an_inference_goes_to_the_router_with_its_body_unread() -> None:
     header = protocol.decode_header(decision.frames[1])
     assert header["http"]["head"] == 3 and header["deadline_ms"] == 1500.0 and decision.frames[2] == b"{raw}"
     assert read_route(decision.frames[0]).deadline == 1.5
-    embeddings = routes().answer(request("POST", "/v1/embeddings", b"{}"))
-    assert isinstance(embeddings, Forward) and embeddings.openai
+    embeddings = routes(several=True).answer(request("POST", "/v1/embeddings", b'{"input": "hi", "model": "embed"}'))
+    assert isinstance(embeddings, Forward) and embeddings.openai and embeddings.model == "embed"
+    assert read_route(embeddings.frames[0]).text_lengths() == (2,) and embeddings.frames[2] == b"hi"
 
 
 @pytest.mark.parametrize("headers, words", [
@@ -94,8 +105,8 @@ def test_heads_that_cannot_carry_a_body_are_refused_before_it_is_read() -> None:
 ])
 def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type) -> None:
     frames = protocol.encode_error(1, code, "why")
-    kserve = routes().answer_forwarded(Forward([], False), frames)
-    openai = routes().answer_forwarded(Forward([], True), frames)
+    kserve = routes().answer_forwarded(Forward([], KSERVE, "mlp"), frames)
+    openai = routes().answer_forwarded(Forward([], OPENAI, "mlp"), frames)
     assert kserve.status == openai.status == status
     assert json.loads(openai.body)["error"]["type"] == openai_type
     assert ("why" in json.loads(kserve.body)["error"]) and kserve.close == (code == ErrorCode.SHUTTING_DOWN)
@@ -103,5 +114,41 @@ def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type)
 
 
 def test_a_malformed_reply_is_a_500_not_a_crash() -> None:
-    reply = routes().answer_forwarded(Forward([], False), [b"not json"])
+    reply = routes().answer_forwarded(Forward([], KSERVE, "mlp"), [b"not json"])
     assert reply.status == 500 and "malformed reply" in json.loads(reply.body)["error"]
+
+
+def test_each_model_has_its_routes_and_the_server_lists_them_all() -> None:
+    several = routes(several=True)
+    assert answered(several.answer(request("GET", "/v2/models/embed")))[1]["platform"] == "workerpool_bert"
+    ready = several.answer(request("GET", "/v2/models/mlp/ready"))
+    unready = several.answer(request("GET", "/v2/models/embed/ready"))
+    assert isinstance(ready, Reply) and isinstance(unready, Reply)
+    assert (ready.status, unready.status, unready.body) == (200, 503, b"no worker is ready yet\n")
+    status, index = answered(several.answer(request("POST", "/v2/repository/index")))
+    assert status == 200 and index == [{"name": "mlp", "version": "2", "state": "READY", "reason": ""},
+                     {"name": "embed", "version": "1", "state": "UNAVAILABLE", "reason": "no worker is ready yet"}]
+    listed = answered(several.answer(request("GET", "/v1/models")))[1]["data"]
+    assert [model["id"] for model in listed] == ["mlp", "embed"]
+    forward = several.answer(request("POST", "/v2/models/embed/infer", b"{}"))
+    assert isinstance(forward, Forward) and read_route(forward.frames[0]).model == b"embed"
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b'{"input": "hi"}', 404, "name a model: this server serves 'mlp', 'embed'"),
+    (b'{"input": "hi", "model": "gpt-4"}', 404, "the model 'gpt-4' does not exist here"),
+    (b'{"input": "hi", "model": "mlp"}', 400, "takes no texts"),
+    (b'{"input": 7, "model": "embed"}', 400, "'input' must be a string"),
+    (b'[]', 400, "JSON object"),
+])
+def test_an_openai_request_names_a_model_that_takes_texts(body, status, words) -> None:
+    decision = routes(several=True).answer(request("POST", "/v1/embeddings", body))
+    assert isinstance(decision, Reply) and decision.status == status
+    assert words in json.loads(decision.body)["error"]["message"]
+
+
+def test_an_openai_request_to_the_one_model_served_may_leave_its_name_out() -> None:
+    one = Routes(lambda: {"embed": ModelState(TEXTS, "bert", 1)}, lambda model: None,
+                 lambda path: (200, "text/plain", b""), token=None)
+    decision = one.answer(request("POST", "/v1/embeddings", b'{"input": ["a", "b"]}'))
+    assert isinstance(decision, Forward) and decision.model == "embed"

@@ -14,7 +14,7 @@ from support.bert import HIDDEN, POSITIONS, VOCAB, tiny_bert, tiny_tokenizer
 from support.commands import cli
 from support.paths import FIXTURES
 from support.server import Server
-from support.sockets import dealer, raw_request
+from support.sockets import dealer
 
 import workerpool
 from workerpool import burnpack
@@ -199,15 +199,15 @@ def test_a_text_costs_its_own_tokens_whatever_its_company(minilm, reference):
 def test_text_limits_are_bad_requests(minilm, context):
     with Server(minilm, workers=1) as server, workerpool.Client(server.endpoint) as client:
         with dealer(context, server.endpoint) as sock:
-            sock.send_multipart(raw_request(7, text=["\ud800"]))
+            surrogate = "\ud800".encode("utf-8", "surrogatepass")  # what no UTF-8 text holds
+            delimiter, route, header = protocol.encode_request(7, ["abc"])[:3]
+            sock.send_multipart([delimiter, route, header, surrogate])
             assert sock.poll(10_000)
-            header = json.loads(sock.recv_multipart()[1])
-        assert header["error"]["code"] == "bad_request" and "surrogate" in header["error"]["message"]
-        with pytest.raises(workerpool.BadRequest, match="header would be"):
-            client.infer(["word " * 20_000])  # past the 64 KiB header
+            answer = json.loads(sock.recv_multipart()[1])
+        assert answer["error"]["code"] == "bad_request" and "not valid UTF-8" in answer["error"]["message"]
         with pytest.raises(workerpool.BadRequest, match="1 to 1024 strings"):
             client.infer(["a"] * (protocol.MAX_TEXTS + 1))
-        long = client.infer(["word " * 5000])["embedding"]  # cut at 256 tokens, as the reference
+        long = client.infer(["word " * 20_000])["embedding"]  # 100 KB: cut at 256 tokens, as the reference
         assert long.shape == (1, 384)
 
 

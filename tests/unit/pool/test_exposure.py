@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from workerpool.config.models import ModelEntry
 from workerpool.config.pool import ServeConfig
 from workerpool.pool.exposure import open_doors
 from workerpool.security import ServerKeys
 
 
 def config(**settings: object) -> ServeConfig:
-    return ServeConfig(path="model.bpk", workers=1, **settings)
+    return ServeConfig(models=[ModelEntry("model", "model.bpk")], workers=1, **settings)
 
 
 @pytest.mark.parametrize("settings", [

@@ -1,7 +1,7 @@
-"""The intake's queue in-process: fairness between clients, both limits, retries and deadlines.
+"""The queue in-process: fairness between clients, both limits, retries and deadlines.
 
-``RequestQueue`` is checked directly; ``Intake`` over real ZeroMQ sockets on inproc://, with a
-dispatch that finds no free worker, so every request has to wait.
+``RequestQueue`` is checked directly; the intake over real ZeroMQ sockets on inproc://, in a
+router with no worker, so every request has to wait.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import zmq
 from workerpool.protocol import messages as protocol
 from workerpool.protocol.route import read_route, route_for
 from workerpool.protocol.transport import receive_batch
-from workerpool.router.intake import BYTES, COUNT, Intake, Pending, QueueFull, RequestQueue
-from workerpool.router.outbox import Outbox
+from workerpool.router.core import Router
+from workerpool.router.queue import BYTES, COUNT, QueueFull, RequestQueue
+from workerpool.router.requests import Part, Request
 
 _endpoints = itertools.count()
 
@@ -24,24 +25,38 @@ _endpoints = itertools.count()
 ROUTE = read_route(protocol.encode_request(0, None)[1])
 
 
-def request(client: str, number: int, size: int = 1, expires: float | None = None) -> Pending:
-    return Pending(client.encode(), [f"{client}{number}".encode()], ROUTE, 0.0, expires=expires, size=size)
+def request(client: str, number: int, size: int = 1, expires: float | None = None) -> Request:
+    """A request of one row, received at its number (the newest has the highest)."""
+    return Request(client.encode(), [f"{client}{number}".encode()], ROUTE, "m", float(number), size=size,
+                   expires=expires)
 
 
-def names(pendings: list[Pending]) -> list[bytes]:
-    return [p.frames[0] for p in pendings]
+def retried(client: str, number: int, **options) -> Part:
+    return Part(request(client, number, **options), 0, 1, 0)
 
 
-def admit(queue: RequestQueue, pending: Pending) -> list[bytes]:
-    """Queue ``pending`` as the intake does; the names of the requests it evicted."""
+def names(items: list[Request | Part]) -> list[bytes]:
+    return [(item.request if isinstance(item, Part) else item).frames[0] for item in items]
+
+
+def admit(queue: RequestQueue, pending: Request) -> list[bytes]:
+    """Queue ``pending`` as the backlog does; the names of the requests it evicted."""
     queue.check_room(pending)
     evicted = queue.make_room(pending)
     queue.put(pending)
     return names(evicted)
 
 
+def take(queue: RequestQueue) -> Part:
+    return queue.take("m", 1)
+
+
 def take_all(queue: RequestQueue) -> list[bytes]:
-    return names(list(queue.take_all()))
+    """Everything queued, in the order workers take it."""
+    taken = []
+    while queue.has_work("m"):
+        taken.append(take(queue))
+    return names(taken)
 
 
 # The queue.
@@ -60,9 +75,9 @@ def test_a_newcomer_goes_before_a_flooders_second_request():
     queue = RequestQueue(1000)
     for number in range(1, 501):
         admit(queue, request("flood", number))
-    assert names([queue.take()]) == [b"flood1"]
+    assert names([take(queue)]) == [b"flood1"]
     admit(queue, request("late", 1))
-    assert names([queue.take(), queue.take()]) == [b"flood2", b"late1"]
+    assert names([take(queue), take(queue)]) == [b"flood2", b"late1"]
 
 
 def test_one_client_alone_fills_the_whole_count():
@@ -129,26 +144,47 @@ def test_without_a_byte_limit_only_the_count_bounds():
     assert queue.nbytes == 3 << 40
 
 
-def test_retried_requests_go_first_and_are_never_evicted():
+def test_retried_parts_go_first_and_are_never_evicted():
     queue = RequestQueue(3)
     admit(queue, request("a", 1))
     admit(queue, request("a", 2))
-    queue.put(request("r", 1), first=True)
+    queue.put_back(retried("r", 1))
     assert admit(queue, request("b", 1)) == [b"a2"]
-    queue.put(request("r", 2), first=True)  # past the limit: a retry is never refused
+    queue.put_back(retried("r", 2))  # past the limit: a retry is never refused
     assert len(queue) == 4
     with pytest.raises(QueueFull):  # the two retries leave room for one request, a's
         queue.check_room(request("c", 1))
     assert take_all(queue) == [b"r2", b"r1", b"a1", b"b1"]
 
 
-def test_a_request_put_back_keeps_its_place():
+def test_a_part_put_back_keeps_its_place():
     queue = RequestQueue(10)
     for client in "abc":
         admit(queue, request(client, 1))
-    taken = queue.take()
-    queue.put(taken, first=True)  # the router found no worker that may take it
+    queue.put_back(take(queue))  # it could not be sent
     assert take_all(queue) == [b"a1", b"b1", b"c1"]
+
+
+def test_a_request_in_parts_stays_at_the_head_of_its_line_and_its_turn_passes():
+    queue = RequestQueue(10)
+    big = request("a", 1)
+    big.rows, big.split = 5, True
+    admit(queue, big)
+    admit(queue, request("b", 1))
+    parts = [take(queue), take(queue), take(queue)]
+    assert [(p.request.client, p.start, p.stop) for p in parts] == [(b"a", 0, 1), (b"b", 0, 1), (b"a", 1, 2)]
+    assert len(queue) == 1 and queue.take("m", 3).stop == 5 and len(queue) == 0
+
+
+def test_a_request_that_already_runs_is_never_evicted():
+    queue = RequestQueue(2)
+    started = request("a", 1)
+    started.rows, started.split = 4, True
+    admit(queue, started)
+    take(queue)  # its first part runs; the rest waits
+    admit(queue, request("a", 2))
+    assert admit(queue, request("b", 1)) == [b"a2"]  # a's newest request that has not started
+    assert take_all(queue) == [b"a1", b"b1", b"a1", b"a1"]
 
 
 def test_expired_requests_are_taken_out_of_every_line():
@@ -156,7 +192,7 @@ def test_expired_requests_are_taken_out_of_every_line():
     admit(queue, request("a", 1, size=10, expires=5.0))
     admit(queue, request("a", 2, size=20))
     admit(queue, request("b", 1, size=40, expires=5.0))
-    queue.put(request("r", 1, size=80, expires=5.0), first=True)
+    queue.put_back(retried("r", 1, size=80, expires=5.0))
     admit(queue, request("c", 1, size=160))
     assert queue.take_expired(4.0) == []
     assert sorted(names(queue.take_expired(6.0))) == [b"a1", b"b1", b"r1"]
@@ -168,7 +204,7 @@ def test_expired_requests_are_taken_out_of_every_line():
 
 
 class Front:
-    """An intake on an inproc ROUTER whose dispatch finds no free worker."""
+    """A router with no worker, its client socket an inproc ROUTER."""
 
     def __init__(self, context: zmq.Context, **limits: int) -> None:
         self.context = context
@@ -176,10 +212,10 @@ class Front:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.endpoint = f"inproc://intake-{next(_endpoints)}"
         self.socket.bind(self.endpoint)
-        self.outbox = Outbox()
-        self.intake = Intake(self.outbox, max_message_size=1 << 20, dispatch=lambda pending: False,
-                             max_queue=limits.get("max_queue", 8),
+        self.router = Router(self, max_message_size=1 << 20, max_queue=limits.get("max_queue", 8),
                              max_queue_bytes=limits.get("max_queue_bytes"))
+        self.router.add_model("m", {"inputs": []}, max_rows=1)
+        self.queue = self.router.queue
 
     def client(self) -> zmq.Socket:
         sock = self.context.socket(zmq.DEALER)
@@ -194,13 +230,16 @@ class Front:
         """``frames`` sent by ``sock``, taken in by the intake, and what it answered sent back."""
         sock.send_multipart(frames)
         assert self.socket.poll(2000), "the request did not arrive"
-        receive_batch(self.socket, self.intake.receive, self.intake.overlong)
-        while (reply := self.outbox.take()) is not None:  # what the router's shell does
+        receive_batch(self.socket, self.router.receive, self.router.intake.overlong)
+        while (reply := self.router.outbox.take()) is not None:  # what the router's shell does
             _, client, frames = reply
             self.socket.send_multipart([client, b"", *frames])
 
     def queued_ids(self) -> list[int]:
-        return [p.id for p in self.intake.queue.take_all()]
+        ids = []
+        while self.queue.has_work("m"):
+            ids.append(self.queue.take("m", 1).request.id)
+        return ids
 
 
 def refusal(sock: zmq.Socket) -> dict:
@@ -243,7 +282,7 @@ def test_a_queued_request_copies_its_small_frames(context):
     front = Front(context)
     sock = front.client()
     front.send(sock, 1, b"x" * (64 * 1024))
-    route, header, payload = front.intake.queue.take().frames
+    route, header, payload = front.queue.take("m", 1).request.frames
     assert isinstance(route, bytes) and isinstance(header, bytes) and isinstance(payload, zmq.Frame)
 
 
@@ -256,4 +295,4 @@ def test_a_request_of_protocol_version_1_is_answered_with_its_id_and_what_to_do(
     header = json.loads(sock.recv_multipart()[1])
     assert header["id"] == 41 and header["error"]["code"] == "bad_request"
     assert "protocol version 1" in header["error"]["message"] and "upgrade the client" in header["error"]["message"]
-    assert len(front.intake.queue) == 0
+    assert len(front.queue) == 0

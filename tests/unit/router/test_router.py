@@ -16,7 +16,6 @@ import pytest
 import zmq
 
 from workerpool.protocol import messages as protocol
-from workerpool.router.batching import BatchPolicy
 from workerpool.router.core import Router
 from workerpool.router.links import RouterLinks
 from workerpool.router.registry import WorkerRecord
@@ -36,10 +35,10 @@ class Pool:
         self.events: list[tuple[str, int]] = []
         sockets = bind_sockets(context, frontend=f"inproc://front-{n}", backend=f"inproc://back-{n}",
                                remote_backend=f"inproc://remote-{n}", max_message_size=1 << 20)
-        self.router = Router(
-            self, max_queue=options.pop("max_queue", 8),
-            max_message_size=1 << 20, signature=options.pop("signature", SIGNATURE), **options,
-        )
+        self.signature = options.pop("signature", SIGNATURE)
+        policy = {key: options.pop(key) for key in ("max_rows", "wait") if key in options}
+        self.router = Router(self, max_queue=options.pop("max_queue", 8), max_message_size=1 << 20, **options)
+        self.router.add_model("m", self.signature, max_rows=policy.get("max_rows", 1), wait=policy.get("wait", 0.0))
         self.links = RouterLinks(sockets, self.router)
         self.remote_endpoint = f"inproc://remote-{n}"
         self.poller = zmq.Poller()
@@ -52,7 +51,7 @@ class Pool:
     def worker_lost(self, worker: WorkerRecord, why: str) -> None:
         self.events.append(("lost", worker.pid))
 
-    def reload_failed(self, worker: WorkerRecord, why: str) -> None:
+    def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
         self.events.append(("reload failed", worker.pid))
 
     def started_here(self, token: str | None) -> bool:
@@ -81,7 +80,9 @@ class Pool:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"w{pid}".encode())
         sock.connect(self.remote_endpoint if remote else self.links.backend_endpoint)
-        info = {"pid": pid, "host": "h", "generation": 1, "model": "m", **self.router.signature, **ready}
+        model = {"generation": 1, "model": "m", "batching": ready.pop("batching", False), **self.signature}
+        model.update({key: ready.pop(key) for key in ("inputs", "generation") if key in ready})
+        info = {"pid": pid, "host": "h", "models": {"m": model}, **ready}
         sock.send_multipart([protocol.READY, json.dumps(info).encode()])
         return sock
 
@@ -101,8 +102,8 @@ def reply_to(worker: zmq.Socket) -> int:
     """Answer the request waiting on a fake worker; returns its id."""
     frames = worker.recv_multipart()
     assert frames[0] == protocol.REQUEST
-    request_id = protocol.decode_header(frames[3])["id"]
-    worker.send_multipart([protocol.REPLY, frames[1], b"ok", *protocol.encode_reply(request_id)])
+    request_id = protocol.decode_header(frames[5])["id"]
+    worker.send_multipart([protocol.REPLY, frames[2], b"ok", *protocol.encode_reply(request_id)])
     return request_id
 
 
@@ -134,7 +135,7 @@ def test_a_request_goes_to_a_free_worker_and_the_reply_comes_back(context):
     request(client, 8)
     pool.pump(received(worker))
     frames = worker.recv_multipart()
-    worker.send_multipart([protocol.REPLY, frames[1], b"err",
+    worker.send_multipart([protocol.REPLY, frames[2], b"err",
                            *protocol.encode_error(8, "internal", "the model failed")])
     pool.pump(received(client))
     assert answer(client)["error"]["code"] == "internal"
@@ -197,7 +198,9 @@ def test_a_worker_whose_model_does_not_fit_is_refused(context):
     assert pool.registered() == set()
 
 
-@pytest.mark.parametrize("ready", [b"not json", b"{}", b'{"pid": "1", "generation": 1, "host": "h", "model": "m"}'])
+@pytest.mark.parametrize("ready", [b"not json", b"{}", b'{"pid": "1", "host": "h", "models": {"m": {"generation": 1}}}',
+                                   b'{"pid": 1, "host": "h", "models": {"m": {"generation": "1"}}}',
+                                   b'{"pid": 1, "host": "h", "models": {}}'])
 def test_a_malformed_ready_is_ignored(context, ready):
     pool = Pool(context)
     sock = context.socket(zmq.DEALER)
@@ -264,8 +267,8 @@ def test_fail_all_answers_queued_and_in_flight_requests(context):
 # Batching: what a free worker is sent when requests wait.
 
 
-def batched_pool(context: zmq.Context, max_rows: int = 8, **policy) -> Pool:
-    return Pool(context, max_queue=64, batching=BatchPolicy(max_rows=max_rows, **policy))
+def batched_pool(context: zmq.Context, max_rows: int = 8, **options) -> Pool:
+    return Pool(context, max_queue=64, max_rows=max_rows, **options)
 
 
 def queued(pool: Pool, count: int) -> Callable[[], bool]:
@@ -285,9 +288,9 @@ def batch_ids(pool: Pool, worker: zmq.Socket) -> list[int]:
     """The ids of the next message a fake worker is sent: one for a REQUEST, all of a BATCH."""
     frames = next_message(pool, worker)
     if frames[0] == protocol.REQUEST:
-        return [protocol.decode_header(frames[3])["id"]]
-    assert frames[0] == protocol.BATCH and frames[1] == b"4" and len(frames) % 4 == 2
-    return [protocol.decode_header(frames[i + 2])["id"] for i in range(2, len(frames), 4)]
+        return [protocol.decode_header(frames[5])["id"]]
+    assert frames[:3] == [protocol.BATCH, b"m", b"5"] and len(frames) % 5 == 3
+    return [protocol.decode_header(frames[i + 3])["id"] for i in range(3, len(frames), 5)]
 
 
 def busy_with_one(pool: Pool, client: zmq.Socket, **ready) -> zmq.Socket:
@@ -315,9 +318,9 @@ def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch_answered_in_
     client, other, worker = three_queued(pool)
     assert sorted(batch_ids_after_reply(pool, worker)) == [1, 2, 3]
     assert pool.router.in_flight == 3
-    for pending in list(pool.router.workers[0].inflight):
-        worker.send_multipart([protocol.REPLY, pending.client, b"ok",
-                               *protocol.encode_reply(pending.id)])
+    for part in list(pool.router.workers[0].inflight):
+        worker.send_multipart([protocol.REPLY, part.request.client, b"ok",
+                               *protocol.encode_reply(part.request.id)])
     pool.pump(lambda: pool.router.in_flight == 0 and client.poll(0) and other.poll(0))
     assert [answer(client)["id"] for _ in range(3)] == [0, 1, 2]
     assert answer(other)["id"] == 3
@@ -325,15 +328,16 @@ def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch_answered_in_
     assert (record.served, record.batches, record.rows, record.batch_sizes) == (4, 2, 4, {1: 1, 4: 1})
 
 
-def test_max_batch_bounds_rows_and_a_larger_request_goes_alone_unsplit(context):
-    pool = batched_pool(context, max_rows=4)
+def test_max_batch_bounds_rows_and_a_larger_request_runs_in_parts(context):
+    pool = batched_pool(context, max_rows=4, signature={**SIGNATURE, "batching": True})
     client = pool.client()
     worker = busy_with_one(pool, client)
     for request_id, rows in ((1, 1), (2, 2), (3, 2), (4, 6)):
         request(client, request_id, rows)
     pool.pump(queued(pool, 4))
-    assert [batch_ids_after_reply(pool, worker) for _ in range(3)] == [[1, 2], [3], [4]]
-    assert pool.router.workers[0].batch_sizes == {1: 1, 4: 1, 2: 1, 8: 1}
+    # request 4's first part fills the pass request 3 leaves room in; its other 4 rows go next
+    assert [batch_ids_after_reply(pool, worker) for _ in range(3)] == [[1, 2], [3, 4], [4]]
+    assert pool.router.workers[0].batch_sizes == {1: 1, 4: 3}
 
 
 def test_a_request_that_does_not_fit_ends_the_batch_and_waits_its_turn(context):
@@ -355,7 +359,7 @@ def batch_ids_after_reply(pool: Pool, worker: zmq.Socket) -> list[int]:
     held = record.inflight
     while held and record.inflight is held:
         count = len(held)
-        worker.send_multipart([protocol.REPLY, held[0].client, b"ok", *protocol.encode_reply(0)])
+        worker.send_multipart([protocol.REPLY, held[0].request.client, b"ok", *protocol.encode_reply(0)])
         pool.pump(lambda count=count: len(held) != count)
     return batch_ids(pool, worker)
 
@@ -397,11 +401,11 @@ def test_a_lost_batch_is_retried_request_by_request_without_blaming_its_clients(
     for _ in range(3):  # each alone, in the order they had
         frames = next_message(pool, spare)
         assert frames[0] == protocol.REQUEST
-        sent.append(protocol.decode_header(frames[3])["id"])
-        spare.send_multipart([protocol.REPLY, frames[1], b"ok", *protocol.encode_reply(sent[-1])])
+        sent.append(protocol.decode_header(frames[5])["id"])
+        spare.send_multipart([protocol.REPLY, frames[2], b"ok", *protocol.encode_reply(sent[-1])])
     assert sent == [1, 3, 2]
     pool.pump(lambda: pool.router.in_flight == 0)
-    assert not pool.router.quarantine  # nothing tells which of the two clients killed it
+    assert not pool.router.backlog.quarantine  # nothing tells which of the two clients killed it
     assert sorted(h["id"] for h in answers(pool, client, 3)) == [0, 1, 2]
     assert answers(pool, other, 1)[0]["id"] == 3
 
@@ -416,7 +420,7 @@ def test_a_lost_batch_of_one_clients_requests_blames_it_for_nothing(context):
     assert batch_ids_after_reply(pool, worker) == [1, 2]
     record = pool.router.workers[0]
     pool.router.lose(record.key, "test")
-    assert not pool.router.quarantine
+    assert not pool.router.backlog.quarantine
 
 
 def test_a_batch_holds_only_clients_that_may_see_the_worker_generation(context):
@@ -427,24 +431,24 @@ def test_a_batch_holds_only_clients_that_may_see_the_worker_generation(context):
     pool.pump(lambda: pool.registered() == {1, 2})
     request(third, 9)
     pool.pump(lambda: pool.router.in_flight == 2)
-    pool.router.begin_rollout(2, [0, 0, 0], "/src")
+    pool.router.begin_rollout("m", 2, b"{}")
     request(client, 1)
     request(newer, 2)
     pool.pump(queued(pool, 2))
-    newcomer = next(p.client for p in pool.router.intake.queue._everything() if p.client != worker_client(pool))
-    pool.router.rollout.answered(newcomer, 2)  # this client already saw generation 2
+    newcomer = next(r.client for r in pool.router.queue.everything() if r.client != worker_client(pool))
+    pool.router.scheduler.models["m"].rollout.answered(newcomer, 2)  # this client already saw generation 2
     assert batch_ids_after_reply(pool, worker) == [1]
     assert pool.router.queue_depth == 1  # request 2 waits for a worker of generation 2
     local.close(0)
 
 
 def worker_client(pool: Pool) -> bytes:
-    return pool.router.workers[0].inflight[0].client
+    return pool.router.workers[0].inflight[0].request.client
 
 
 def test_local_workers_past_the_running_cap_wait_and_the_queue_goes_as_one_batch(context):
     pool = batched_pool(context, running_cap=1)
-    pool.router.batching.service = 60.0  # a run "takes" a minute: nothing is released early
+    pool.router.policies["m"].service = 60.0  # a run "takes" a minute: nothing is released early
     client = pool.client()
     worker = busy_with_one(pool, client)
     idle = pool.worker(2, batching=True)
@@ -462,7 +466,7 @@ def test_local_workers_past_the_running_cap_wait_and_the_queue_goes_as_one_batch
 
 def test_a_request_held_past_a_typical_run_goes_to_an_idle_worker(context):
     pool = batched_pool(context, running_cap=1)
-    pool.router.batching.service = 0.05
+    pool.router.policies["m"].service = 0.05
     client = pool.client()
     busy_with_one(pool, client)  # and never answers
     idle = pool.worker(2, batching=True)
@@ -507,17 +511,17 @@ def test_a_request_that_cannot_share_a_pass_is_not_held_for_one(context, case):
     assert batch_ids(pool, worker) == [1]
 
 
-def test_texts_batch_as_one_list_of_texts_with_their_own_stride(context):
+def test_texts_batch_as_one_list_of_texts(context):
     pool = Pool(context, max_queue=64, signature={"inputs": [{"name": None, "dtype": "text", "shape": [None]}]},
-                batching=BatchPolicy(max_rows=4))
+                max_rows=4)
     client = pool.client()
     worker = busy_with_one(pool, client)  # request 0: an array, which a text model refuses alone
     for request_id, texts in ((1, ["a", "b"]), (2, ["c"]), (3, ["d", "e"])):
         client.send_multipart(protocol.encode_request(request_id, texts))
     pool.pump(queued(pool, 3))
     record = pool.router.workers[0]
-    worker.send_multipart([protocol.REPLY, record.inflight[0].client, b"ok", *protocol.encode_reply(0)])
+    worker.send_multipart([protocol.REPLY, record.inflight[0].request.client, b"ok", *protocol.encode_reply(0)])
     frames = next_message(pool, worker)
-    assert frames[:2] == [protocol.BATCH, b"3"] and len(frames) == 8  # client, route and header each
-    assert [protocol.decode_header(frames[i])["text"] for i in (4, 7)] == [["a", "b"], ["c"]]
-    assert record.rows == 1 + 3  # request 0's row, then three texts; ["d", "e"] would make five
+    assert frames[:3] == [protocol.BATCH, b"m", b"5"] and len(frames) == 13  # client, part, route, header, texts
+    assert [bytes(frames[i]) for i in (7, 12)] == [b"ab", b"c"]
+    assert sum(part.rows for part in record.inflight) == 3  # three texts; ["d", "e"] would make five

@@ -9,12 +9,13 @@ import time
 import pytest
 
 from workerpool import models
+from workerpool.config.models import ModelEntry
 from workerpool.config.pool import PoolConfig
 from workerpool.supervisor.core import Supervisor
 from workerpool.supervisor.process import Backoff, describe_exit
 from workerpool.supervisor.ready_line import Ready, parse_ready_line, serve_line, workers_line
 from workerpool.supervisor.starters import SpawnStarter
-from workerpool.weights import reload
+from workerpool.weights.served import ServedModels
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets():
@@ -38,6 +39,13 @@ def test_ready_lines_read_back_as_written(workers):
     host = parse_ready_line(workers_line("m.bpk", "2.0 GiB", "bert", workers, "tcp://router:5556"))
     assert host == Ready("m.bpk", "2.0 GiB", "bert", workers, "tcp://router:5556")
     assert parse_ready_line("workerpool: error: no such file") is None
+
+
+def test_a_ready_line_of_several_models_names_each_and_reads_back():
+    line = serve_line("a=/w/a.bpk, b=/w/b.bpk", "2.0 MiB", "mlp, bert", 2, "tcp://127.0.0.1:5555")
+    assert line == ("workerpool: serving a=/w/a.bpk, b=/w/b.bpk (2.0 MiB, models mlp, bert) with 2 workers "
+                    "on tcp://127.0.0.1:5555")
+    assert parse_ready_line(line) == Ready("a=/w/a.bpk, b=/w/b.bpk", "2.0 MiB", "mlp, bert", 2, "tcp://127.0.0.1:5555")
 
 
 def test_ready_lines_count_one_worker_in_the_singular():
@@ -68,7 +76,10 @@ class IdleRole:
     def child_exited(self, child, why):
         pass
 
-    def roll_out(self):
+    def roll_out(self, model):
+        pass
+
+    def model_removed(self, model):
         pass
 
     surge = 0
@@ -89,9 +100,10 @@ def starved(tmp_path):
     """A supervisor of two workers whose starter can start none."""
     path = tmp_path / "m.bpk"
     models.generate_mlp(path, 64 * 1024, width=16)
-    supervisor = Supervisor(PoolConfig(path=str(path), workers=2, start="spawn"), IdleRole())
+    entries = [ModelEntry("m", str(path))]
+    supervisor = Supervisor(PoolConfig(models=entries, workers=2, start="spawn"), IdleRole())
     supervisor.starter = OutOfDescriptors(supervisor._started)
-    supervisor.watcher = reload.Watcher(str(path), None)
+    supervisor.models = ServedModels(entries, None)
     return supervisor
 
 

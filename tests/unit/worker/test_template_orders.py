@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from workerpool.worker import template
-from workerpool.worker.spec import WorkerSpec
+from workerpool.worker.spec import ModelSpec, WorkerSpec
 
-SPEC = WorkerSpec(path="/m.bpk", backend="ipc:///b").to_data()
+SPEC = WorkerSpec(models=[ModelSpec(name="m", path="/m.bpk")], backend="ipc:///b").to_data()
 
 
 class Template:
@@ -60,7 +60,7 @@ def forked(tmp_path) -> Iterator[Template]:
 
 @pytest.mark.parametrize(("order", "reason"), [
     ({"id": 1, "spec": {**SPEC, "load": "borrow"}, "token": "t"}, "load: 'borrow' is not one of"),
-    ({"id": 2, "spec": {**SPEC, "generation": "2"}, "token": "t"}, "generation: str where int"),
+    ({"id": 2, "spec": {**SPEC, "heartbeat": "2"}, "token": "t"}, "heartbeat: str where float"),
     ({"id": 3, "spec": ["/m.bpk"], "token": "t"}, "a worker spec is a JSON object, not list"),
     ({"id": 4, "spec": SPEC, "token": 7}, "its token is not a string"),
     ({"id": 5, "spec": SPEC, "token": "t" * (template.MAX_TOKEN + 1)}, "its token is not a string"),

@@ -14,8 +14,7 @@ from support.sockets import raw_request
 from workerpool import models
 from workerpool.models.loaded import LoadedModel
 from workerpool.protocol import messages as protocol
-from workerpool.worker.main import handle_request
-from workerpool.worker.requests import handle_batch, in_batch_order
+from workerpool.worker.requests import handle_batch, handle_request, in_batch_order
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +281,7 @@ def test_a_batch_answers_every_request_even_one_the_model_left_out(loaded, monke
     original = loaded.infer_batch
     monkeypatch.setattr(loaded, "infer_batch", lambda inputs: (answer for answer in original(inputs)
                                                                 if answer[0] != 1))
-    answers = dict(handle_batch(loaded, frames))
+    answers = dict(handle_batch(loaded, [(request, None) for request in frames]))
     assert sorted(answers) == [0, 1, 2]
     assert [answers[index][0] for index in range(3)] == [b"ok", b"internal", b"ok"]
     error = protocol.decode_reply(answers[1][1])

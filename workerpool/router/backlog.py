@@ -1,0 +1,185 @@
+"""The requests the router holds, waiting (the queue, ``queue.py``) or running, until each is
+answered: taking them in, cutting the next batch of a model's work for a worker, and answering
+them as their parts are answered, fail or run out of time. It changes no worker: the scheduler
+(``scheduler.py``) asks it for work and tells it what workers answered.
+
+Which waiting work shares a message to a worker (``batching.py``): the first, and the work
+queued behind it that fits with it (same method, dtype and shape past the batch axis, as many
+frames: a batch is sent with one stride), at most ``max_rows`` rows together, for clients that
+may see the worker's generation. A request past its deadline is answered instead; one a
+quarantine refuses is answered ``worker_failed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ErrorCode
+from ..protocol import messages as protocol
+from ..units import MS_PER_SECOND, KiB
+from .batching import BatchPolicy
+from .quarantine import Quarantine
+from .queue import RequestQueue
+from .replies import Replies
+from .requests import Part, Request
+
+# libzmq's ZMQ_IN_BATCH_SIZE: a received frame up to this size may point into a shared receive
+# buffer of about 18 KiB, which it keeps alive for as long as it lives: a request that waits
+# holds a copy of its small frames instead.
+SHARED_FRAME_MAX = 8 * KiB
+log = logging.getLogger(__name__)
+
+EVICTED = ("the queue is full and this client held the most of it: its newest request gave "
+           "way to a client holding less than its share")
+
+Fits = Callable[[Request], bool]  # whether a worker may run (a part of) this request
+
+
+class Backlog:
+    """Requests taken in and not answered yet: ``queue`` holds those waiting."""
+
+    def __init__(self, replies: Replies, queue: RequestQueue, quarantine: Quarantine, local_key: bytes) -> None:
+        self.replies = replies
+        self.queue = queue
+        self.quarantine = quarantine
+        self.local_key = local_key  # the HTTP front door's clients begin with it
+        self.held = 0
+
+    def add(self, request: Request, *, can_start: bool) -> None:
+        """Hold ``request``: at the end of its line, checked for room unless a worker may start
+        it at once (``can_start``). Raises ``QueueFull`` when it may not wait."""
+        if not can_start:
+            self.queue.check_room(request)
+            if request.expired(time.monotonic()):  # before evicting: it would take no room
+                self.held += 1
+                self.expire(request)
+                return
+            for victim in self.queue.make_room(request):
+                self.fail(victim, ErrorCode.OVERLOADED, EVICTED)
+            request.frames = [bytes(f) if len(f) <= SHARED_FRAME_MAX else f for f in request.frames]
+        self.held += 1
+        self.queue.put(request)
+
+    def head(self, model: str, fits: Fits) -> Part | Request | None:
+        """The next work of ``model`` a worker may take, answering on the way what waited past
+        its deadline or is refused; None when there is none, or the next may not go to it."""
+        now = time.monotonic()
+        while self.queue.has_work(model):
+            item = self.queue.peek(model)
+            request = item.request if isinstance(item, Part) else item
+            if isinstance(item, Part) and item.stale:
+                self.queue.take(model, 0)  # what was left of an answered request
+            elif request.expired(now):
+                self._drop(model, item)
+                self.expire(request)
+            elif not request.taken and self._refused(request):
+                self._drop(model, item)
+            else:
+                return item if fits(request) else None
+        return None
+
+    def _drop(self, model: str, item: Part | Request) -> None:
+        if isinstance(item, Part):
+            self.queue.take(model, 0)
+        else:
+            self.queue.remove(item)
+
+    def _refused(self, request: Request) -> bool:
+        """Whether the quarantine refuses ``request`` (then it is answered so)."""
+        refusal = self.quarantine.refusal(request.client, request.frames) if self.quarantine else None
+        if refusal is not None:
+            self.fail(request, ErrorCode.WORKER_FAILED, refusal)
+        return refusal is not None
+
+    def take_batch(self, model: str, policy: BatchPolicy, *, batching: bool, fits: Fits) -> tuple[list[Part], int]:
+        """The head :meth:`head` gave and the work queued next that fits with it when the
+        worker batches: the parts, and their rows."""
+        part = self.queue.take(model, policy.max_rows)
+        batch, rows = [part], part.rows
+        shape = part.request.shape
+        if shape is None or part.solo or not batching or rows >= policy.max_rows:
+            return batch, rows
+        frames = len(part.request.frames)
+        while rows < policy.max_rows:
+            candidate = self.head(model, fits)
+            if candidate is None or (isinstance(candidate, Part) and candidate.solo):
+                return batch, rows
+            request = _request_of(candidate)
+            more = candidate.rows if isinstance(candidate, Part) else candidate.next_rows(policy.max_rows - rows)
+            if request.shape is None or request.shape.key != shape.key or len(request.frames) != frames \
+                    or rows + more > policy.max_rows:
+                return batch, rows
+            part = self.queue.take(model, policy.max_rows - rows)
+            batch.append(part)
+            rows += part.rows
+        return batch, rows
+
+    def pinned_waiting(self, model: str, generation: int | None) -> bool:
+        """Whether parts of a request pinned to ``generation`` of ``model`` still wait."""
+        if generation is None or not self.queue.has_work(model):
+            return False
+        return any(_request_of(item).model == model and _request_of(item).generation == generation
+                   for item in self.queue.everything())
+
+    def restart_if_lost(self, model: str, left: Callable[[int], bool]) -> None:
+        """Start again the request in parts at the head of ``model``'s work when no worker
+        serves the generation it is pinned to any more (``left`` tells): all moved on while it
+        waited. It runs again from its first row; what ran of it comes back stale."""
+        if not self.queue.has_work(model):
+            return
+        request = _request_of(self.queue.peek(model))
+        if request.generation is None or request.done or left(request.generation):
+            return
+        log.info("no worker serves generation %d of %s any more: a request in parts starts again on "
+                 "the newest", request.generation, model)
+        self.queue.remove(request)
+        request.restart()
+        self.queue.put(request, first=True)
+
+    def answer(self, part: Part, status: bytes, frames: list[Any]) -> None:
+        """A worker's reply to ``part``: the request's answer once its last part has one."""
+        request = part.request
+        if status != b"ok":
+            self._answered(request, frames, ErrorCode.read(status))
+            return
+        try:
+            reply = request.answer(part, frames, joined=not request.client.startswith(self.local_key))
+        except protocol.ProtocolError as exc:
+            self.fail(request, ErrorCode.INTERNAL, f"the request ran in parts whose answers cannot be put "
+                      f"together: {exc}")
+            return
+        if reply is not None:
+            self._answered(request, reply, "ok")
+
+    def _answered(self, request: Request, frames: list[Any], outcome: str) -> None:
+        request.done = True
+        self.held -= 1
+        self.queue.remove(request)  # what was left of it waits no more
+        self.replies.send(request.client, frames, request.model, outcome)
+
+    def fail(self, request: Request, code: ErrorCode, message: str) -> None:
+        """Answer ``request`` with an error (once: what is left of it is dropped)."""
+        if not request.done:
+            self._answered(request, protocol.encode_error(request.id, code, message), code)
+
+    def expire(self, request: Request) -> None:
+        waited = time.monotonic() - request.received
+        self.fail(request, ErrorCode.DEADLINE_EXCEEDED,
+                  f"the deadline passed after {waited * MS_PER_SECOND:.0f} ms in the queue")
+
+    def expire_due(self) -> None:
+        for item in self.queue.take_expired(time.monotonic()):
+            self.expire(_request_of(item))
+
+    def fail_queued(self, code: ErrorCode, message: str, model: str | None = None) -> None:
+        """Answer what waits (of ``model``, or of every model) with an error."""
+        taken = self.queue.take_all() if model is None else iter(self.queue.take_model(model))
+        for item in taken:
+            self.fail(_request_of(item), code, message)
+
+
+def _request_of(item: Part | Request) -> Request:
+    return item.request if isinstance(item, Part) else item

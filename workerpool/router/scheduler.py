@@ -1,0 +1,371 @@
+"""The scheduler: the one owner of every worker's state, the free list and what each worker
+runs, with a record of each served model (how its requests batch, its rollout). The requests it
+hands out wait in the backlog (``backlog.py``, a queue per model). The router's core hands it
+events (a worker registered, answered, switched, was lost; a request was admitted; time passed)
+and it decides; what it sends goes to the outbox. Recovery (``recovery.py``), which worker may
+take which request (``eligible.py``) and each model's rollout (``rollout.py``) are rules it asks:
+they change no worker themselves.
+
+What a worker that has nothing in flight is sent:
+
+1. STOP when it is stopping; a RELOAD dropping a model no longer served; a RELOAD of a model
+   whose rollout wants it (unless parts pinned to its generation of that model still wait).
+2. Otherwise it joins the free list (the most recently freed last; one whose last answer
+   failed first, so a broken worker does not draw every request) and takes work: of the models
+   it serves that have work waiting, the one whose work a worker took least recently. So a
+   model flooded with requests cannot starve another: a request of a quiet model waits at most
+   for a pass in progress, never for the flooded model's queue. Within a model, retried parts
+   go first, then the clients' lines in turn, each oldest first; the work queued behind the
+   first that fits with it goes in the same message, at most ``--max-batch`` rows. Batches
+   never mix models.
+
+A request goes to the most recently freed worker that may take it: while fewer requests run
+than there are workers, the same few serve them with their caches warm, and the idle ones stay
+asleep (waking an idle CPU costs more than the request, on a virtual machine most of all).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..control.status import WorkerState
+from ..errors import ErrorCode
+from ..protocol import messages as protocol
+from . import eligible, recovery
+from .backlog import Backlog
+from .batching import BatchPolicy
+from .outbox import WorkerKey
+from .registry import WorkerRecord
+from .requests import Part, Request, message_for
+from .rollout import Rollout
+from .stats import RouterStats
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerEvents(Protocol):
+    """What the scheduler's owner hears about workers."""
+
+    def worker_lost(self, worker: WorkerRecord, why: str) -> None: ...
+
+    def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
+        """``worker`` could not switch ``model`` to its newest generation: the file fails there too."""
+
+
+@dataclass(eq=False)
+class ModelRecord:
+    """What the scheduler keeps of one served model: its signature, how its requests batch,
+    its rollout, and when a worker last took its work."""
+
+    name: str
+    signature: dict[str, Any]
+    policy: BatchPolicy
+    rollout: Rollout
+    taken_at: int = 0
+
+
+class Scheduler:
+    """Every worker's state; see the module."""
+
+    def __init__(self, backlog: Backlog, stats: RouterStats, *, events: SchedulerEvents,
+                 request_timeout: float | None = None) -> None:
+        self.backlog = backlog
+        self.outbox = backlog.replies.outbox
+        self.stats = stats
+        self.events = events
+        self.request_timeout = request_timeout
+        self.workers: dict[WorkerKey, WorkerRecord] = {}
+        self.models: dict[str, ModelRecord] = {}
+        self.free: deque[WorkerKey] = deque()
+        self.running_here: set[WorkerKey] = set()  # local workers with requests in flight
+        self.dropping: dict[WorkerKey, str] = {}  # workers told to drop a model no longer served
+        self.wake_at: float | None = None  # when a request held for a batch is due to be released
+        self._turns = itertools.count(1)
+
+    # Models.
+
+    def add_model(self, name: str, signature: dict[str, Any], policy: BatchPolicy,
+                  limit: int | None = None) -> None:
+        self.models[name] = ModelRecord(name, signature, policy, Rollout(name, limit))
+        self.stats.of(name)
+
+    def remove_model(self, name: str) -> None:
+        """Stop serving ``name``: what waits for it is answered, what runs finishes, and each
+        local worker is told to drop it once free."""
+        del self.models[name]
+        self.backlog.fail_queued(ErrorCode.MODEL_NOT_FOUND, f"the model {name!r} is no longer served", name)
+        for key in list(self.free):
+            worker = self.workers[key]
+            if name in worker.models and worker.local:
+                self.free.remove(key)
+                self.worker_free(worker)
+
+    def begin_rollout(self, model: str, generation: int, order: bytes) -> None:
+        """Move the local workers that serve ``model`` (or should) to ``generation``."""
+        self.models[model].rollout.begin(generation, order)
+        self.backlog.quarantine.clear()
+        self.reload_next()
+
+    # Workers.
+
+    def register(self, worker: WorkerRecord) -> None:
+        self.workers[worker.key] = worker
+        self.worker_free(worker)
+
+    def worker_free(self, worker: WorkerRecord) -> None:
+        """``worker`` has nothing in flight: stop it, have it drop or switch a model, or give
+        it work."""
+        key = worker.key
+        if worker.state == WorkerState.STOPPING:
+            self.outbox.to_worker(key, [protocol.STOP])
+            return
+        unserved = [name for name in worker.models if name not in self.models] if worker.local else []
+        if unserved:
+            self.dropping[key] = unserved[0]
+            worker.state = WorkerState.RELOADING
+            self.outbox.to_worker(key, [protocol.RELOAD, protocol.encode_header({"remove": unserved[0]})])
+            return
+        rollout = self._rollout_wanting(worker)
+        if rollout is not None:
+            self.outbox.to_worker(key, [protocol.RELOAD, rollout.order])
+            worker.state = WorkerState.RELOADING
+            rollout.started(worker)
+            return
+        worker.state = WorkerState.READY
+        if worker.failed_last:
+            self.free.appendleft(key)
+        else:
+            self.free.append(key)
+        for model in self.models.values():
+            model.rollout.settle(self.workers.values())
+        self.dispatch()
+
+    def _rollout_wanting(self, worker: WorkerRecord) -> Rollout | None:
+        """The rollout that wants ``worker`` to switch now, if one does; not while parts of a
+        request pinned to its generation of that model wait."""
+        for model in self.models.values():
+            rollout = model.rollout
+            if rollout.wants(worker, eligible.serving(self.workers.values(), model.name)) \
+                    and not self.backlog.pinned_waiting(model.name, worker.models.get(model.name)):
+                return rollout
+        return None
+
+    def reload_next(self) -> None:
+        """Start a rollout's next switch on a free worker, if one is wanted."""
+        for key in list(self.free):
+            worker = self.workers[key]
+            if self._rollout_wanting(worker) is not None:
+                self.free.remove(key)
+                self.worker_free(worker)
+                return
+
+    def reloaded(self, worker: WorkerRecord, answer: Any) -> None:
+        """``worker``'s RELOADED: it switched (or failed to switch) a model, or dropped one."""
+        try:
+            outcome = protocol.decode_header(answer)
+        except protocol.ProtocolError:
+            outcome = {}
+        dropped = self.dropping.pop(worker.key, None)
+        switched = next((model for model in self.models.values() if model.rollout.switching == worker.key), None)
+        if dropped is not None:
+            worker.models.pop(dropped, None)
+        elif switched is not None:
+            failure = switched.rollout.finished(worker, outcome)
+            if failure is not None:
+                self.events.reload_failed(worker, switched.name, failure)
+        else:
+            log.warning("unexpected RELOADED from worker %d ignored", worker.pid)
+            return
+        if worker.state == WorkerState.RELOADING:
+            worker.state = WorkerState.READY
+        self.worker_free(worker)
+        self.reload_next()
+
+    def stop_worker(self, key: WorkerKey) -> None:
+        """Ask a worker to exit once what it runs is done."""
+        worker = self.workers[key]
+        worker.state = WorkerState.STOPPING
+        self._withdraw(key)
+        switching = key in self.dropping or any(model.rollout.switching == key for model in self.models.values())
+        if not worker.inflight and not switching:
+            self.worker_free(worker)
+
+    def _withdraw(self, key: WorkerKey) -> None:
+        if key in self.free:
+            self.free.remove(key)
+
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False,
+             unsent: bool = False) -> None:
+        """Forget a worker: its parts are retried or answered (``recovery.py``). ``asked``: it
+        left because it was told to (the supervisor logs that, not a loss); ``killed``: by
+        SIGKILL, which blames no request; ``unsent``: the message that failed to reach it
+        handed it what it holds. Those, like messages still waiting in the outbox to be sent
+        to it, never ran there."""
+        worker = self.workers.pop(key, None)
+        if worker is None:
+            return
+        asked = asked or worker.state == WorkerState.STOPPING  # gone between its BYE and our STOP
+        self._withdraw(key)
+        self.dropping.pop(key, None)
+        for model in self.models.values():
+            model.rollout.forget(key)
+        unsent = self.outbox.withdraw(key) or unsent
+        self._apply(recovery.after_loss(worker, self.take_inflight(worker), why, killed=killed,
+                                        unsent=unsent, asked=asked))
+        self.events.worker_lost(worker, why)
+        self.reload_next()
+        self.dispatch()
+
+    def _apply(self, decision: recovery.AfterLoss) -> None:
+        for part in reversed(decision.retry):
+            self.retry(part)
+        for part, code, message in decision.fail:
+            if decision.blame:
+                self.backlog.quarantine.killed(part.request.client, part.request.frames)
+            self.backlog.fail(part.request, code, message)
+
+    def take_inflight(self, worker: WorkerRecord) -> list[Part]:
+        """What ``worker`` was running, now no longer its to answer."""
+        parts, worker.inflight = worker.inflight, []
+        self.running_here.discard(worker.key)
+        return parts
+
+    def retry(self, part: Part) -> None:
+        """Queue ``part`` again before everything else of its model, unless its request was
+        answered, started again or is no longer served meanwhile."""
+        if not part.stale and part.request.model in self.models:
+            self.backlog.queue.put_back(part)
+
+    def time_out(self, worker: WorkerRecord) -> None:
+        """What ``worker`` runs ran past ``--request-timeout``: its parts are answered or
+        retried (``recovery.py``), and the worker is given up (a local one is killed)."""
+        decision, why = recovery.after_timeout(worker, self.take_inflight(worker),
+                                               f"--request-timeout {self.request_timeout:g}s")
+        self._apply(decision)
+        self.lose(worker.key, why)
+
+    # Requests.
+
+    def add(self, request: Request) -> None:
+        """Take in an admitted request: at once to a free worker that may take it, else into
+        the queue if there is room there. Raises ``QueueFull`` when there is none."""
+        model = self.models[request.model]
+        can_start = not request.split and not self.backlog.queue.has_work(request.model) \
+            and any(self._may_start(self.workers[key], model, request) for key in self.free)
+        self.backlog.add(request, can_start=can_start)
+        self.dispatch()
+
+    def replied(self, worker: WorkerRecord, client: bytes, status: bytes, frames: list[Any]) -> None:
+        """A worker's reply to the first part it holds."""
+        inflight = worker.inflight
+        if not inflight or inflight[0].request.client != client:  # already answered, e.g. shutting down
+            log.debug("late reply from worker %d dropped", worker.pid)
+            return
+        part = inflight.pop(0)
+        ok = status == b"ok"
+        worker.served += 1
+        worker.errors += not ok
+        worker.failed_last = not ok
+        if ok:
+            worker.rows += part.rows  # what it ran, never what a route frame claims
+        now = time.monotonic()
+        self.stats.of(worker.running).run_times.observe(now - worker.busy_since)
+        if not part.stale:
+            model = self.models.get(part.request.model)
+            if model is not None:
+                model.rollout.answered(client, worker.models.get(model.name, 0))
+            self.backlog.answer(part, status, frames)
+        if not inflight:
+            self._finished(worker, now)
+
+    def _finished(self, worker: WorkerRecord, now: float) -> None:
+        """``worker`` answered the last part of what it was sent: it is free again, and a
+        batch's run time teaches the batching policy how long a run takes."""
+        if worker.key in self.running_here:
+            self.running_here.discard(worker.key)
+            model = self.models.get(worker.running)
+            if worker.batchable and model is not None:
+                model.policy.finished(now - worker.busy_since)
+        self.worker_free(worker)
+
+    def tick(self, now: float) -> None:
+        """Time passed: answer what waited past its deadline, release requests held for a batch."""
+        self.backlog.expire_due()
+        if self.wake_at is not None and now >= self.wake_at:
+            self.wake_at = None
+            self.dispatch()
+
+    def fail_all(self, code: ErrorCode, message: str) -> None:
+        """Answer every queued and running request with an error (end of a forced shutdown)."""
+        self.backlog.fail_queued(code, message)
+        for worker in self.workers.values():
+            for part in self.take_inflight(worker):
+                self.backlog.fail(part.request, code, message)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(worker.inflight) for worker in self.workers.values())
+
+    # Dispatch.
+
+    def dispatch(self) -> None:
+        """Hand waiting work to free workers while both last."""
+        while self.free and len(self.backlog.queue):
+            if not any(self._give_work(self.workers[key]) for key in reversed(self.free)):
+                return
+
+    def _give_work(self, worker: WorkerRecord) -> bool:
+        """Send ``worker`` the next work of the models it serves, the one taken from least
+        recently first; whether it got any."""
+        waiting = sorted((self.models[name] for name in self.backlog.queue.waiting_models()
+                          if name in worker.models and name in self.models), key=lambda model: model.taken_at)
+        for model in waiting:
+            self.backlog.restart_if_lost(model.name, functools.partial(
+                eligible.generation_left, self.workers.values(), model.name))
+            if self.backlog.head(model.name, functools.partial(self._may_start, worker, model)):
+                self._send(worker, model)
+                return True
+        return False
+
+    def _may_start(self, worker: WorkerRecord, model: ModelRecord, request: Request) -> bool:
+        """Whether ``worker`` may take ``request`` now: it serves a generation the request may
+        see, and it is not held back for a batch to form (then when to look again is noted)."""
+        if not eligible.may_run(worker, model.rollout, request, self.workers.values()):
+            return False
+        if not (worker.local and worker.batching.get(model.name)):
+            return True
+        until = eligible.hold_until(model.policy, request, self.backlog.queue.depth(model.name),
+                                    len(self.running_here), time.monotonic())
+        if until is None:
+            return True
+        self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
+        return False
+
+    def _send(self, worker: WorkerRecord, model: ModelRecord) -> None:
+        """Hand ``worker`` the head of ``model``'s work and what fits with it, as one message."""
+        batch, rows = self.backlog.take_batch(
+            model.name, model.policy, batching=worker.batching.get(model.name, False),
+            fits=lambda request: eligible.may_run(worker, model.rollout, request, self.workers.values()))
+        generation = worker.models[model.name]
+        for part in batch:
+            if part.request.split and part.request.generation is None:
+                part.request.generation = generation
+            part.attempts += 1
+        self.outbox.to_worker(worker.key, message_for(model.name, batch))
+        shape = batch[0].request.shape
+        worker.took(model.name, batch, rows, batchable=shape is not None and rows <= model.policy.max_rows)
+        stats = self.stats.of(model.name)
+        stats.batch_rows.observe(rows)
+        for part in batch:
+            stats.queue_waits.observe(worker.busy_since - part.request.received)
+        model.taken_at = next(self._turns)
+        self.free.remove(worker.key)
+        if worker.local:
+            self.running_here.add(worker.key)
+        log.debug("worker %d: %s, %d parts, %d rows", worker.pid, model.name, len(batch), rows)
