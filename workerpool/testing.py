@@ -25,10 +25,12 @@ LOOPBACK = "tcp://127.0.0.1:*"  # an ephemeral port: parallel runs never collide
 
 
 def serve_args(
-    model: str | os.PathLike, workers: int, *args: str, bind: str = LOOPBACK
+    model: str | os.PathLike | Sequence[str | os.PathLike], workers: int, *args: str, bind: str = LOOPBACK
 ) -> list[str]:
-    """``serve MODEL --workers N --bind ...``: ``args`` come last, so they may override ``bind``."""
-    return ["serve", os.fspath(model), "--workers", str(workers), "--bind", bind, *args]
+    """``serve MODEL... --workers N --bind ...``: ``model`` is one model (a file, ``NAME=FILE``
+    or a folder) or a list of them; ``args`` come last, so they may override ``bind``."""
+    models = [model] if isinstance(model, str | os.PathLike) else list(model)
+    return ["serve", *(os.fspath(one) for one in models), "--workers", str(workers), "--bind", bind, *args]
 
 
 def workers_args(model: str | os.PathLike, connect: str, workers: int, *args: str) -> list[str]:

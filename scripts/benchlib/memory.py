@@ -14,11 +14,11 @@ from workerpool.linux import procfs
 from workerpool.ops import metrics
 
 
-def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
+def tree_memory(pid: int, model: str | list[str], workers: set[int]) -> dict[str, Any]:
     """PSS (``smaps_rollup``, read by workerpool.linux.procfs) of ``pid`` and each of its
     descendants, and their sum split into the root, the ``workers`` (the pids that answered
-    requests) and the others (the template); with how much of the model file each process has
-    resident in its mappings.
+    requests) and the others (the template); with how much of the model file (or files) each
+    process has resident in its mappings.
 
     Raises RuntimeError when a process exits while it is read, or when a worker that answered
     is no longer among the descendants (it was replaced: the figures would mix two pools)."""
@@ -52,15 +52,16 @@ def tree_memory(pid: int, model: str, workers: set[int]) -> dict[str, Any]:
     }
 
 
-def smaps_figures(pid: int, model: str) -> dict[str, int]:
+def smaps_figures(pid: int, model: str | list[str]) -> dict[str, int]:
     """From ``/proc/PID/smaps_rollup`` and ``smaps`` (read by ``workerpool.linux.procfs``), in
     bytes: ``private_dirty`` (the pages this process alone has written), ``pss_anon`` (its share
     of anonymous memory) and ``weights_pss`` (its share of the resident pages of the file now at
-    ``model``, its mappings told by procfs's one rule)."""
-    weights = procfs.MappedFile.of(model)
+    ``model``, or of each file, its mappings told by procfs's one rule)."""
+    files = [found for path in ([model] if isinstance(model, str) else model)
+             if (found := procfs.MappedFile.of(path)) is not None]
     try:
         rollup = procfs.rollup_figures(pid)
-        mapped = procfs.file_figures(pid, weights) if weights else {}
+        mapped = procfs.file_figures(pid, files) if files else {}
     except OSError as exc:
         raise RuntimeError(f"process {pid} exited while its memory was read") from exc
     return {"private_dirty": rollup.get("Private_Dirty", 0), "pss_anon": rollup.get("Pss_Anon", 0),

@@ -36,9 +36,9 @@ class WarmPool:
 
 
 @contextlib.contextmanager
-def warmed_pool(model: str, workers: int, directory: str, name: str, request: Frames, *options: str,
+def warmed_pool(model: str | list[str], workers: int, directory: str, name: str, request: Frames, *options: str,
                 env: Mapping[str, str] | None = None) -> Iterator[WarmPool]:
-    """``workerpool serve`` with ``options``, its control socket ``control-NAME.sock`` (never the
+    """``workerpool serve`` of ``model`` (or several) with ``options``, its control socket ``control-NAME.sock`` (never the
     default one, which another server on this machine may hold) and its log ``NAME.log`` in
     ``directory``, once each of the workers its ready line counts has answered ``request``.
     A pool that does not start raises RuntimeError, as a failed run does."""

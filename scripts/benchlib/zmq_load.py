@@ -84,8 +84,13 @@ def summary(in_flight: int, latencies: list[float], elapsed: float) -> dict[str,
     }
 
 
+WARMUP_BURST = 4  # requests sent at once per worker: a quick model's answers outrun a burst of one each
+
+
 def warm_workerpool(endpoint: str, frames: Frames, workers: int) -> set[int]:
-    """Keep ``workers`` requests in flight until every worker has answered one; their pids."""
+    """Send bursts of requests until every worker has answered one; their pids. The router
+    hands a request to the worker freed last, so a burst of one request per worker can miss an
+    idle one whenever a quick model answers the first before the last arrives."""
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -99,10 +104,10 @@ def warm_workerpool(endpoint: str, frames: Frames, workers: int) -> set[int]:
         while len(seen) < workers:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(seen)} of {workers} workerpool workers answered")
-            for _ in range(workers):
+            for _ in range(WARMUP_BURST * workers):
                 header["id"] += 1
                 sock.send_multipart([delimiter, route, protocol.encode_header(header), *arrays])
-            for _ in range(workers):
+            for _ in range(WARMUP_BURST * workers):
                 reply = json.loads(sock.recv_multipart()[1])
                 if reply["status"] != "ok":
                     raise RuntimeError(f"workerpool answered {reply}")

@@ -23,7 +23,6 @@ from support.sockets import free_port
 import workerpool
 from workerpool import models
 from workerpool.linux.procfs import processes_mapping
-from workerpool.weights.publish import publish
 
 WIDTH = 16
 TEXTS = ["hello world", "a text", "hello", "world a text"]
@@ -213,3 +212,21 @@ def test_a_folder_is_a_model_repository_read_again_on_sighup(served, tmp_path):
         with pytest.raises(workerpool.ModelNotFound):
             client.infer(np.ones((1, 4 * WIDTH), np.float32), model="wide")
         server.wait_for(lambda s: not processes_mapping_deleted(server, "wide.bpk"))
+
+
+def test_a_model_found_later_keeps_to_its_workers_when_others_are_replaced(served, tmp_path):
+    """Its workers loaded it after they started: a replacement of another worker must not map it."""
+    folder = tmp_path / "repository"
+    folder.mkdir()
+    shutil.copyfile(served["narrow"], folder / "narrow.bpk")
+    with Server(folder, "--workers", "embed=1", workers=3) as server:
+        shutil.copyfile(served["embed"], tmp_path / "incoming.bpk")
+        os.replace(tmp_path / "incoming.bpk", folder / "embed.bpk")
+        server.signal(signal.SIGHUP)
+        status = server.wait_for(lambda s: "embed" in s["models"] and s["models"]["embed"]["workers"] == 1
+                                 and not s["models"]["embed"]["reloading"])
+        victim = next(w["pid"] for w in status["workers"] if "embed" not in w["models"])
+        os.kill(victim, signal.SIGKILL)
+        status = server.wait_for(lambda s: victim not in [w["pid"] for w in s["workers"]] and len(s["workers"]) == 3
+                                 and all(w["state"] == "ready" for w in s["workers"]))
+        assert [sorted(w["models"]) for w in status["workers"]].count(["embed", "narrow"]) == 1

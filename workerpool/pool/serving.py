@@ -338,6 +338,13 @@ class ServingRole:
             log.warning("killing worker %d: %s", worker.pid, why)
             child.kill()
 
+    def models_changed(self, worker: WorkerRecord) -> None:
+        """What a worker serves decides which models its replacement maps (``--workers
+        NAME=N``) and whether it is behind."""
+        child = self._local_child(worker)
+        if child is not None:
+            child.generations = dict(worker.models)
+
     def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
         generation = self.pool.models[model].current.generation if model in self.pool.models else 0
         self.switch_failures[model] = f"worker {worker.pid} could not switch {model} to generation {generation}: {why}"

@@ -1,7 +1,8 @@
 """The requests the router holds, waiting (the queue, ``queue.py``) or running, until each is
 answered: taking them in, cutting the next batch of a model's work for a worker, and answering
 them as their parts are answered, fail or run out of time. It changes no worker: the scheduler
-(``scheduler.py``) asks it for work and tells it what workers answered.
+(``scheduler.py``) asks it for work and tells it what workers answered, and what recovery
+(``recovery.py``) decided for the parts of a worker that was lost.
 
 Which waiting work shares a message to a worker (``batching.py``): the first, and the work
 queued behind it that fits with it (same method, dtype and shape past the batch axis, as many
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from ..errors import ErrorCode
@@ -23,6 +24,7 @@ from ..units import MS_PER_SECOND, KiB
 from .batching import BatchPolicy
 from .quarantine import Quarantine
 from .queue import RequestQueue
+from .recovery import AfterLoss
 from .replies import Replies
 from .requests import Part, Request
 
@@ -48,20 +50,24 @@ class Backlog:
         self.local_key = local_key  # the HTTP front door's clients begin with it
         self.held = 0
 
-    def add(self, request: Request, *, can_start: bool) -> None:
-        """Hold ``request``: at the end of its line, checked for room unless a worker may start
-        it at once (``can_start``). Raises ``QueueFull`` when it may not wait."""
-        if not can_start:
-            self.queue.check_room(request)
-            if request.expired(time.monotonic()):  # before evicting: it would take no room
-                self.held += 1
-                self.expire(request)
-                return
-            for victim in self.queue.make_room(request):
-                self.fail(victim, ErrorCode.OVERLOADED, EVICTED)
-            request.frames = [bytes(f) if len(f) <= SHARED_FRAME_MAX else f for f in request.frames]
+    def add(self, request: Request) -> None:
+        """Hold ``request`` at the end of its line, if there is room. Raises ``QueueFull`` when
+        it may not wait."""
+        self.queue.check_room(request)
         self.held += 1
+        if request.expired(time.monotonic()):  # before evicting: it would take no room
+            self.expire(request)
+            return
+        for victim in self.queue.make_room(request):
+            self.fail(victim, ErrorCode.OVERLOADED, EVICTED)
+        request.frames = [bytes(f) if len(f) <= SHARED_FRAME_MAX else f for f in request.frames]
         self.queue.put(request)
+
+    def start(self, request: Request) -> bool:
+        """Hold ``request``, which a free worker takes at once, unless the quarantine refuses it
+        (then it is answered): whether it may run."""
+        self.held += 1
+        return not self._refused(request)
 
     def head(self, model: str, fits: Fits) -> Part | Request | None:
         """The next work of ``model`` a worker may take, answering on the way what waited past
@@ -116,6 +122,19 @@ class Backlog:
             batch.append(part)
             rows += part.rows
         return batch, rows
+
+    def settle(self, decision: AfterLoss, served: Container[str]) -> None:
+        """Apply what recovery decided for a lost worker's parts: each to retry is queued again
+        before everything else of its model (unless its request was answered, started again or
+        its model is no longer ``served`` meanwhile), each to fail answers its request, and a
+        killer is quarantined."""
+        for part in reversed(decision.retry):
+            if not part.stale and part.request.model in served:
+                self.queue.put_back(part)
+        for part, code, message in decision.fail:
+            if decision.blame:
+                self.quarantine.killed(part.request.client, part.request.frames)
+            self.fail(part.request, code, message)
 
     def pinned_waiting(self, model: str, generation: int | None) -> bool:
         """Whether parts of a request pinned to ``generation`` of ``model`` still wait."""

@@ -97,11 +97,14 @@ class BatchPolicy:
 
     def finished(self, seconds: float) -> None:
         """A worker answered the last request of what it was sent, ``seconds`` after."""
-        if not self.service:
-            self.service = seconds
-            return
-        seconds = min(seconds, OUTLIER_FACTOR * self.service)
-        self.service += SERVICE_SMOOTHING * (seconds - self.service)
+        self.service = smoothed(self.service, seconds)
+
+
+def smoothed(average: float, seconds: float) -> float:
+    """The moving average of run times ``average`` (0: none yet) once a run took ``seconds``."""
+    if not average:
+        return seconds
+    return average + SERVICE_SMOOTHING * (min(seconds, OUTLIER_FACTOR * average) - average)
 
 
 def size_bucket(rows: int) -> int:

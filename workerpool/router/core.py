@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import models
@@ -37,24 +38,19 @@ from .queue import QueueFull, RequestQueue
 from .registry import WorkerKey, WorkerRecord, admit
 from .replies import Replies
 from .requests import Request
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerEvents
 from .stats import RouterStats
 
 log = logging.getLogger(__name__)
 
 
-class RouterEvents(Protocol):
-    """What the router's owner hears about workers."""
+class RouterEvents(SchedulerEvents, Protocol):
+    """What the router's owner hears about workers: what the scheduler tells, and more."""
 
     def worker_ready(self, worker: WorkerRecord) -> None: ...
 
-    def worker_lost(self, worker: WorkerRecord, why: str) -> None: ...
-
     def started_here(self, token: str | None) -> bool:
         """Whether this pool started (or is starting) the local worker that holds ``token``."""
-
-    def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
-        """``worker`` could not switch ``model`` to its newest generation: the file fails there too."""
 
 
 class Router:
@@ -62,7 +58,8 @@ class Router:
 
     Models are served once added (:meth:`add_model`). It tells its owner about workers through
     ``events``; others read it through ``queue_depth``, ``in_flight``, ``unfinished``,
-    ``workers`` and ``reload_complete()``. What it sends waits in ``outbox``.
+    ``workers`` and ``reload_complete()``. What it sends waits in ``outbox``. ``clock`` is what
+    the scheduler measures the workers' time with (a test sets it).
     """
 
     def __init__(
@@ -76,6 +73,7 @@ class Router:
         liveness: int = LIVENESS_BEATS,
         request_timeout: float | None = None,
         running_cap: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.heartbeat = heartbeat
         self.liveness = liveness
@@ -88,7 +86,8 @@ class Router:
         self.policies: dict[str, BatchPolicy] = {}  # by model: how its requests batch
         self.intake = Intake(self.replies, self.policies, max_message_size=max_message_size)
         self.backlog = Backlog(self.replies, self.queue, Quarantine(), self.intake.local_key)
-        self.scheduler = Scheduler(self.backlog, self.stats, events=events, request_timeout=request_timeout)
+        self.scheduler = Scheduler(self.backlog, self.stats, events=events, request_timeout=request_timeout,
+                                   clock=clock)
         self._next_beat = time.monotonic() + heartbeat
 
     # Models.

@@ -6,11 +6,13 @@ They read the workers and a model's rollout and batching, and change nothing.
   for a request in parts that starts while a rollout is under way and a worker serves it.
 - A local worker that batches is held back for company (``batching.py``): only for a request
   that could share a pass, never past its deadline.
+- A free worker switches a model first when that model's rollout wants it, unless parts of a
+  request pinned to its generation of the model still wait (they need it as it is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from ..control.status import WorkerState
 from .batching import BatchPolicy
@@ -52,3 +54,14 @@ def hold_until(policy: BatchPolicy, request: Request, queued: int, running: int,
     if request.expires is not None and request.expires <= until:
         return None
     return until
+
+
+def rollout_wanting(worker: WorkerRecord, rollouts: Iterable[Rollout], workers: Collection[WorkerRecord],
+                    pinned_waiting: Callable[[str, int | None], bool]) -> Rollout | None:
+    """The rollout that wants ``worker``, now free, to switch its model, if one does;
+    ``pinned_waiting(model, generation)``: whether parts pinned to that generation wait."""
+    for rollout in rollouts:
+        if rollout.active and rollout.wants(worker, serving(workers, rollout.model)) \
+                and not pinned_waiting(rollout.model, worker.models.get(rollout.model)):
+            return rollout
+    return None

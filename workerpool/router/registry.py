@@ -46,15 +46,16 @@ class WorkerRecord:
     sent: int = 0  # parts in the last message it was sent: a batch stays one as it is answered
     busy_since: float = 0.0
     batchable: bool = False  # what it runs now could have shared a pass
+    charged: float = 0.0  # the worker-seconds its model was charged in advance for what it runs
 
-    def took(self, model: str, batch: list[Part], rows: int, *, batchable: bool) -> None:
-        """It was sent ``batch`` (``rows`` rows) of ``model`` to run as one message;
+    def took(self, model: str, batch: list[Part], rows: int, *, batchable: bool, now: float) -> None:
+        """It was sent ``batch`` (``rows`` rows) of ``model`` to run as one message at ``now``;
         ``batchable``: of requests that may share a pass, whose run times tell how long a
         batch takes."""
         self.running = model
         self.batchable = batchable
         self.state = WorkerState.BUSY
-        self.busy_since = time.monotonic()
+        self.busy_since = now
         self.inflight = batch
         self.sent = len(batch)
         self.batches += 1

@@ -12,12 +12,11 @@ What a worker that has nothing in flight is sent:
    whose rollout wants it (unless parts pinned to its generation of that model still wait).
 2. Otherwise it joins the free list (the most recently freed last; one whose last answer
    failed first, so a broken worker does not draw every request) and takes work: of the models
-   it serves that have work waiting, the one whose work a worker took least recently. So a
-   model flooded with requests cannot starve another: a request of a quiet model waits at most
-   for a pass in progress, never for the flooded model's queue. Within a model, retried parts
-   go first, then the clients' lines in turn, each oldest first; the work queued behind the
-   first that fits with it goes in the same message, at most ``--max-batch`` rows. Batches
-   never mix models.
+   it serves that have work waiting, the one that has had the least of the workers' time
+   (``fair_share.py``): a model flooded with requests cannot starve another. Within a model,
+   retried parts go first, then the clients' lines in turn, each oldest first; the work queued
+   behind the first that fits with it goes in the same message, at most ``--max-batch`` rows.
+   Batches never mix models.
 
 A request goes to the most recently freed worker that may take it: while fewer requests run
 than there are workers, the same few serve them with their caches warm, and the idle ones stay
@@ -27,10 +26,10 @@ asleep (waking an idle CPU costs more than the request, on a virtual machine mos
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +39,7 @@ from ..protocol import messages as protocol
 from . import eligible, recovery
 from .backlog import Backlog
 from .batching import BatchPolicy
+from .fair_share import FairShare
 from .outbox import WorkerKey
 from .registry import WorkerRecord
 from .requests import Part, Request, message_for
@@ -57,24 +57,27 @@ class SchedulerEvents(Protocol):
     def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
         """``worker`` could not switch ``model`` to its newest generation: the file fails there too."""
 
+    def models_changed(self, worker: WorkerRecord) -> None:
+        """``worker`` answered a RELOAD (it switched, loaded or dropped a model, or failed to):
+        ``worker.models`` says what it serves now."""
+
 
 @dataclass(eq=False)
 class ModelRecord:
     """What the scheduler keeps of one served model: its signature, how its requests batch,
-    its rollout, and when a worker last took its work."""
+    and its rollout."""
 
     name: str
     signature: dict[str, Any]
     policy: BatchPolicy
     rollout: Rollout
-    taken_at: int = 0
 
 
 class Scheduler:
     """Every worker's state; see the module."""
 
     def __init__(self, backlog: Backlog, stats: RouterStats, *, events: SchedulerEvents,
-                 request_timeout: float | None = None) -> None:
+                 request_timeout: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.backlog = backlog
         self.outbox = backlog.replies.outbox
         self.stats = stats
@@ -82,29 +85,28 @@ class Scheduler:
         self.request_timeout = request_timeout
         self.workers: dict[WorkerKey, WorkerRecord] = {}
         self.models: dict[str, ModelRecord] = {}
+        self.shares = FairShare()
         self.free: deque[WorkerKey] = deque()
         self.running_here: set[WorkerKey] = set()  # local workers with requests in flight
         self.dropping: dict[WorkerKey, str] = {}  # workers told to drop a model no longer served
         self.wake_at: float | None = None  # when a request held for a batch is due to be released
-        self._turns = itertools.count(1)
+        self.clock = clock
 
     # Models.
 
     def add_model(self, name: str, signature: dict[str, Any], policy: BatchPolicy,
                   limit: int | None = None) -> None:
         self.models[name] = ModelRecord(name, signature, policy, Rollout(name, limit))
+        self.shares.add(name)
         self.stats.of(name)
 
     def remove_model(self, name: str) -> None:
         """Stop serving ``name``: what waits for it is answered, what runs finishes, and each
         local worker is told to drop it once free."""
         del self.models[name]
+        self.shares.remove(name)
         self.backlog.fail_queued(ErrorCode.MODEL_NOT_FOUND, f"the model {name!r} is no longer served", name)
-        for key in list(self.free):
-            worker = self.workers[key]
-            if name in worker.models and worker.local:
-                self.free.remove(key)
-                self.worker_free(worker)
+        self._free_again(lambda worker: worker.local and name in worker.models)
 
     def begin_rollout(self, model: str, generation: int, order: bytes) -> None:
         """Move the local workers that serve ``model`` (or should) to ``generation``."""
@@ -147,23 +149,21 @@ class Scheduler:
         self.dispatch()
 
     def _rollout_wanting(self, worker: WorkerRecord) -> Rollout | None:
-        """The rollout that wants ``worker`` to switch now, if one does; not while parts of a
-        request pinned to its generation of that model wait."""
-        for model in self.models.values():
-            rollout = model.rollout
-            if rollout.wants(worker, eligible.serving(self.workers.values(), model.name)) \
-                    and not self.backlog.pinned_waiting(model.name, worker.models.get(model.name)):
-                return rollout
-        return None
+        return eligible.rollout_wanting(worker, [model.rollout for model in self.models.values()],
+                                        self.workers.values(), self.backlog.pinned_waiting)
 
     def reload_next(self) -> None:
-        """Start a rollout's next switch on a free worker, if one is wanted."""
+        """Start the next switch of each rollout on a free worker, if one is wanted."""
+        self._free_again(lambda worker: self._rollout_wanting(worker) is not None)
+
+    def _free_again(self, wanted: Callable[[WorkerRecord], bool]) -> None:
+        """Take the free workers ``wanted`` picks (asked as each comes) out of the free list and
+        free them again: :meth:`worker_free` tells each what it is wanted for."""
         for key in list(self.free):
             worker = self.workers[key]
-            if self._rollout_wanting(worker) is not None:
+            if wanted(worker):
                 self.free.remove(key)
                 self.worker_free(worker)
-                return
 
     def reloaded(self, worker: WorkerRecord, answer: Any) -> None:
         """``worker``'s RELOADED: it switched (or failed to switch) a model, or dropped one."""
@@ -182,8 +182,7 @@ class Scheduler:
         else:
             log.warning("unexpected RELOADED from worker %d ignored", worker.pid)
             return
-        if worker.state == WorkerState.RELOADING:
-            worker.state = WorkerState.READY
+        self.events.models_changed(worker)
         self.worker_free(worker)
         self.reload_next()
 
@@ -191,14 +190,11 @@ class Scheduler:
         """Ask a worker to exit once what it runs is done."""
         worker = self.workers[key]
         worker.state = WorkerState.STOPPING
-        self._withdraw(key)
+        if key in self.free:
+            self.free.remove(key)
         switching = key in self.dropping or any(model.rollout.switching == key for model in self.models.values())
         if not worker.inflight and not switching:
             self.worker_free(worker)
-
-    def _withdraw(self, key: WorkerKey) -> None:
-        if key in self.free:
-            self.free.remove(key)
 
     def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False,
              unsent: bool = False) -> None:
@@ -211,24 +207,17 @@ class Scheduler:
         if worker is None:
             return
         asked = asked or worker.state == WorkerState.STOPPING  # gone between its BYE and our STOP
-        self._withdraw(key)
+        if key in self.free:
+            self.free.remove(key)
         self.dropping.pop(key, None)
         for model in self.models.values():
             model.rollout.forget(key)
         unsent = self.outbox.withdraw(key) or unsent
-        self._apply(recovery.after_loss(worker, self.take_inflight(worker), why, killed=killed,
-                                        unsent=unsent, asked=asked))
+        self.backlog.settle(recovery.after_loss(worker, self.take_inflight(worker), why, killed=killed,
+                                                unsent=unsent, asked=asked), self.models)
         self.events.worker_lost(worker, why)
         self.reload_next()
         self.dispatch()
-
-    def _apply(self, decision: recovery.AfterLoss) -> None:
-        for part in reversed(decision.retry):
-            self.retry(part)
-        for part, code, message in decision.fail:
-            if decision.blame:
-                self.backlog.quarantine.killed(part.request.client, part.request.frames)
-            self.backlog.fail(part.request, code, message)
 
     def take_inflight(self, worker: WorkerRecord) -> list[Part]:
         """What ``worker`` was running, now no longer its to answer."""
@@ -236,30 +225,36 @@ class Scheduler:
         self.running_here.discard(worker.key)
         return parts
 
-    def retry(self, part: Part) -> None:
-        """Queue ``part`` again before everything else of its model, unless its request was
-        answered, started again or is no longer served meanwhile."""
-        if not part.stale and part.request.model in self.models:
-            self.backlog.queue.put_back(part)
-
     def time_out(self, worker: WorkerRecord) -> None:
         """What ``worker`` runs ran past ``--request-timeout``: its parts are answered or
         retried (``recovery.py``), and the worker is given up (a local one is killed)."""
         decision, why = recovery.after_timeout(worker, self.take_inflight(worker),
                                                f"--request-timeout {self.request_timeout:g}s")
-        self._apply(decision)
+        self.backlog.settle(decision, self.models)
         self.lose(worker.key, why)
 
     # Requests.
 
     def add(self, request: Request) -> None:
-        """Take in an admitted request: at once to a free worker that may take it, else into
-        the queue if there is room there. Raises ``QueueFull`` when there is none."""
+        """Take in an admitted request: when none of its model's work waits, straight to the
+        free worker freed last that may take it (never queued, so a deadline of 0 is met), else
+        into the queue if there is room there. Raises ``QueueFull`` when there is none."""
         model = self.models[request.model]
-        can_start = not request.split and not self.backlog.queue.has_work(request.model) \
-            and any(self._may_start(self.workers[key], model, request) for key in self.free)
-        self.backlog.add(request, can_start=can_start)
-        self.dispatch()
+        if self.backlog.queue.has_work(model.name):
+            self.backlog.add(request)
+            self.dispatch()
+            return
+        if len(self.models) > 1:
+            busy = {worker.running for worker in self.workers.values() if worker.inflight}
+            if model.name not in busy:
+                self.shares.rejoin(model.name, busy.union(self.backlog.queue.waiting_models()))
+        worker = None if request.split else next(
+            (self.workers[key] for key in reversed(self.free) if self._may_start(self.workers[key], model, request)), None)
+        if worker is None:
+            self.backlog.add(request)
+            self.dispatch()
+        elif self.backlog.start(request):
+            self._hand(worker, model, [request.take(model.policy.max_rows)], request.rows)
 
     def replied(self, worker: WorkerRecord, client: bytes, status: bytes, frames: list[Any]) -> None:
         """A worker's reply to the first part it holds."""
@@ -274,7 +269,7 @@ class Scheduler:
         worker.failed_last = not ok
         if ok:
             worker.rows += part.rows  # what it ran, never what a route frame claims
-        now = time.monotonic()
+        now = self.clock()
         self.stats.of(worker.running).run_times.observe(now - worker.busy_since)
         if not part.stale:
             model = self.models.get(part.request.model)
@@ -285,8 +280,10 @@ class Scheduler:
             self._finished(worker, now)
 
     def _finished(self, worker: WorkerRecord, now: float) -> None:
-        """``worker`` answered the last part of what it was sent: it is free again, and a
-        batch's run time teaches the batching policy how long a run takes."""
+        """``worker`` answered the last part of what it was sent: it is free again, its model is
+        counted the time it took, and a batch's run time teaches the batching policy how long a
+        run takes."""
+        self.shares.finished(worker.running, worker.charged, now - worker.busy_since)
         if worker.key in self.running_here:
             self.running_here.discard(worker.key)
             model = self.models.get(worker.running)
@@ -321,11 +318,11 @@ class Scheduler:
                 return
 
     def _give_work(self, worker: WorkerRecord) -> bool:
-        """Send ``worker`` the next work of the models it serves, the one taken from least
-        recently first; whether it got any."""
-        waiting = sorted((self.models[name] for name in self.backlog.queue.waiting_models()
-                          if name in worker.models and name in self.models), key=lambda model: model.taken_at)
-        for model in waiting:
+        """Send ``worker`` the next work of the models it serves, the one that has had the least
+        of the workers' time first; whether it got any."""
+        waiting = self.shares.order(name for name in self.backlog.queue.waiting_models()
+                                    if name in worker.models and name in self.models)
+        for model in map(self.models.__getitem__, waiting):
             self.backlog.restart_if_lost(model.name, functools.partial(
                 eligible.generation_left, self.workers.values(), model.name))
             if self.backlog.head(model.name, functools.partial(self._may_start, worker, model)):
@@ -341,7 +338,7 @@ class Scheduler:
         if not (worker.local and worker.batching.get(model.name)):
             return True
         until = eligible.hold_until(model.policy, request, self.backlog.queue.depth(model.name),
-                                    len(self.running_here), time.monotonic())
+                                    len(self.running_here), self.clock())
         if until is None:
             return True
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
@@ -352,6 +349,10 @@ class Scheduler:
         batch, rows = self.backlog.take_batch(
             model.name, model.policy, batching=worker.batching.get(model.name, False),
             fits=lambda request: eligible.may_run(worker, model.rollout, request, self.workers.values()))
+        self._hand(worker, model, batch, rows)
+
+    def _hand(self, worker: WorkerRecord, model: ModelRecord, batch: list[Part], rows: int) -> None:
+        """Send ``worker`` the parts of ``batch`` (``rows`` rows) as one message."""
         generation = worker.models[model.name]
         for part in batch:
             if part.request.split and part.request.generation is None:
@@ -359,12 +360,13 @@ class Scheduler:
             part.attempts += 1
         self.outbox.to_worker(worker.key, message_for(model.name, batch))
         shape = batch[0].request.shape
-        worker.took(model.name, batch, rows, batchable=shape is not None and rows <= model.policy.max_rows)
+        worker.took(model.name, batch, rows, batchable=shape is not None and rows <= model.policy.max_rows,
+                    now=self.clock())
+        worker.charged = self.shares.charge(model.name)
         stats = self.stats.of(model.name)
         stats.batch_rows.observe(rows)
         for part in batch:
             stats.queue_waits.observe(worker.busy_since - part.request.received)
-        model.taken_at = next(self._turns)
         self.free.remove(worker.key)
         if worker.local:
             self.running_here.add(worker.key)

@@ -100,7 +100,7 @@ class Process:
 class Child(Process):
     """A worker process, and what the supervisor knows of it."""
 
-    generations: dict[str, int]  # of each model it was started on
+    generations: dict[str, int]  # of each model it serves: started on, then switched, loaded or dropped
     token: str  # secret, given to the worker in its environment; it proves itself with it
     ready_pipe: int | None = None  # read end: the worker writes once its model is built
     ready: bool = False
@@ -108,8 +108,8 @@ class Child(Process):
     told_to_stop: float = 0.0  # monotonic time of terminate()
 
     def behind(self, newest: Mapping[str, int]) -> bool:
-        """Whether it was started on an older generation of a model than ``newest``'s, or on a
-        model no longer served."""
+        """Whether it serves an older generation of a model than ``newest``'s, or a model no
+        longer served."""
         return any(name not in newest or generation < newest[name] for name, generation in self.generations.items())
 
     def terminate(self) -> None:

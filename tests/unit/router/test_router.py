@@ -54,6 +54,9 @@ class Pool:
     def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
         self.events.append(("reload failed", worker.pid))
 
+    def models_changed(self, worker: WorkerRecord) -> None:
+        self.events.append(("models", worker.pid))
+
     def started_here(self, token: str | None) -> bool:
         return token != "forged"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,14 +37,15 @@ class Pool:
 
     def __init__(self, *, max_rows: int = 1, wait: float = 0.0, request_timeout: float | None = None,
                  running_cap: int | None = None, models: dict[str, dict[str, Any]] | None = None,
-                 max_queue: int = 64) -> None:
+                 max_queue: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
         self.sent: list[tuple[int, list[Any]]] = []  # (pid, frames) of each send that left
         self.replies: list[list[Any]] = []  # what clients were sent
         self.unreachable: set[int] = set()
         self.lost: list[int] = []
         self.failed: list[tuple[int, str]] = []
+        self.serving: dict[int, dict[str, int]] = {}  # what each worker serves, as its owner heard last
         self.router = Router(self, max_queue=max_queue, max_message_size=1 << 20,
-                             request_timeout=request_timeout, running_cap=running_cap)
+                             request_timeout=request_timeout, running_cap=running_cap, clock=clock)
         for name, signature in (models or {"m": SIGNATURE}).items():
             self.router.add_model(name, signature, max_rows=max_rows, wait=wait)
         self.scheduler = self.router.scheduler
@@ -64,6 +66,9 @@ class Pool:
 
     def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
         self.failed.append((worker.pid, model))
+
+    def models_changed(self, worker: WorkerRecord) -> None:
+        self.serving[worker.pid] = dict(worker.models)
 
     def rollout(self, model: str = "m"):
         return self.scheduler.models[model].rollout
@@ -180,6 +185,18 @@ def test_a_request_goes_to_the_most_recently_freed_worker():
     pool.request(4)
     assert pool.sends_to(1) == [[2], [3], [4]]  # one request at a time: always the same worker
     assert pool.sends_to(2) == [[1]]
+
+
+def test_a_request_that_may_not_wait_runs_when_a_worker_is_free_and_is_answered_when_none_is():
+    """A deadline of 0: only if a worker is free now."""
+    pool = Pool()
+    pool.worker(1)
+    pool.request(1, deadline_ms=0)
+    assert pool.sends_to(1) == [[1]] and pool.errors() == {}
+    frames = protocol.encode_request(2, np.zeros((1, 4), np.float32), deadline_ms=0)[1:]
+    pool.router.receive([zmq.Frame(b"c"), zmq.Frame(b""), *map(zmq.Frame, frames)])  # the worker is busy
+    pool.flush()
+    assert pool.errors() == {2: "deadline_exceeded"} and pool.sends_to(1) == [[1]]
 
 
 def test_a_worker_whose_last_answer_failed_goes_to_the_back_of_the_free_list():
@@ -550,9 +567,9 @@ def test_batches_never_mix_models_and_a_worker_serves_only_its_models():
 
 
 def test_a_flooded_model_cannot_starve_a_quiet_one():
-    """The rule: a free worker takes the work of the model whose work a worker took least
-    recently. A request of a quiet model waits for a pass in progress, never for the flooded
-    model's queue."""
+    """The rule: a free worker takes the work of the model that has had the least of the
+    workers' time. A request of a quiet model waits for a pass in progress, never for the
+    flooded model's queue."""
     pool = Pool(max_rows=2, models=TWO)
     workers = [pool.worker(pid, batching=True, models=TWO) for pid in (1, 2)]
     for request_id in range(40):  # a flood on a: both workers busy, 38 queued
@@ -566,6 +583,54 @@ def test_a_flooded_model_cannot_starve_a_quiet_one():
     pool.request(101, model="b", client=b"quiet")
     pool.answer(workers[0])
     assert pool.sends_to(1)[-1] == [101]
+
+
+class Clock:
+    """The time the scheduler counts the workers' time by, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_flood(pool: Pool, clock: Clock, worker: WorkerRecord, seconds: dict[str, float], passes: int) -> list[str]:
+    """``worker`` answers ``passes`` messages, each taking its model's ``seconds``: the models it ran."""
+    ran = []
+    for _ in range(passes):
+        model = worker.running
+        ran.append(model)
+        clock.now += seconds[model]
+        pool.answer(worker)
+    return ran
+
+
+def test_models_with_work_share_the_workers_time_however_long_their_passes():
+    """A model whose passes take a tenth of another's runs ten passes to its one: each has half
+    the worker's time, as two pools of their own would on one core (not one pass each in turn)."""
+    clock = Clock()
+    pool = Pool(models=TWO, clock=clock, max_queue=200)
+    worker = pool.worker(1, models=TWO)
+    for request_id in range(120):
+        pool.request(request_id, model="a" if request_id % 2 else "b", client=b"a" if request_id % 2 else b"b")
+    ran = run_flood(pool, clock, worker, {"a": 10.0, "b": 1.0}, 44)
+    time_of = {model: ran.count(model) * {"a": 10.0, "b": 1.0}[model] for model in TWO}
+    assert abs(time_of["a"] - time_of["b"]) <= 10.0, ran
+    assert ran.count("b") >= 8 * ran.count("a") > 0
+
+
+def test_a_model_back_from_idle_gets_no_credit_for_the_time_it_was_away():
+    clock = Clock()
+    pool = Pool(models=TWO, clock=clock)
+    worker = pool.worker(1, models=TWO)
+    for request_id in range(60):
+        pool.request(request_id, model="a", client=b"a")
+    assert run_flood(pool, clock, worker, {"a": 1.0}, 20) == ["a"] * 20  # b idle all along
+    for request_id in range(100, 130):
+        pool.request(request_id, model="b", client=b"b")
+    ran = run_flood(pool, clock, worker, {"a": 1.0, "b": 1.0}, 20)
+    assert 8 <= ran.count("b") <= 12, ran  # half the time from now on, not 20 passes to catch up
 
 
 def test_each_model_batches_by_its_own_max_rows():
@@ -699,6 +764,7 @@ def test_a_model_added_rolls_out_to_the_workers_one_at_a_time():
     pool.flush()
     other = second if worker is first else first
     assert pool.rollout("n").switching == other.key
+    assert pool.serving == {worker.pid: {"m": 1, "n": 1}}  # its owner hears what it serves now
     pool.request(1, model="n")
     assert pool.sends_to(worker.pid)[-1] == [1]  # it serves n now
 
@@ -717,6 +783,7 @@ def test_a_removed_model_answers_what_waits_and_its_workers_drop_it():
     pool.router.from_worker(True, [zmq.Frame(worker.address), zmq.Frame(protocol.RELOADED),
                                    zmq.Frame(b'{"model": "b", "ok": true, "removed": true}')])
     assert worker.models == {"a": 1} and worker.state == WorkerState.READY
+    assert pool.serving == {1: {"a": 1}}  # the supervisor learns it: a replacement maps what it mapped
 
 
 @pytest.mark.parametrize("generation", [1, 2])
