@@ -50,6 +50,23 @@ class NoStacks(Stacking):
         return super().__call__(x)
 
 
+class Poisoned(Stacking):
+    """Fails any pass holding a row whose first element is 7; remembers the most rows it was handed."""
+
+    def __init__(self) -> None:
+        self.most_rows = 0
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.most_rows = max(self.most_rows, len(x))
+        if (x[:, 0] == 7).any():
+            raise ValueError("a poisoned row")
+        return super().__call__(x)
+
+
+def poisoned(weights, metadata) -> Poisoned:
+    return Poisoned()
+
+
 def stacking(weights, metadata) -> Stacking:
     return Stacking()
 

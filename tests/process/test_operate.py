@@ -216,6 +216,16 @@ def test_config_file_environment_and_command_line_in_that_order(tmp_path, small_
     assert again.returncode == 0 and again.stdout == done.stdout
 
 
+def test_settings_given_for_one_model_alone_print_as_a_file_that_reads_back(tmp_path, small_model):
+    done = cli("serve", f"a={small_model}", f"b={small_model}", "--model", "b=mlp", "--max-batch", "b=4",
+               "--print-config")
+    assert done.returncode == 0, done.stderr
+    assert 'model = ["b=mlp"]' in done.stdout and 'max-batch = [32, "b=4"]' in done.stdout
+    (tmp_path / "again.toml").write_text(done.stdout)
+    again = cli("serve", "--config", tmp_path / "again.toml", "--print-config")
+    assert again.returncode == 0 and again.stdout == done.stdout, again.stderr
+
+
 def test_json_logs_are_one_object_per_line(small_model):
     with Server(small_model, "--log-format", "json", workers=1) as server, \
             workerpool.Client(server.endpoint) as client:

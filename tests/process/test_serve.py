@@ -58,7 +58,7 @@ def test_mnist_answers_equal_the_model_run_in_process(burn_mnist_path):
             t.join(60)
         assert not any(t.is_alive() for t in threads)
         assert failures == []
-        # Which workers answer is the dispatcher's choice: the most recently freed, so one warm
+        # Which workers answer is the scheduler's choice: the most recently freed, so one warm
         # worker may take every batch. test_slow_request_does_not_delay_free_workers checks the
         # spread where it is owed.
         assert pids and pids <= set(server.worker_pids())

@@ -163,7 +163,8 @@ def test_models_are_added_and_removed_without_a_restart(served, tmp_path):
     pair = {"narrow": served["narrow"], "wide": served["wide"]}
     with several(pair) as server, workerpool.Client(server.endpoint) as client:
         pids = set(server.worker_pids())
-        added = cli("models", "add", f"extra={extra}", "--control", server.control, timeout=60)
+        added = cli("models", "add", "extra=extra", "--control", server.control, timeout=60,
+                    cwd=tmp_path)  # a path of the caller's directory, without .bpk, as serve takes it
         assert added.returncode == 0 and "every worker now serves extra=" in added.stdout, added.stderr
         assert client.infer(np.ones((1, 8), np.float32), model="extra").shape == (1, 10)
         assert set(server.worker_pids()) == pids  # no worker was restarted for it
@@ -212,6 +213,9 @@ def test_a_folder_is_a_model_repository_read_again_on_sighup(served, tmp_path):
         with pytest.raises(workerpool.ModelNotFound):
             client.infer(np.ones((1, 4 * WIDTH), np.float32), model="wide")
         server.wait_for(lambda s: not processes_mapping_deleted(server, "wide.bpk"))
+        (folder / "narrow.bpk").unlink()  # gone from the folder: the model goes, no weights were refused
+        status = server.wait_for(lambda s: sorted(s["models"]) == ["embed"])
+        assert status["degraded"] is None and server.status(memory=False)["degraded"] is None
 
 
 def test_a_model_found_later_keeps_to_its_workers_when_others_are_replaced(served, tmp_path):

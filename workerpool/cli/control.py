@@ -8,11 +8,13 @@ import os
 import sys
 from typing import cast
 
-from .. import runtime
+from .. import burnpack, runtime
 from ..config import values
+from ..config.models import ModelsError, list_models
 from ..config.pool import RELOAD_TIMEOUT_SECONDS
 from ..control import client as control
 from ..control.status import Status, unready
+from ..supervisor.ready_line import worker_count
 from ..units import format_size
 from . import render
 from .arguments import add_control, add_model, add_source_and_destination, add_timeout
@@ -43,8 +45,9 @@ def add_status(sub: Subcommands) -> None:
     parser.add_argument("--explain", action="store_true",
                         help="say under the table what each memory column means")
     parser.add_argument("--ready", action="store_true",
-                        help="exit 0 only if a worker serves the current weights and the server is "
-                        "not shutting down (an exec probe; /readyz over --http says the same)")
+                        help="exit 0 only if every model has a worker that can answer, no model's "
+                        "file holds weights it refused, and the server is not shutting down (an exec "
+                        "probe; /readyz over --http says the same)")
     add_timeout(parser, 5.0)
 
 
@@ -116,7 +119,16 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.action != "list" and not args.model:
         raise CommandError(f"models {args.action} needs the model: "
                            f"{'NAME=FILE' if args.action == 'add' else 'NAME'}", exit_code=2)
+    if args.action == "list" and args.model:
+        raise CommandError(f"models list takes no model ({args.model!r}): it lists them all", exit_code=2)
     endpoint = control_endpoint(args)
+    if args.action == "add":  # the file as this shell names it, not as the server's directory would
+        with reported(ModelsError):
+            found = list_models([args.model], burnpack.resolve)
+        if found.folders or len(found.named) != 1:
+            raise CommandError("models add takes one weight file: NAME=FILE or FILE", exit_code=2)
+        name, path, _ = found.named[0]
+        args.model = f"{name}={os.path.abspath(path)}"
     request = {args.action: args.model} if args.action != "list" else {}
     with reported(control.ControlError, saying=lambda exc: f"models {args.action} failed: {exc}"):
         answer = control.call(endpoint, "models", timeout=args.timeout, **request)
@@ -127,7 +139,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     else:
         for name, model in answer["models"].items():
             print(f"{name}: {model['path']} (model {model['name']}, generation {model['generation']}, "
-                  f"{model['workers']} workers, max batch {model['max_batch']})")
+                  f"{worker_count(model['workers'])}, max batch {model['max_batch']})")
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import burnpack, models
 from ..ops import metrics
+from ..supervisor.ready_line import worker_count
 from ..units import format_size
 
 
@@ -92,7 +93,7 @@ def print_status(status: dict[str, Any], width: int, *, explain: bool = False) -
         say(f"DEGRADED: {status['degraded']}")
     several = len(status["models"]) > 1
     for name, model in status["models"].items():
-        workers = f", {model['workers']} workers, {model['queue']} waiting" if several else ""
+        workers = f", {worker_count(model['workers'])}, {model['queue']} waiting" if several else ""
         say(f"{'model ' + name if several else 'model ' + model['name']}: {model['path']} "
             f"({'model ' + model['name'] + ', ' if several else ''}{format_size(model['size'])}, inode "
             f"{model['inode']}, generation {model['generation']}, {model['load']}{workers})")

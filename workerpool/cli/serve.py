@@ -106,8 +106,9 @@ def effective_config(args: argparse.Namespace) -> str:
         if setting.per_model:
             everyone, single = split_per_model(getattr(args, setting.name), setting.initial())
             write = setting.file_value or (lambda value: value)
-            listed = [write(everyone), *(f"{name}={write(value)}" for name, value in single.items())]
-            shown[setting.name] = listed if single else listed[0]
+            listed = [*([] if everyone is None else [write(everyone)]),
+                      *(f"{name}={write(value)}" for name, value in single.items())]
+            shown[setting.name] = listed if single else (listed[0] if listed else None)
         elif setting.file_value:
             shown[setting.name] = setting.file_value(getattr(args, setting.name))
     return config_sources.effective(args.command_parser, args, shown)

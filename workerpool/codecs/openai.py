@@ -25,7 +25,10 @@ ENCODINGS = ("float", "base64")
 def requested_model(body: bytes | memoryview) -> tuple[dict[str, Any], Any]:
     """The request's JSON object, and the model it names (None when it names none)."""
     document = json_object(body)
-    return document, document.get("model")
+    model = document.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, the name of a model, not {type(model).__name__}")
+    return document, model
 
 
 def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[str], str]:

@@ -13,11 +13,14 @@ without escaping (:data:`NAME_RULE`): the one rule for the command line, the wir
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 MODEL_SUFFIX = ".bpk"
 MAX_MODEL_NAME = 128
@@ -28,13 +31,15 @@ PER_MODEL = ("model", "max_batch", "batch_wait", "workers")  # the settings NAME
 
 
 def is_model_name(text: str) -> bool:
-    return _NAME.fullmatch(text) is not None
+    return isinstance(text, str) and _NAME.fullmatch(text) is not None
 
 
 def model_name_problem(text: str) -> str | None:
     """Why ``text`` cannot name a model, or None when it can."""
     if is_model_name(text):
         return None
+    if not isinstance(text, str):
+        return f"a model's name is a string, not {type(text).__name__}"
     return f"{text[:60]!r} cannot name a model: a name is {NAME_RULE}"
 
 
@@ -102,6 +107,10 @@ def list_models(arguments: Sequence[str], resolve: Callable[[str], str]) -> Mode
     found = ModelList()
     for argument in arguments:
         name, equals, path = argument.partition("=")
+        if equals and not is_model_name(name) and not os.path.exists(argument):
+            raise ModelsError(f"{argument}: {model_name_problem(name)}")
+        if equals and is_model_name(name) and not path:
+            raise ModelsError(f"{argument}: name a weight file after '='")
         if not (equals and is_model_name(name)):
             name, path = "", argument
         if not name and os.path.isdir(path):
@@ -124,27 +133,34 @@ def list_models(arguments: Sequence[str], resolve: Callable[[str], str]) -> Mode
 
 def models_in(folder: str) -> list[str]:
     """The weight files in ``folder`` (a model repository), in order of name; a file whose name
-    is no model's name is left out (logged by the caller, which sees the folder's list)."""
+    is no model's name is left out, with a warning."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
         raise ModelsError(f"{folder}: cannot list it: {exc.strerror or exc}") from exc
-    return [os.path.join(os.path.abspath(folder), name) for name in names
-            if name.endswith(MODEL_SUFFIX) and is_model_name(stem(name))
-            and os.path.isfile(os.path.join(folder, name))]
+    files = [name for name in names if name.endswith(MODEL_SUFFIX) and os.path.isfile(os.path.join(folder, name))]
+    for name in files:
+        if not is_model_name(stem(name)):
+            log.warning("not serving %s in %s: %s", name, folder, model_name_problem(stem(name)))
+    return [os.path.join(os.path.abspath(folder), name) for name in files if is_model_name(stem(name))]
 
 
 def entries(found: ModelList, everyone: Mapping[str, Any],
             single: Mapping[str, Mapping[str, Any]]) -> list[ModelEntry]:
     """Each model with its settings: ``single[setting][name]`` where given, else
     ``everyone[setting]``. A setting given for a model that is not served is refused: a typo
-    would otherwise change nothing without a word."""
+    would otherwise change nothing without a word. With a folder it is only warned of: the
+    folder may get the model later."""
     served = {name for name, _, _ in found.named}
     for setting, values in single.items():
-        unknown = sorted(set(values) - served) if not found.folders else []
-        if unknown:
-            raise ModelsError(f"--{setting.replace('_', '-')} {unknown[0]}=...: no model is named "
-                              f"{unknown[0]!r} (served: {', '.join(sorted(served))})")
+        unknown = sorted(set(values) - served)
+        if not unknown:
+            continue
+        why = (f"--{setting.replace('_', '-')} {unknown[0]}=...: no model is named {unknown[0]!r} "
+               f"(served: {', '.join(sorted(served))})")
+        if not found.folders:
+            raise ModelsError(why)
+        log.warning("%s; it applies if a folder gets one", why)
     return [entry_for(name, path, folder, everyone, single) for name, path, folder in found.named]
 
 

@@ -215,11 +215,13 @@ _SERVE_SETTINGS = _for(SERVE_ONLY,
     Setting("--max-batch", parse=values.positive_count, default=32, per_model=True,
             metavar="ROWS",
             help="rows (or texts) one forward pass may take, from one request or several waiting "
-            "ones: a longer request is spread over several passes, and workers; 1 turns batching "
-            "off; NAME=ROWS for one model (default: {default})",
+            "ones: a longer request is cut into parts that free workers run side by side (a KServe "
+            "body runs on one worker, in passes); 1: one row a pass, no request shares one; "
+            "NAME=ROWS for one model (default: {default})",
             doc="rows (or texts) one forward pass may take, from one request or several waiting ones; "
-            "a request with more is spread over several passes and workers; `1` turns batching off; "
-            "`NAME=ROWS` for one model (see [Batching](benchmarks.md#batching))"),
+            "a request with more is cut into parts that free workers run side by side (a KServe body "
+            "runs on one worker, in passes); `1`: one row a pass, no request shares one; `NAME=ROWS` "
+            "for one model (see [Batching](benchmarks.md#batching))"),
     Setting("--batch-wait", parse=values.milliseconds, default=0.0, per_model=True,
             metavar="MS", file_value=lambda seconds: seconds * MS_PER_SECOND,
             help="milliseconds a request may wait for others to share its forward pass when fewer "

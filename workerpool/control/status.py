@@ -102,10 +102,12 @@ SERVING = (WorkerState.READY, WorkerState.BUSY, WorkerState.RELOADING)
 
 def unready(status: Status) -> str | None:
     """Why the pool is not ready, in one line; None when it is (what ``/readyz`` and ``status
-    --ready`` report): when every model is (:func:`model_unready`)."""
+    --ready`` report): when every model is (:func:`model_unready`), but one being added that no
+    worker has loaded yet (its own readiness says so: the others serve meanwhile)."""
     if status["draining"]:
         return "the server is shutting down"
-    reasons = [(name, model_unready(status, name)) for name in status["models"]]
+    reasons = [(name, model_unready(status, name)) for name, served in status["models"].items()
+               if not (served["reloading"] and not served["workers"])]
     unready_models = [(name, why) for name, why in reasons if why is not None]
     if not unready_models:
         return None
@@ -129,5 +131,7 @@ def model_unready(status: Status, model: str) -> str | None:
     workers = [w for w in status["workers"] if model in w["models"]]
     if any(w["state"] in SERVING for w in workers):
         return None
+    if not workers and served["reloading"]:
+        return "being added: no worker has loaded it yet"
     starting = sum(1 for w in workers if w["state"] == WorkerState.STARTING)
     return f"no worker is ready yet ({starting} starting)"

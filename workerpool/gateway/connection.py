@@ -165,6 +165,8 @@ class Connection:
         self.deadline = None
         decision = self.server.routes.answer(request)
         if isinstance(decision, Reply):
+            if decision.refused is not None:
+                self.server.router.replies.count(*decision.refused)
             self._respond(decision)
             return
         self.forwarded = decision

@@ -38,6 +38,7 @@ from ..codecs.http_call import (
 from ..codecs.view import ModelState, ModelView, view_of
 from ..errors import ErrorCode, RemoteError
 from ..protocol import messages as protocol
+from ..router.replies import UNKNOWN_MODEL
 from .http11 import Refusal, Request
 
 RETRY_AFTER = "1"
@@ -70,6 +71,7 @@ class Reply:
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
     close: bool = False
+    refused: tuple[str, ErrorCode] | None = None  # an inference answered here: its model ("": unknown) and code
 
 
 @dataclass(frozen=True)
@@ -118,14 +120,20 @@ class Routes:
             raise Refusal(415, f"Content-Encoding {encoding[:100]} is not taken: send the body as it is")
 
     def answer(self, request: Request) -> Reply | Forward:
+        """What to do with a whole request: a response to write, or an inference to forward. An
+        inference refused here carries its model and code, for the count of answers by code."""
         openai_route = request.path.startswith("/v1/")
+        name = None
         try:
             name, match = self._route(request)
             if self.token is not None and name not in OPEN_ROUTES:
                 self._authenticate(request)
-            return self._handle(name, match, request)
+            decision = self._handle(name, match, request)
         except Refusal as exc:
-            return error_reply(exc.status, exc.message, openai_route, exc.headers)
+            decision = error_reply(exc.status, exc.message, openai_route, exc.headers)
+            if name in BODY_ROUTES and exc.status != 401:
+                decision.refused = (UNKNOWN_MODEL, _code_of(exc.status))
+        return decision
 
     def answer_forwarded(self, forward: Forward, frames: list[Any]) -> Reply:
         """The response to an inference, from the router's reply frames."""
@@ -181,18 +189,22 @@ class Routes:
         """OpenAI's embeddings: the body read here, its texts handed on as a request of texts."""
         deadline = _timeout_header(request)
         try:
+            named: Any = None
             document, named = openai.requested_model(request.body)
             if named is None and len(states) == 1:
                 named = next(iter(states))
             if not isinstance(named, str) or named not in states:
                 listed = ", ".join(map(repr, states))
-                return error_reply(404, f"the model {named!r} does not exist here; this server serves {listed}"
-                                   if named is not None else f"name a model: this server serves {listed}", True)
+                raise Refusal(404, f"the model {named!r} does not exist here; this server serves {listed}"
+                              if named is not None else f"name a model: this server serves {listed}")
             texts, encoding = openai.decode_embeddings(document, self._view(named, states[named]))
             self._ids += 1
             frames = text_request_frames(self._ids, OPENAI, named, texts, deadline=deadline, encoding=encoding)
         except RemoteError as exc:
-            return error_reply(ErrorCode.read(exc.code.encode()).http_status, exc.message, True)
+            code = ErrorCode.read(exc.code.encode())
+            refused = error_reply(code.http_status, exc.message, True)
+            refused.refused = (named if isinstance(named, str) and named in states else UNKNOWN_MODEL, code)
+            return refused
         return Forward(frames, OPENAI, named)
 
     def _view(self, name: str, state: ModelState) -> ModelView:
@@ -252,6 +264,11 @@ def _timeout_header(request: Request) -> float | None:
         raise Refusal(400, f"the Timeout header {text[:40]!r} is not a number of seconds from 0 to "
                       f"{MAX_TIMEOUT_SECONDS:g}")
     return value
+
+
+def _code_of(status: int) -> ErrorCode:
+    """The error code of a refusal answered with ``status``, for the count of answers by code."""
+    return ErrorCode.MODEL_NOT_FOUND if status == 404 else ErrorCode.BAD_REQUEST if status < 500 else ErrorCode.INTERNAL
 
 
 def code_reply(reply: HttpReply, openai_route: bool) -> Reply:

@@ -91,8 +91,7 @@ class LoadedModel:
             else:
                 parts = [part for _, part in members]
                 joined = _joined_arrays if isinstance(parts[0], Mapping) else np.concatenate
-                outcomes = self._run_stacked([_rows(p) for p in parts], [inputs[i] for i, _ in members],
-                                             functools.partial(joined, parts))
+                outcomes = self._run_stacked(parts, [inputs[i] for i, _ in members], functools.partial(joined, parts))
                 yield from zip((i for i, _ in members), outcomes, strict=True)
 
     def _run_texts(self, members: list[tuple[int, list[str]]]) -> Iterator[tuple[int, Any]]:
@@ -104,7 +103,7 @@ class LoadedModel:
             return
         if encoder is None:
             parts = [texts for _, texts in members]
-            outcomes = self._run_stacked([len(p) for p in parts], parts, functools.partial(_joined_texts, parts))
+            outcomes = self._run_stacked(parts, parts, functools.partial(_joined_texts, parts))
             yield from zip((i for i, _ in members), outcomes, strict=True)
             return
         owners = [k for k, (_, texts) in enumerate(members) for _ in texts]
@@ -163,18 +162,23 @@ class LoadedModel:
             return tuple((name, a.dtype, a.shape[1:]) for name, a in arrays.items()), arrays
         return (arrays.dtype, arrays.shape[1:]), arrays
 
-    def _run_stacked(self, counts: list[int], originals: list[Any], join: Callable[[], Any]) -> list[Any]:
-        """The outputs of ``originals`` (``counts`` rows each) from passes of at most
-        ``max_rows`` rows over ``join()``, or of each alone when a pass fails."""
+    def _run_stacked(self, parts: list[Any], originals: list[Any], join: Callable[[], Any]) -> list[Any]:
+        """The outputs of ``originals`` (``parts``: each as rows to stack) from passes of at
+        most ``max_rows`` rows over ``join()``, or of each alone when a pass fails: in one call
+        when it fits one pass, else in passes of its own (its first failure is its answer)."""
+        counts = [_rows(part) for part in parts]
         bounds = np.cumsum(counts)
         stacked = self._outcome_joined(join, int(bounds[-1]))
         if isinstance(stacked, BaseException) or not _split_along(stacked, int(bounds[-1])):
             self._log_batch_failure(len(originals), stacked)
             del stacked  # and what it holds, before the requests run again
-            return [self.outcome(one) for one in originals]
+            step = self.max_rows or math.inf
+            return [self.outcome(one) if count <= step
+                    else self._outcome_joined(functools.partial(_rows_of, part, 0, count), count)
+                    for one, part, count in zip(originals, parts, counts, strict=True)]
         if isinstance(stacked, Mapping):
-            parts = {name: np.split(value, bounds[:-1]) for name, value in stacked.items()}
-            return [{name: parts[name][k] for name in parts} for k in range(len(originals))]
+            split = {name: np.split(value, bounds[:-1]) for name, value in stacked.items()}
+            return [{name: split[name][k] for name in split} for k in range(len(originals))]
         return np.split(stacked, bounds[:-1])
 
     def _log_batch_failure(self, requests: int, failure: Any) -> None:

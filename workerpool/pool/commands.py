@@ -138,8 +138,8 @@ class ControlCommands:
                 if found.folders or len(found.named) != 1:
                     return {"error": "add one weight file at a time: NAME=FILE or FILE"}
                 name, path, _ = found.named[0]
-                pool.changes.add(self.role.config.entry(name, os.path.abspath(path)))
-                self._wait_for_generations(client, {name: 1})
+                served = pool.changes.add(self.role.config.entry(name, os.path.abspath(path)))
+                self._wait_for_generations(client, {name: served.current.generation})
                 return None
             if isinstance(remove, str) and remove:
                 if remove not in pool.models:

@@ -29,7 +29,7 @@ def pack_arrays(payload: Inputs | None) -> tuple[list[dict[str, Any]], list[Any]
     if payload is None:
         return [], []
     if is_text(payload):
-        raise ProtocolError("texts are sent in the request header (encode_request), not as arrays")
+        raise ProtocolError("texts are sent as a request of texts (encode_request), not as arrays")
     items = payload.items() if isinstance(payload, Mapping) else [(None, payload)]
     descriptors, buffers = [], []
     for name, value in items:

@@ -405,18 +405,21 @@ def merge_replies(replies: Sequence[Sequence[Any]]) -> list[Any]:
     frame and its arrays, in the order of the parts): every output's rows, part after part.
 
     The arrays are C-ordered, so rows after rows are their bytes one after the other. Raises
-    ``ProtocolError`` when the parts' outputs do not line up (a model whose outputs for some
+    ``ProtocolError`` when a part's reply is malformed (what a worker says is checked as a
+    client's request is) or the parts' outputs do not line up (a model whose outputs for some
     rows differ in kind from those for others).
     """
     headers = [decode_header(reply[0]) for reply in replies]
+    for header, reply in zip(headers, replies):
+        unpack_arrays(header.get("arrays"), reply[1:])
     first = headers[0]
     merged = [dict(descriptor) for descriptor in first["arrays"]]
-    for header, reply in zip(headers[1:], replies[1:]):
-        arrays = header.get("arrays")
-        if not isinstance(arrays, list) or len(arrays) != len(merged) or len(reply) != len(merged) + 1:
+    for header in headers[1:]:
+        arrays = header["arrays"]
+        if len(arrays) != len(merged):
             raise ProtocolError("the parts of a request gave different outputs")
         for descriptor, other in zip(merged, arrays):
-            if (other.get("name"), other.get("dtype")) != (descriptor.get("name"), descriptor.get("dtype")) \
+            if (other.get("name"), other["dtype"]) != (descriptor.get("name"), descriptor["dtype"]) \
                     or other["shape"][1:] != descriptor["shape"][1:] or not descriptor["shape"]:
                 raise ProtocolError("the parts of a request gave different outputs")
             descriptor["shape"] = [descriptor["shape"][0] + other["shape"][0], *descriptor["shape"][1:]]

@@ -27,6 +27,7 @@ other.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 from collections.abc import Mapping, Sequence
@@ -99,6 +100,17 @@ class Route:
         if not past_first_axis:
             return form + self.frame[self.tail:]
         return form + self.frame[self.tail:axes] + self.frame[axes + AXIS.size:]
+
+    def data_bytes(self) -> int | None:
+        """The bytes its one data frame must hold: a form-1 array's, or a form-2 request's
+        texts'; None for another form."""
+        if self.form == Form.TEXTS:
+            return sum(self.text_lengths())
+        if self.form != Form.ARRAY:
+            return None
+        itemsize = int(self.frame[self.tail + 2:self.tail + DTYPE_BYTES].rstrip(b"\0"))  # "<f4": 4
+        axes = struct.unpack_from(f"<{self.count}Q", self.frame, self.tail + DTYPE_BYTES)
+        return math.prod(axes) * itemsize
 
     def text_lengths(self) -> tuple[int, ...]:
         """A form-2 request's texts' lengths in bytes, in order."""

@@ -54,12 +54,13 @@ class Backlog:
         """Hold ``request`` at the end of its line, if there is room. Raises ``QueueFull`` when
         it may not wait."""
         self.queue.check_room(request)
-        self.held += 1
         if request.expired(time.monotonic()):  # before evicting: it would take no room
+            self.held += 1
             self.expire(request)
             return
         for victim in self.queue.make_room(request):
             self.fail(victim, ErrorCode.OVERLOADED, EVICTED)
+        self.held += 1
         request.frames = [bytes(f) if len(f) <= SHARED_FRAME_MAX else f for f in request.frames]
         self.queue.put(request)
 
@@ -125,35 +126,42 @@ class Backlog:
 
     def settle(self, decision: AfterLoss, served: Container[str]) -> None:
         """Apply what recovery decided for a lost worker's parts: each to retry is queued again
-        before everything else of its model (unless its request was answered, started again or
-        its model is no longer ``served`` meanwhile), each to fail answers its request, and a
-        killer is quarantined."""
+        before everything else of its model (unless its request was answered or started again
+        meanwhile; if its model is no longer ``served``, its request is answered so), each to
+        fail answers its request, and a killer is quarantined."""
         for part in reversed(decision.retry):
-            if not part.stale and part.request.model in served:
+            if part.stale:
+                continue
+            if part.request.model in served:
                 self.queue.put_back(part)
+            else:
+                self.fail(part.request, ErrorCode.MODEL_NOT_FOUND,
+                          f"the model {part.request.model!r} is no longer served")
         for part, code, message in decision.fail:
             if decision.blame:
-                self.quarantine.killed(part.request.client, part.request.frames)
+                self.quarantine.killed(part.request.client, part.request.frames, part.request.model)
             self.fail(part.request, code, message)
 
     def pinned_waiting(self, model: str, generation: int | None) -> bool:
-        """Whether parts of a request pinned to ``generation`` of ``model`` still wait."""
+        """Whether parts of a request pinned to ``generation`` of ``model`` still wait (not those
+        left of a request answered or started again)."""
         if generation is None or not self.queue.has_work(model):
             return False
-        return any(_request_of(item).model == model and _request_of(item).generation == generation
-                   for item in self.queue.everything())
+        return any(not (isinstance(item, Part) and item.stale) and _request_of(item).model == model
+                   and _request_of(item).generation == generation for item in self.queue.everything())
 
-    def restart_if_lost(self, model: str, left: Callable[[int], bool]) -> None:
-        """Start again the request in parts at the head of ``model``'s work when no worker
-        serves the generation it is pinned to any more (``left`` tells): all moved on while it
-        waited. It runs again from its first row; what ran of it comes back stale."""
+    def restart_if_stranded(self, model: str, runnable: Fits) -> None:
+        """Start again the request in parts at the head of ``model``'s work when no worker may
+        run the generation it is pinned to any more (``runnable`` tells): all moved on while it
+        waited, or its client has seen a newer one since. It runs again from its first row; what
+        ran of it comes back stale."""
         if not self.queue.has_work(model):
             return
         request = _request_of(self.queue.peek(model))
-        if request.generation is None or request.done or left(request.generation):
+        if request.generation is None or request.done or runnable(request):
             return
-        log.info("no worker serves generation %d of %s any more: a request in parts starts again on "
-                 "the newest", request.generation, model)
+        log.info("no worker may run generation %d of %s for a request in parts any more: it starts "
+                 "again on the newest", request.generation, model)
         self.queue.remove(request)
         request.restart()
         self.queue.put(request, first=True)

@@ -120,7 +120,7 @@ class Router:
 
     @property
     def in_flight(self) -> int:
-        return self.scheduler.in_flight
+        return sum(len(worker.inflight) for worker in self.scheduler.workers.values())
 
     @property
     def unfinished(self) -> int:
@@ -165,7 +165,7 @@ class Router:
             self.scheduler.add(request)
         except QueueFull as full:
             self.intake.refuse(request.client, request.frames, ErrorCode.OVERLOADED,
-                               self.intake.refusal(request, self.queue, full.limit), request.model)
+                               self.intake.refusal(request, self.queue, full), request.model)
 
     # Worker side.
 

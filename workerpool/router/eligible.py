@@ -33,6 +33,14 @@ def may_run(worker: WorkerRecord, rollout: Rollout, request: Request, workers: I
                 and generation_left(workers, model, rollout.target))
 
 
+def pinned_runnable(workers: Iterable[WorkerRecord], rollout: Rollout, request: Request) -> bool:
+    """Whether a worker may still run the generation ``request`` (in parts) is pinned to: one
+    that is not stopping serves it, and its client has seen no newer one since."""
+    assert request.generation is not None
+    return request.generation >= rollout.floor(request.client) \
+        and generation_left(workers, rollout.model, request.generation)
+
+
 def generation_left(workers: Iterable[WorkerRecord], model: str, generation: int) -> bool:
     """Whether a worker that is not stopping serves ``generation`` of ``model``."""
     return any(w.models.get(model) == generation and w.state != WorkerState.STOPPING for w in workers)

@@ -31,7 +31,7 @@ from ..logs import Throttle
 from ..protocol import messages as protocol
 from ..protocol.route import read_route
 from .batching import BatchPolicy
-from .queue import COUNT, RequestQueue
+from .queue import COUNT, QueueFull, RequestQueue
 from .replies import UNKNOWN_MODEL, Replies
 from .requests import Request, request_id_of
 
@@ -121,6 +121,13 @@ class Intake:
         policy = self.policies[model]
         shape = policy.shape_of(route, len(frames))
         split = policy.split(shape)
+        if split:  # the router cuts its data frame by what the route frame says: the two must agree
+            expected, held = route.data_bytes(), len(frames[2])
+            if expected != held:
+                self.refuse(client, frames, ErrorCode.BAD_REQUEST, f"the route frame describes {expected} "
+                            f"bytes of data where the request holds {held}")
+                return None
+            split = held > 0  # rows of no bytes are never cut: a header alone would make that many parts
         request = Request(client, frames, route, model, time.monotonic(), size, shape,
                           shape.rows if shape else 1, split=split)
         if route.deadline is not None:
@@ -143,14 +150,17 @@ class Intake:
                     f"{why} (served: {', '.join(sorted(self.policies))})")
         return None
 
-    def refusal(self, request: Request, queue: RequestQueue, limit: str) -> str:
-        """Why ``request`` may not wait: ``limit`` of ``queue`` is reached."""
+    def refusal(self, request: Request, queue: RequestQueue, full: QueueFull) -> str:
+        """Why ``request`` may not wait: a limit of ``queue`` is reached (``full`` says which)."""
+        limit = full.limit
         if limit == COUNT:
             why = f"{len(queue)} requests already queued (--max-queue {queue.limit})"
         else:
             why = (f"queued requests hold {queue.nbytes} bytes; this one's {request.size} more "
                    f"would pass --max-queue-bytes {queue.max_bytes}")
-        if queue.holders > int(queue.holds(request.client)):  # others hold requests too
+        if full.started:
+            why += "; the requests holding it have started running and cannot give way"
+        elif queue.holders > int(queue.holds(request.client)):  # others hold requests too
             why += "; this client already holds its fair share"
         return why
 

@@ -4,10 +4,11 @@ A request in flight on a worker that dies is retried once, alone (inference is i
 the worker may have died of something else: an operator's ``kill``, the OOM killer, a fault).
 A death alone blames nobody. A request that kills a second worker running it alone (by
 anything but SIGKILL, which operators and the OOM killer send, and a kill sweep sends to a
-retry's worker too), or runs past ``--request-timeout``, is a killer: identical requests (same method and arrays, whatever
-their id) are then refused at once for ``REQUEST_TTL`` seconds, and a client connection
-``CLIENT_KILLS`` of whose distinct requests were killers within ``CLIENT_WINDOW`` seconds is
-refused for that window. Both tables are bounded, oldest entries dropped first.
+retry's worker too), or runs past ``--request-timeout``, is a killer: identical requests (same
+model, method, arrays or texts, whatever their id) are then refused at once for
+``REQUEST_TTL`` seconds, and a client connection ``CLIENT_KILLS`` of whose distinct requests
+were killers within ``CLIENT_WINDOW`` seconds is refused for that window. New weights for a
+model forgive what killed its workers. Both tables are bounded, oldest entries dropped first.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ MAX_ENTRIES = 1024
 
 
 def fingerprint(frames: list[Any]) -> bytes | None:
-    """What makes two requests (route, header, arrays) the same: method, texts and arrays (not
-    the id or deadline)."""
+    """What makes two requests (route, header, arrays or texts) the same: model, method, arrays
+    and texts (not the id or deadline)."""
     try:
         header = protocol.decode_header(frames[1])
     except protocol.ProtocolError:
         return None
     digest = blake2b(digest_size=16)
-    digest.update(protocol.encode_header({"method": header.get("method"), "arrays": header.get("arrays"),
-                                          "text": header.get("text"),
+    digest.update(protocol.encode_header({"model": header.get("model"), "method": header.get("method"),
+                                          "arrays": header.get("arrays"), "texts": header.get("texts"),
                                           "frames": [len(frame) for frame in frames[2:]]}))
     for frame in frames[2:]:
         digest.update(frame.buffer if hasattr(frame, "buffer") else frame)
@@ -47,21 +48,30 @@ class Quarantine:
     def __init__(self) -> None:
         self._requests: OrderedDict[bytes, float] = OrderedDict()  # fingerprint -> refused until
         self._kills: OrderedDict[bytes, dict[bytes, float]] = OrderedDict()  # client -> killer -> when
+        self._models: dict[bytes, str] = {}  # fingerprint -> the model it killed workers of
 
     def __bool__(self) -> bool:
         return bool(self._requests or self._kills)
 
-    def clear(self) -> None:
-        """New weights: what killed workers before may not now."""
-        self._requests.clear()
-        self._kills.clear()
+    def clear(self, model: str) -> None:
+        """New weights for ``model``: what killed its workers before may not now."""
+        forgiven = {key for key, killed in self._models.items() if killed == model}
+        for key in forgiven:
+            self._requests.pop(key, None)
+            del self._models[key]
+        for client, kills in list(self._kills.items()):
+            for key in forgiven & kills.keys():
+                del kills[key]
+            if not kills:
+                del self._kills[client]
 
-    def killed(self, client: bytes, frames: list[Any]) -> None:
-        """A request of ``client`` proved a killer: it killed a worker running it alone after
-        failing once, or ran out of time."""
+    def killed(self, client: bytes, frames: list[Any], model: str) -> None:
+        """A request of ``client`` for ``model`` proved a killer: it killed a worker running it
+        alone after failing once, or ran out of time."""
         key = fingerprint(frames)
         if key is None:
             return
+        self._models[key] = model
         now = time.monotonic()
         self._requests.pop(key, None)
         self._requests[key] = now + REQUEST_TTL
@@ -71,6 +81,9 @@ class Quarantine:
         for table in (self._kills, self._requests):
             while len(table) > MAX_ENTRIES:
                 table.popitem(last=False)
+        if len(self._models) > 2 * MAX_ENTRIES:  # keep the models of those still remembered
+            live = self._requests.keys() | {k for kills in self._kills.values() for k in kills}
+            self._models = {k: m for k, m in self._models.items() if k in live}
 
     def refusal(self, client: bytes, frames: list[Any]) -> str | None:
         """Why this request is refused, or None. Costs a hash only while anything is held."""

@@ -15,7 +15,8 @@ share of it (the limit divided among the clients holding requests, itself includ
 room: the newest requests of the client holding the most are answered ``overloaded``;
 otherwise its own request is. The newest go because the oldest have waited longest and are
 served next. Finding the biggest holder scans the clients, but only when a limit is reached.
-A request of which a part already runs is never evicted.
+A request of which a part already runs is never evicted: when such requests hold the room,
+the newcomer is refused.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ BYTES = "bytes"
 
 class QueueFull(Exception):
     """A request may not queue: ``limit`` (``COUNT`` or ``BYTES``) is reached and its client
-    holds its fair share."""
+    holds its fair share, or (``started``) what holds the room may not give way: requests of
+    which a part runs."""
 
-    def __init__(self, limit: str) -> None:
+    def __init__(self, limit: str, *, started: bool = False) -> None:
         super().__init__(limit)
         self.limit = limit
+        self.started = started
 
 
 @dataclass
@@ -174,9 +177,13 @@ class RequestQueue:
     def holds(self, client: bytes) -> bool:
         return client in self._held
 
-    def _passed(self, size: int) -> list[str]:
-        passed = [COUNT] if self._count >= self.limit else []
-        if self.max_bytes is not None and self.nbytes + size > self.max_bytes:
+    def _passed(self, size: int, count: int | None = None, nbytes: int | None = None) -> list[str]:
+        """The limits a request of ``size`` bytes would pass, with ``count`` requests holding
+        ``nbytes`` queued (by default, those queued now)."""
+        count = self._count if count is None else count
+        nbytes = self.nbytes if nbytes is None else nbytes
+        passed = [COUNT] if count >= self.limit else []
+        if self.max_bytes is not None and nbytes + size > self.max_bytes:
             passed.append(BYTES)
         return passed
 
@@ -189,24 +196,30 @@ class RequestQueue:
 
     def make_room(self, request: Request) -> list[Request]:
         """Remove and return the requests that give way for ``request``, which ``check_room``
-        let in: the newest of whichever client holds the most of a passed limit. Raises
-        ``QueueFull`` when no request that may be evicted is left to make room."""
-        passed = self._passed(request.size)
-        evicted = []
-        while passed:
-            victim = self._newest_of_biggest(passed[0])
+        let in: the newest not started of whichever client holds the most of a passed limit.
+        The victims are all chosen first: when those that may be evicted cannot make room (a
+        request of which a part runs stays), ``QueueFull`` is raised and nothing is removed."""
+        held = {client: Held(h.count, h.nbytes) for client, h in self._held.items()}
+        count, nbytes = self._count, self.nbytes
+        chosen: list[Request] = []
+        while passed := self._passed(request.size, count, nbytes):
+            victim = self._newest_of_biggest(passed[0], held, chosen)
             if victim is None:
-                raise QueueFull(passed[0])
+                raise QueueFull(passed[0], started=True)
+            chosen.append(victim)
+            held[victim.client].count -= 1
+            held[victim.client].nbytes -= victim.size
+            count, nbytes = count - 1, nbytes - victim.size
+        for victim in chosen:
             self.remove(victim)
-            evicted.append(victim)
-            passed = self._passed(request.size)
-        return evicted
+        return chosen
 
-    def _newest_of_biggest(self, limit: str) -> Request | None:
-        """The newest request not yet started of the client holding the most of ``limit``."""
-        for client in sorted(self._held, key=lambda c: self._held[c].of(limit), reverse=True):
+    def _newest_of_biggest(self, limit: str, held: dict[bytes, Held], chosen: list[Request]) -> Request | None:
+        """The newest request not started and not ``chosen`` of the client that ``held``
+        says holds the most of ``limit`` and has one."""
+        for client in sorted(held, key=lambda c: held[c].of(limit), reverse=True):
             untouched = [request for queue in self._models.values() for request in queue.lines.get(client, ())
-                         if not request.taken]
+                         if not request.taken and request not in chosen]
             if untouched:
                 return max(untouched, key=lambda request: request.received)
         return None
@@ -259,7 +272,7 @@ class RequestQueue:
             yield from self.take_model(model)
 
     def everything(self) -> Iterator[Part | Request]:
-        """What waits, retried parts first, without taking it (for tests and ``status``)."""
+        """What waits, retried parts first, without taking it."""
         for queue in self._models.values():
             yield from queue.retried
             for line in queue.lines.values():

@@ -62,12 +62,18 @@ class WorkerRecord:
         bucket = size_bucket(rows)
         self.batch_sizes[bucket] = self.batch_sizes.get(bucket, 0) + 1
 
+    def answered(self, rows: int, *, ok: bool) -> None:
+        """It answered a part of ``rows`` rows (counted as run only when it succeeded: what it
+        ran, never what a route frame claims)."""
+        self.served += 1
+        self.errors += not ok
+        self.failed_last = not ok
+        if ok:
+            self.rows += rows
+
     @property
     def key(self) -> WorkerKey:
         return (self.local, self.address)
-
-    def serves(self, model: str) -> bool:
-        return model in self.models
 
     @property
     def generation(self) -> int:
@@ -103,8 +109,10 @@ def admit(outbox: Outbox, key: WorkerKey, frames: list[Any],
     REFUSE, so that it exits instead of retrying). A model the router does not serve (one
     just removed, or one a worker host has besides) is kept in the record, never routed to.
 
-    A worker of one model, to a router of one model, serves it whatever either calls it: a
-    worker host's copy of the weights need not have the router's file's name."""
+    A worker host's worker of one model, to a router of one model, serves it whatever either
+    calls it: the host's copy of the weights need not have the router's file's name. A local
+    worker is started with the router's names, so one that names another model was started for
+    a set of models no longer served, and is refused."""
     local, address = key
     try:
         info = protocol.decode_header(frames[0])
@@ -113,7 +121,7 @@ def admit(outbox: Outbox, key: WorkerKey, frames: list[Any],
         log.warning("malformed READY from %r ignored: %s", address[:64], exc)
         return None
     described = info["models"]
-    if len(signatures) == 1 and len(worker.models) == 1:
+    if not local and len(signatures) == 1 and len(worker.models) == 1:
         (served,), (own,) = signatures, worker.models
         worker.models, worker.batching = {served: worker.models[own]}, {served: worker.batching[own]}
         described = {served: described[own]}

@@ -21,16 +21,13 @@ class Replies:
         self.outcomes: Counter[tuple[str, str]] = Counter()
 
     def send(self, client: bytes, frames: list[Any], model: str, outcome: str) -> None:
-        self.outcomes[(model, outcome)] += 1
+        self.count(model, outcome)
         self.outbox.to_client(client, frames)
+
+    def count(self, model: str, outcome: str) -> None:
+        """Count an answer: one sent here, or one the HTTP front door gave itself."""
+        self.outcomes[(model, outcome)] += 1
 
     def error(self, client: bytes, request_id: Any, code: ErrorCode, message: str,
               model: str = UNKNOWN_MODEL) -> None:
         self.send(client, protocol.encode_error(request_id, code, message), model, code)
-
-    def by_code(self) -> Counter[str]:
-        """The answers sent so far by outcome, over every model."""
-        total: Counter[str] = Counter()
-        for (_, outcome), count in self.outcomes.items():
-            total[outcome] += count
-        return total

@@ -60,7 +60,9 @@ class Request:
         return request_id_of(self.frames)
 
     def expired(self, now: float) -> bool:
-        return self.expires is not None and now >= self.expires
+        """Whether its deadline passed while it waited to start: a request in parts of which
+        one has been handed out runs to its end (what ran would be lost)."""
+        return self.expires is not None and now >= self.expires and not (self.split and self.taken)
 
     @property
     def waiting(self) -> bool:

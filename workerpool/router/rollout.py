@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from .outbox import WorkerKey
 from .registry import WorkerRecord
 
 log = logging.getLogger(__name__)
+
+
+class Switch(NamedTuple):
+    """What a worker's RELOADED says: the generation of the model it serves now (None: as
+    before), whether it stacks that model's requests, and why the target failed (None: it did
+    not, or an older order did)."""
+
+    generation: int | None
+    batching: bool = False
+    failure: str | None = None
 
 
 class Rollout:
@@ -60,23 +70,22 @@ class Rollout:
         if self.switching == key:
             self.switching = None
 
-    def finished(self, worker: WorkerRecord, outcome: Mapping[str, Any]) -> str | None:
-        """Apply a worker's RELOADED answer (decoded); the reason when the target generation
-        failed."""
+    def finished(self, pid: int, outcome: Mapping[str, Any]) -> Switch:
+        """Read the RELOADED answer (decoded) of the worker ``pid`` that was switching."""
         self.switching = None
         ok, ordered, generation = outcome.get("ok"), outcome.get("ordered"), outcome.get("generation")
         if type(ordered) is not int or type(generation) is not int:
             ok, ordered = False, self.target
             outcome = {"error": "malformed RELOADED"}
         if ok is True and type(generation) is int:
-            worker.models[self.model] = generation
-            return None
-        log.warning("worker %d could not switch %s to generation %d: %s", worker.pid, self.model,
+            info = outcome.get("info")
+            return Switch(generation, isinstance(info, dict) and info.get("batching") is True)
+        log.warning("worker %d could not switch %s to generation %d: %s", pid, self.model,
                     ordered, outcome.get("error"))
         if ordered != self.target:
-            return None
+            return Switch(None)
         self.paused = True  # retrying the same file would fail the same way
-        return str(outcome.get("error"))
+        return Switch(None, failure=str(outcome.get("error")))
 
     def complete(self, workers: Iterable[WorkerRecord]) -> bool:
         """Whether every local worker that should serve the model serves the target."""

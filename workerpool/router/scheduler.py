@@ -96,13 +96,20 @@ class Scheduler:
 
     def add_model(self, name: str, signature: dict[str, Any], policy: BatchPolicy,
                   limit: int | None = None) -> None:
+        """Serve ``name``. A worker that still holds a model of that name removed before (it was
+        busy) holds other weights: it loads these, as one that never had it does."""
+        for worker in self.workers.values():
+            worker.models.pop(name, None)
         self.models[name] = ModelRecord(name, signature, policy, Rollout(name, limit))
         self.shares.add(name)
         self.stats.of(name)
 
     def remove_model(self, name: str) -> None:
         """Stop serving ``name``: what waits for it is answered, what runs finishes, and each
-        local worker is told to drop it once free."""
+        local worker is told to drop it once free (one switching it now, once it has)."""
+        switching = self.models[name].rollout.switching
+        if switching is not None:
+            self.dropping[switching] = name
         del self.models[name]
         self.shares.remove(name)
         self.backlog.fail_queued(ErrorCode.MODEL_NOT_FOUND, f"the model {name!r} is no longer served", name)
@@ -111,7 +118,7 @@ class Scheduler:
     def begin_rollout(self, model: str, generation: int, order: bytes) -> None:
         """Move the local workers that serve ``model`` (or should) to ``generation``."""
         self.models[model].rollout.begin(generation, order)
-        self.backlog.quarantine.clear()
+        self.backlog.quarantine.clear(model)
         self.reload_next()
 
     # Workers.
@@ -173,12 +180,18 @@ class Scheduler:
             outcome = {}
         dropped = self.dropping.pop(worker.key, None)
         switched = next((model for model in self.models.values() if model.rollout.switching == worker.key), None)
-        if dropped is not None:
+        if dropped is not None and outcome.get("removed") is True:
             worker.models.pop(dropped, None)
+        elif dropped is not None:  # it was switching the model when it was removed: it drops it next
+            if outcome.get("ok") is True:
+                worker.models[dropped] = 0
         elif switched is not None:
-            failure = switched.rollout.finished(worker, outcome)
-            if failure is not None:
-                self.events.reload_failed(worker, switched.name, failure)
+            switch = switched.rollout.finished(worker.pid, outcome)
+            if switch.generation is not None:
+                worker.models[switched.name] = switch.generation
+                worker.batching[switched.name] = switch.batching
+            if switch.failure is not None:
+                self.events.reload_failed(worker, switched.name, switch.failure)
         else:
             log.warning("unexpected RELOADED from worker %d ignored", worker.pid)
             return
@@ -239,16 +252,12 @@ class Scheduler:
         """Take in an admitted request: when none of its model's work waits, straight to the
         free worker freed last that may take it (never queued, so a deadline of 0 is met), else
         into the queue if there is room there. Raises ``QueueFull`` when there is none."""
-        model = self.models[request.model]
-        if self.backlog.queue.has_work(model.name):
-            self.backlog.add(request)
-            self.dispatch()
-            return
-        if len(self.models) > 1:
+        model, idle = self.models[request.model], not self.backlog.queue.has_work(request.model)
+        if idle and len(self.models) > 1:
             busy = {worker.running for worker in self.workers.values() if worker.inflight}
             if model.name not in busy:
                 self.shares.rejoin(model.name, busy.union(self.backlog.queue.waiting_models()))
-        worker = None if request.split else next(
+        worker = None if request.split or not idle else next(
             (self.workers[key] for key in reversed(self.free) if self._may_start(self.workers[key], model, request)), None)
         if worker is None:
             self.backlog.add(request)
@@ -263,12 +272,7 @@ class Scheduler:
             log.debug("late reply from worker %d dropped", worker.pid)
             return
         part = inflight.pop(0)
-        ok = status == b"ok"
-        worker.served += 1
-        worker.errors += not ok
-        worker.failed_last = not ok
-        if ok:
-            worker.rows += part.rows  # what it ran, never what a route frame claims
+        worker.answered(part.rows, ok=status == b"ok")
         now = self.clock()
         self.stats.of(worker.running).run_times.observe(now - worker.busy_since)
         if not part.stale:
@@ -292,11 +296,14 @@ class Scheduler:
         self.worker_free(worker)
 
     def tick(self, now: float) -> None:
-        """Time passed: answer what waited past its deadline, release requests held for a batch."""
+        """Time passed: answer what waited past its deadline, release requests held for a batch,
+        start a switch a rollout waited for (the parts pinned to a worker's generation are gone)."""
         self.backlog.expire_due()
         if self.wake_at is not None and now >= self.wake_at:
             self.wake_at = None
             self.dispatch()
+        if any(model.rollout.active for model in self.models.values()):
+            self.reload_next()
 
     def fail_all(self, code: ErrorCode, message: str) -> None:
         """Answer every queued and running request with an error (end of a forced shutdown)."""
@@ -304,10 +311,6 @@ class Scheduler:
         for worker in self.workers.values():
             for part in self.take_inflight(worker):
                 self.backlog.fail(part.request, code, message)
-
-    @property
-    def in_flight(self) -> int:
-        return sum(len(worker.inflight) for worker in self.workers.values())
 
     # Dispatch.
 
@@ -323,8 +326,8 @@ class Scheduler:
         waiting = self.shares.order(name for name in self.backlog.queue.waiting_models()
                                     if name in worker.models and name in self.models)
         for model in map(self.models.__getitem__, waiting):
-            self.backlog.restart_if_lost(model.name, functools.partial(
-                eligible.generation_left, self.workers.values(), model.name))
+            self.backlog.restart_if_stranded(model.name, functools.partial(
+                eligible.pinned_runnable, self.workers.values(), model.rollout))
             if self.backlog.head(model.name, functools.partial(self._may_start, worker, model)):
                 self._send(worker, model)
                 return True
@@ -363,10 +366,7 @@ class Scheduler:
         worker.took(model.name, batch, rows, batchable=shape is not None and rows <= model.policy.max_rows,
                     now=self.clock())
         worker.charged = self.shares.charge(model.name)
-        stats = self.stats.of(model.name)
-        stats.batch_rows.observe(rows)
-        for part in batch:
-            stats.queue_waits.observe(worker.busy_since - part.request.received)
+        self.stats.of(model.name).handed(rows, [worker.busy_since - part.request.received for part in batch])
         self.free.remove(worker.key)
         if worker.local:
             self.running_here.add(worker.key)

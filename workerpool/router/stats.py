@@ -64,6 +64,12 @@ class ModelStats:
     run_times: Histogram = field(default_factory=_latencies)  # seconds from dispatch to reply
     batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # per message to a worker
 
+    def handed(self, rows: int, waits: list[float]) -> None:
+        """A message of ``rows`` rows went to a worker, its parts having waited ``waits``."""
+        self.batch_rows.observe(rows)
+        for wait in waits:
+            self.queue_waits.observe(wait)
+
     def copy(self) -> dict[str, tuple[tuple[float, ...], list[int], float]]:
         return {"queue_waits": self.queue_waits.copy(), "run_times": self.run_times.copy(),
                 "batch_rows": self.batch_rows.copy()}

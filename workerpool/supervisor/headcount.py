@@ -9,6 +9,7 @@ worker's replacement is the gap its death opens. Decisions only: the supervisor 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,13 +33,18 @@ def correct(wanted: int, running: Sequence[Child], starting: int, scheduled: int
 
     Too many: scheduled restarts go first (nothing runs yet), then running workers beyond
     ``wanted``: one not ready first (a ready worker is never stopped while one still loading is
-    kept, or a rollout's TTOU could leave none serving), then an older generation, then the
-    newest. A start already under way is not stopped before it is reported: if the pool is
-    still over then, the next tick stops it, the newest of those not ready."""
+    kept, or a rollout's TTOU could leave none serving), then one whose every model another
+    worker serves too (the only worker of a model given fewer workers, ``--workers NAME=N``,
+    goes last: its requests would wait for nobody), then an older generation, then the newest.
+    A start already under way is not stopped before it is reported: if the pool is still over
+    then, the next tick stops it, the newest of those not ready."""
     gap = wanted - len(running) - starting - scheduled
     if gap >= 0:
         return Correction(start=gap)
     cancel = min(-gap, scheduled)
     stopping = min(-gap - cancel, max(0, len(running) - wanted))
-    victims = sorted(running, key=lambda c: (c.ready, not c.behind(generations), -c.started))
+    holders = Counter(name for c in running for name in c.generations if name in generations)
+    victims = sorted(running, key=lambda c: (c.ready, any(holders[name] == 1 for name in c.generations
+                                                          if name in generations),
+                                             not c.behind(generations), -c.started))
     return Correction(cancel=cancel, stop=tuple(victims[:stopping]))

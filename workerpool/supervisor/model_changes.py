@@ -8,6 +8,7 @@ service manager hears of it.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from ..config.models import ModelEntry
@@ -41,7 +42,12 @@ class ModelChanges:
 
     def check(self, trigger: str) -> dict[str, str]:
         """Look at every served path; start moving the pool to each new, valid generation. The
-        outcome by model: unchanged, refused or new."""
+        outcome by model: unchanged, refused or new. A model found in a folder whose file is gone
+        is removed, as reading the folder again would: its absence is no refused weights."""
+        for served in self.models:
+            if served.entry.folder and len(self.models) > 1 and not os.path.exists(served.entry.path):
+                log.info("%s is gone from %s", served.entry.path, served.entry.folder)
+                self.remove(served.name)
         degraded = self.models.degraded
         outcomes = {served.name: served.watcher.check(trigger) for served in self.models}
         if self.models.degraded != degraded and not self.reloading:

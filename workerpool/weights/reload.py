@@ -74,9 +74,9 @@ def validate_new(path: str, model: str | None,
 class Watcher:
     """Tracks the served file and decides when its content is a new, valid generation."""
 
-    def __init__(self, path: str, model: str | None, cache_dir: str | None = None) -> None:
+    def __init__(self, path: str, model: str | None, cache_dir: str | None = None, generation: int = 1) -> None:
         """At the start, the model is built as the workers will build it: what it prepares in
-        ``cache_dir`` is there before the first worker starts."""
+        ``cache_dir`` is there before the first worker starts. Its weights are ``generation``."""
         self.path = path
         self.cache_dir = cache_dir
         # Descriptors of the current generation's file and, until no worker needs it, the one before.
@@ -88,7 +88,7 @@ class Watcher:
                 break
         else:
             raise WeightsRefused(f"{path} was replaced while being validated, {HOLD_ATTEMPTS} times in a row")
-        self.current = Weights(1, identity, name, signature, source)
+        self.current = Weights(generation, identity, name, signature, source)
         self.seen: burnpack.FileIdentity | None = identity
         self.problem: str | None = None
         self.last_reload: dict[str, Any] | None = None

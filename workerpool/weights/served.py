@@ -49,15 +49,18 @@ class ServedModels:
         model that cannot be served."""
         self.cache_dir = cache_dir
         self._models: dict[str, ServedModel] = {}
+        self._last: dict[str, int] = {}  # the last generation of each model removed
         for entry in entries:
             self.add(entry)
 
     def add(self, entry: ModelEntry) -> ServedModel:
-        """Serve one more model, validated first; ``WeightsRefused`` says why it cannot be."""
+        """Serve one more model, validated first; ``WeightsRefused`` says why it cannot be. A
+        name served before goes on from the generation it was at, so that no generation names
+        two different files (a worker may still hold the removed one)."""
         if entry.name in self._models:
             raise WeightsRefused(f"a model named {entry.name!r} is served already")
         try:
-            watcher = Watcher(entry.path, entry.factory, self.cache_dir)
+            watcher = Watcher(entry.path, entry.factory, self.cache_dir, self._last.get(entry.name, 0) + 1)
         except WeightsRefused as exc:
             raise WeightsRefused(f"model {entry.name}: {exc}") from exc
         served = self._models[entry.name] = ServedModel(entry, watcher)
@@ -67,6 +70,7 @@ class ServedModels:
         """Stop serving ``name``: its files are let go of at once (workers hold their own)."""
         served = self._models.pop(name)
         served.watcher.release_all()
+        self._last[name] = served.current.generation
         return served
 
     def __iter__(self) -> Iterator[ServedModel]:
@@ -106,6 +110,10 @@ class ServedModels:
             gone += [name for name, served in self._models.items()
                      if served.entry.folder == folder and name not in present]
             found += [(name, path, folder) for name, path in present.items() if name not in self._models]
+            for name, path in present.items():
+                served = self._models.get(name)
+                if served is not None and served.entry.folder != folder:
+                    log.warning("not serving %s: a model named %s is served from %s", path, name, served.entry.path)
         return found, gone
 
     def named(self) -> tuple[str, str]:

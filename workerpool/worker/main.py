@@ -216,7 +216,7 @@ class Worker:
                 log.error("worker %d: malformed %s of %d frames ignored", os.getpid(), command.decode(), len(frames))
                 return False
             loaded = self.models.get(work[0])
-            if loaded is None and len(self.models) == 1:  # the router's one model, by its name for it
+            if loaded is None and len(self.models) == 1:  # a host's one model, by the router's name for it
                 loaded = next(iter(self.models.values()))
             self._answer_all(router, loaded, work[1])
             self._settle(loaded)
@@ -306,9 +306,7 @@ class Worker:
 
     def _drop(self, name: str) -> dict[str, Any]:
         """Stop serving the model ``name``: its mapping goes with its last reference."""
-        dropped = self.models.pop(name, None)
-        if dropped is not None:
-            del dropped
+        if self.models.pop(name, None) is not None:  # no reference kept: its memory is free below
             log.info("worker %d: no longer serving %s", os.getpid(), name)
         release_free_memory()
         return {"model": name, "ok": True, "removed": True}

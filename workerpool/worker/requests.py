@@ -42,16 +42,11 @@ def read_part(frame: Any) -> protocol.Part | None:
     return PART.unpack(data) if data.nbytes == PART.size else None
 
 
-def handle_request(loaded: LoadedModel | None, frames: Sequence[Any], part: protocol.Part | None = None) -> Answer:
-    """Run one request; every failure becomes an error reply, never an exception: no message,
-    and nothing the model raises or returns, takes the worker down."""
-    return next(handle_batch(loaded, [(frames, part)]))[1]
-
-
 def handle_batch(loaded: LoadedModel | None, requests: Sequence[Request]) -> Iterator[tuple[int, Answer]]:
     """Answer each request of a batch, as soon as its answer is known: the index of the request
-    and its answer. The ``infer`` requests run in the passes :meth:`LoadedModel.infer_batch`
-    forms. ``loaded`` None: the model the router named is not served here (it was just
+    and its answer. Every failure becomes an error reply, never an exception: no message, and
+    nothing the model raises or returns, takes the worker down. The ``infer`` requests run in the
+    passes :meth:`LoadedModel.infer_batch` forms. ``loaded`` None: the model the router named is not served here (it was just
     removed): each is answered so."""
     if loaded is None:
         for index, (frames, _) in enumerate(requests):

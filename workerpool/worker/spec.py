@@ -143,9 +143,6 @@ class WorkerSpec:
             raise InvalidSpec(f"models: {type(listed).__name__} where a list belongs")
         return cls(**known | {"models": [ModelSpec.from_data(item) for item in listed]})
 
-    def model(self, name: str) -> ModelSpec:
-        return next(model for model in self.models if model.name == name)
-
     def to_argv(self) -> list[str]:
         """The settings every worker is given, then those given only when set."""
         given = [f for f in fields(self) if not _unset(f.default)]

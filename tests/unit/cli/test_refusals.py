@@ -128,3 +128,17 @@ def test_a_misspelt_option_is_named_alone_with_the_closest(cli, small_model, arg
     done = cli(*(small_model if word == "MODEL" else word for word in arguments))
     assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
     assert done.stderr.count("\n") == 1 and str(small_model) not in done.stderr  # not the path's fault
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["{m}", "{m}"], "two models would be named 'small': name them apart with NAME=FILE"),
+    (["a={m}", "--max-batch", "b=4"], "--max-batch b=...: no model is named 'b' (served: a)"),
+    (["a="], "a=: name a weight file after '='"),
+    (["bad name={m}"], "'bad name' cannot name a model"),
+    (["_a={m}"], "'_a' cannot name a model"),
+    (["a={m}", "b={m}", "--model-name", "c"], "--model-name"),
+])
+def test_the_models_to_serve_are_refused_with_what_is_wrong(cli, small_model, arguments, message):
+    done = cli("serve", *(argument.format(m=small_model) for argument in arguments))
+    assert done.returncode == 2, done
+    assert message in done.stderr and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1

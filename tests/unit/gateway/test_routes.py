@@ -132,19 +132,26 @@ def test_each_model_has_its_routes_and_the_server_lists_them_all() -> None:
     assert [model["id"] for model in listed] == ["mlp", "embed"]
     forward = several.answer(request("POST", "/v2/models/embed/infer", b"{}"))
     assert isinstance(forward, Forward) and read_route(forward.frames[0]).model == b"embed"
+    unknown = several.answer(request("POST", "/v2/models/nope/infer", b"{}"))
+    assert isinstance(unknown, Reply) and unknown.status == 404 and unknown.refused == ("", "model_not_found")
+    metadata = several.answer(request("GET", "/v2/models/nope"))
+    assert isinstance(metadata, Reply) and metadata.status == 404 and metadata.refused is None  # no inference
 
 
-@pytest.mark.parametrize("body, status, words", [
-    (b'{"input": "hi"}', 404, "name a model: this server serves 'mlp', 'embed'"),
-    (b'{"input": "hi", "model": "gpt-4"}', 404, "the model 'gpt-4' does not exist here"),
-    (b'{"input": "hi", "model": "mlp"}', 400, "takes no texts"),
-    (b'{"input": 7, "model": "embed"}', 400, "'input' must be a string"),
-    (b'[]', 400, "JSON object"),
+@pytest.mark.parametrize("body, status, words, counted", [
+    (b'{"input": "hi"}', 404, "name a model: this server serves 'mlp', 'embed'", ("", "model_not_found")),
+    (b'{"input": "hi", "model": "gpt-4"}', 404, "the model 'gpt-4' does not exist here", ("", "model_not_found")),
+    (b'{"input": "hi", "model": 5}', 400, "'model' must be a string", ("", "bad_request")),
+    (b'{"input": "hi", "model": "mlp"}', 400, "takes no texts", ("mlp", "bad_request")),
+    (b'{"input": 7, "model": "embed"}', 400, "'input' must be a string", ("embed", "bad_request")),
+    (b'[]', 400, "JSON object", ("", "bad_request")),
 ])
-def test_an_openai_request_names_a_model_that_takes_texts(body, status, words) -> None:
+def test_an_openai_request_names_a_model_that_takes_texts(body, status, words, counted) -> None:
+    """What the front door refuses itself is counted as the router counts its answers."""
     decision = routes(several=True).answer(request("POST", "/v1/embeddings", body))
     assert isinstance(decision, Reply) and decision.status == status
     assert words in json.loads(decision.body)["error"]["message"]
+    assert decision.refused == counted
 
 
 def test_an_openai_request_to_the_one_model_served_may_leave_its_name_out() -> None:

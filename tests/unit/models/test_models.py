@@ -546,6 +546,21 @@ def test_a_stacked_batch_answers_each_input_as_it_would_alone(tmp_path):
 
 
 
+def test_a_request_larger_than_a_pass_runs_in_passes_even_when_one_fails(tmp_path):
+    """Its failing pass is its answer: it is never run again whole, past --max-batch."""
+    path = tmp_path / "m.bpk"
+    generate_mlp(path, 1 << 20)
+    loaded = LoadedModel(str(path), "batch_model:poisoned", "mmap", max_rows=4)
+    rows = np.ones((10, 4), np.float32)
+    rows[5, 0] = 7
+    fine = np.ones((3, 4), np.float32)
+    alone, = batch_outcomes(loaded, [rows])
+    assert isinstance(alone, ValueError) and loaded.model.most_rows == 4
+    stacked = batch_outcomes(loaded, [fine, rows])
+    assert isinstance(stacked[1], ValueError) and loaded.model.most_rows == 4
+    np.testing.assert_array_equal(stacked[0], fine * 2)
+
+
 def test_a_bare_row_keeps_its_own_output_shape_when_the_output_is_undeclared(tmp_path):
     path = tmp_path / "m.bpk"
     generate_mlp(path, 1 << 20)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workerpool.router.registry import WorkerRecord
-from workerpool.router.rollout import Rollout
+from workerpool.router.rollout import Rollout, Switch
 
 
 def record(address: bytes, generation: int | None = 1, *, local: bool = True) -> WorkerRecord:
@@ -14,7 +14,8 @@ def record(address: bytes, generation: int | None = 1, *, local: bool = True) ->
 
 
 def answer(ok: bool, ordered: int, generation: int, error: str | None = None) -> dict:
-    return {"model": "m", "ok": ok, "ordered": ordered, "generation": generation, "error": error}
+    return {"model": "m", "ok": ok, "ordered": ordered, "generation": generation, "error": error,
+            "info": {"batching": True} if ok else None}
 
 
 def test_one_local_worker_at_a_time_switches():
@@ -26,8 +27,9 @@ def test_one_local_worker_at_a_time_switches():
     assert rollout.wants(a, 2) and not rollout.wants(remote, 2)
     rollout.started(a)
     assert not rollout.wants(b, 2)  # a is switching
-    assert rollout.finished(a, answer(True, 2, 2)) is None
-    assert a.models == {"m": 2, "o": 1} and rollout.wants(b, 2)
+    assert rollout.finished(1, answer(True, 2, 2)) == Switch(2, batching=True)
+    a.models["m"] = 2  # as the scheduler records it
+    assert rollout.wants(b, 2)
     assert not rollout.complete([a, b, remote])
     b.models["m"] = 2
     assert rollout.complete([a, b, remote])
@@ -38,8 +40,8 @@ def test_a_failed_switch_pauses_until_the_next_generation():
     a = record(b"a")
     rollout.begin(2, b"")
     rollout.started(a)
-    assert rollout.finished(a, answer(False, 2, 1, "bad file")) == "bad file"
-    assert a.models["m"] == 1 and not rollout.wants(a, 1)
+    assert rollout.finished(1, answer(False, 2, 1, "bad file")) == Switch(None, failure="bad file")
+    assert not rollout.wants(a, 1)
     rollout.begin(3, b"")
     assert rollout.wants(a, 1)
 
@@ -49,7 +51,7 @@ def test_a_failure_for_an_older_order_does_not_pause():
     a = record(b"a")
     rollout.begin(3, b"")
     rollout.started(a)
-    assert rollout.finished(a, answer(False, 2, 1, "stale")) is None
+    assert rollout.finished(1, answer(False, 2, 1, "stale")) == Switch(None)
     assert rollout.wants(a, 1)
 
 
@@ -58,8 +60,7 @@ def test_a_malformed_answer_counts_as_a_failure_of_the_target():
     a = record(b"a")
     rollout.begin(2, b"")
     rollout.started(a)
-    assert rollout.finished(a, {}) == "malformed RELOADED"
-    assert a.models["m"] == 1
+    assert rollout.finished(1, {}) == Switch(None, failure="malformed RELOADED")
 
 
 def test_clients_never_go_back_a_generation_while_switching():
@@ -93,7 +94,8 @@ def test_a_model_new_to_the_pool_loads_on_as_many_workers_as_it_may_have():
     rollout.begin(1, b"")
     assert rollout.wants(a, 0) and not rollout.complete([a, b])
     rollout.started(a)
-    assert rollout.finished(a, answer(True, 1, 1)) is None
+    assert rollout.finished(1, answer(True, 1, 1)).generation == 1
+    a.models["m"] = 1
     assert not rollout.wants(b, 1)  # one worker may serve it, and one does
     assert rollout.complete([a, b])
     unlimited = Rollout("m")

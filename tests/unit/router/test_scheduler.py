@@ -118,6 +118,17 @@ class Pool:
         held += [item.request if isinstance(item, Part) else item for item in self.queue.everything()]
         return next(r for r in held if r.id == request_id)
 
+    def send(self, client: bytes, frames: list[Any]) -> None:
+        """A request's frames (route frame on) arriving on the client socket, whatever they say."""
+        self.router.receive([zmq.Frame(client), zmq.Frame(b""), *map(zmq.Frame, frames)])
+        self.flush()
+
+    def reloaded(self, worker: WorkerRecord, outcome: dict[str, Any]) -> None:
+        """``worker``'s RELOADED: what it did of the RELOAD it was sent."""
+        self.router.from_worker(worker.local, [zmq.Frame(worker.address), zmq.Frame(protocol.RELOADED),
+                                               zmq.Frame(json.dumps(outcome).encode())])
+        self.flush()
+
     def part(self, request_id: int) -> Part:
         """The part of a request now in flight or waiting to be retried."""
         parts = [p for w in self.workers.values() for p in w.inflight]
@@ -307,7 +318,7 @@ def test_a_quarantined_request_is_refused_without_being_sent():
     pool = Pool()
     pool.worker(1)
     killer = pool.request(7)
-    pool.quarantine.killed(killer.client, killer.frames)
+    pool.quarantine.killed(killer.client, killer.frames, "m")
     pool.answer(next(iter(pool.workers.values())))
     pool.router.receive([zmq.Frame(b"other"), zmq.Frame(b""), *map(zmq.Frame, protocol.encode_request(
         7, np.zeros((1, 4), np.float32))[1:])])
@@ -412,8 +423,8 @@ def test_deaths_from_outside_blame_no_client_and_only_distinct_killers_refuse_on
     assert pool.errors() == {} and not pool.quarantine
     for number in range(3):
         assert pool.quarantine.refusal(b"killer", [b"", f"{number}".encode()]) is None
-        pool.quarantine.killed(b"killer", protocol.encode_request(number, [f"killer {number}"])[1:])
-        pool.quarantine.killed(b"killer", protocol.encode_request(number + 9, [f"killer {number}"])[1:])
+        pool.quarantine.killed(b"killer", protocol.encode_request(number, [f"killer {number}"])[1:], "m")
+        pool.quarantine.killed(b"killer", protocol.encode_request(number + 9, [f"killer {number}"])[1:], "m")
     assert "3 different requests" in pool.quarantine.refusal(b"killer", [b"", b"anything"])
     assert pool.quarantine.refusal(b"innocent", [b"", b"anything"]) is None
 
@@ -795,3 +806,143 @@ def test_a_worker_of_another_generation_never_answers_a_client_that_saw_a_newer_
     pool.flush()
     pool.request(1)
     assert (pool.router.queue_depth == 1) == (generation == 1)
+
+
+def test_a_model_removed_while_a_worker_switches_it_is_dropped_once_it_answers():
+    pool = Pool()
+    worker = pool.worker(1)
+    pool.router.add_model("n", SIGNATURE, max_rows=1)
+    pool.router.begin_rollout("n", 1, b'{"model": {"name": "n"}}')
+    pool.flush()
+    assert pool.rollout("n").switching == worker.key
+    pool.router.remove_model("n")
+    pool.reloaded(worker, {"model": "n", "ok": True, "ordered": 1, "generation": 1})
+    assert json.loads(pool.sent[-1][1][1]) == {"remove": "n"}  # it loaded n: it lets go of it next
+    pool.reloaded(worker, {"model": "n", "ok": True, "removed": True})
+    assert worker.models == {"m": 1} and worker.state == WorkerState.READY
+    pool.request(1)
+    assert pool.sends_to(1)[-1] == [1]
+
+
+def test_a_part_whose_model_was_removed_is_answered_when_its_worker_is_lost():
+    pool = Pool(models=TWO)
+    worker = pool.worker(1, models=TWO)
+    pool.request(1, model="b")
+    pool.router.remove_model("b")
+    pool.lose(worker)
+    assert pool.errors() == {1: "model_not_found"} and pool.router.unfinished == 0
+
+
+def test_a_name_removed_and_served_again_is_loaded_anew_by_a_worker_that_still_held_it():
+    """The worker was busy when b was removed: it still lists b, but the b served now is another file."""
+    pool = Pool(models=TWO)
+    worker = pool.worker(1, models=TWO, generation=3)
+    pool.request(1, model="a")
+    pool.router.remove_model("b")
+    pool.router.add_model("b", SIGNATURE, max_rows=1)
+    pool.router.begin_rollout("b", 4, b'{"model": {"name": "b"}}')
+    pool.flush()
+    assert "b" not in worker.models and not pool.router.reload_complete("b")
+    pool.answer(worker)
+    assert pool.sends_to(1)[-1] == protocol.RELOAD  # it loads the new b before it takes b's work
+    pool.request(2, model="b")
+    assert pool.router.queue_depth == 1
+
+
+def test_a_local_worker_of_a_model_no_longer_served_is_refused():
+    """Started for a before a was removed: it is not taken for the model served now."""
+    pool = Pool(models={"a": SIGNATURE})
+    pool.router.add_model("b", SIGNATURE, max_rows=1)
+    pool.router.remove_model("a")
+    pool.router.from_worker(True, [zmq.Frame(b"w1"), zmq.Frame(protocol.READY), zmq.Frame(json.dumps(
+        {"pid": 1, "host": "h", "token": None, "models": {"a": {"generation": 1, "model": "a", **SIGNATURE}}}).encode())])
+    pool.flush()
+    assert not pool.workers
+    host = pool.worker(2, local=False, models={"a": SIGNATURE})  # a worker host's own name for the one model
+    assert host.models == {"b": 1}
+
+
+def test_a_malformed_reply_to_a_part_answers_its_request_and_harms_nothing_else():
+    pool = Pool(max_rows=2)
+    worker = pool.worker(1, batching=True, local=False)
+    pool.request(1, rows=4)
+    part = worker.inflight[0]
+    bad = json.dumps({"v": 3, "id": 1, "status": "ok", "arrays": [7]}).encode()
+    pool.router.from_worker(False, [zmq.Frame(worker.address), zmq.Frame(protocol.REPLY), zmq.Frame(b"c"),
+                                    zmq.Frame(b"ok"), zmq.Frame(bad)])
+    pool.answer(worker)
+    assert part.stale and pool.errors() == {1: "internal"} and pool.router.unfinished == 0
+    pool.request(2)
+    assert pool.sends_to(1)[-1] == [2]
+
+
+def test_a_stale_retried_part_does_not_hold_a_rollout_back():
+    pool = Pool(max_rows=2)
+    lost, other = pool.worker(1, batching=True), pool.worker(2, batching=True)
+    pool.request(1, rows=4)
+    pool.lose(lost)  # its part waits to be retried, pinned to generation 1
+    pool.router.begin_rollout("m", 2, b'{"model": {}}')
+    pool.flush()
+    pool.answer(other, b"bad_request")  # the request is answered: the part left is stale
+    pool.router.tick()
+    pool.flush()
+    assert pool.rollout().switching == other.key
+
+
+def test_a_request_pinned_to_a_generation_older_than_its_client_has_seen_starts_again():
+    """Else its client's floor would keep it from the workers of its generation, and their
+    switch would wait for it: the model would stand still."""
+    pool = Pool(max_rows=2)
+    first, second, third = (pool.worker(pid, batching=True) for pid in (1, 2, 3))
+    pool.router.begin_rollout("m", 2, b'{"model": {}}')
+    pool.flush()
+    switched = pool.workers[pool.rollout().switching]
+    pool.reloaded(switched, {"model": "m", "ok": True, "ordered": 2, "generation": 2})
+    pool.request(1)  # on the worker of generation 2, freed last
+    pool.router.stop_worker(switched.key)
+    pool.flush()
+    request = pool.request(2, rows=6)  # no generation 2 left but the one stopping: pinned to 1
+    assert request.generation == 1
+    pool.answer(switched)  # its client has seen generation 2 now
+    for worker in (first, second, third):
+        if worker is not switched and worker.inflight:
+            pool.answer(worker)
+    pool.router.tick()
+    pool.flush()
+    assert request.generation != 1
+
+
+def test_a_killer_of_one_model_is_refused_for_that_model_alone_and_forgiven_with_its_new_weights():
+    pool = Pool(models=TWO)
+    frames = protocol.encode_request(1, np.zeros((1, 4), np.float32), model="a")[1:]
+    pool.quarantine.killed(b"killer", frames, "a")
+    assert pool.quarantine.refusal(b"other", frames) is not None
+    assert pool.quarantine.refusal(b"other", protocol.encode_request(1, np.zeros((1, 4), np.float32),
+                                                                     model="b")[1:]) is None
+    pool.router.begin_rollout("b", 2, b"{}")
+    assert pool.quarantine.refusal(b"other", frames) is not None
+    pool.router.begin_rollout("a", 2, b"{}")
+    assert pool.quarantine.refusal(b"other", frames) is None
+
+
+def test_a_request_in_parts_that_has_begun_runs_to_its_end_past_its_deadline():
+    """The deadline bounds the wait for a worker: what ran of it would be lost."""
+    pool = Pool(max_rows=2)
+    worker = pool.worker(1, batching=True)
+    request = pool.request(1, rows=6, deadline_ms=60_000)
+    request.expires = time.monotonic() - 1  # it passes while the first part runs
+    for _ in range(3):
+        pool.router.tick()
+        pool.answer(worker)
+    assert pool.errors() == {} and len(pool.answered()[1].arrays[0]) == 6 and request.done
+
+
+def test_the_data_of_a_request_to_cut_must_be_what_its_route_frame_says():
+    pool = Pool(max_rows=2)
+    pool.worker(1, batching=True)
+    route, header, data = protocol.encode_request(1, np.zeros((4, 4), np.float32))[1:]
+    pool.send(b"c", [route, header, bytes(data) + b"junk"])
+    assert pool.errors() == {1: "bad_request"}
+    empty = protocol.encode_request(2, np.zeros((10**6, 0), np.float32))[1:]  # rows of no bytes
+    pool.send(b"c", empty)
+    assert pool.sends_to(1) == [[2]]  # one message: never a million parts

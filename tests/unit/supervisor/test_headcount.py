@@ -46,3 +46,10 @@ def test_a_worker_that_maps_a_model_no_longer_served_is_stopped_before_a_current
     current = worker(1, started=1.0)
     stale = Child(2, -1, None, 2.0, generations={"m": 1, "removed": 1}, token="2", ready=True)
     assert correct(1, [current, stale], starting=0, scheduled=0, generations={"m": 1}).stop == (stale,)
+
+
+def test_the_only_worker_of_a_model_given_fewer_workers_is_stopped_last():
+    """``--workers rerank=1``: a TTOU that stopped the rerank worker would leave its requests to nobody."""
+    rerank = Child(1, -1, None, 5.0, generations={"m": 1, "rerank": 1}, token="1", ready=True)
+    plain = Child(2, -1, None, 1.0, generations={"m": 1}, token="2", ready=True)
+    assert correct(1, [rerank, plain], starting=0, scheduled=0, generations={"m": 1, "rerank": 1}).stop == (plain,)

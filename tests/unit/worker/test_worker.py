@@ -1,4 +1,4 @@
-"""``handle_request`` in-process: requests and replies cross a real inproc:// socket pair."""
+"""``handle_batch`` in-process: requests and replies cross a real inproc:// socket pair."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from support.sockets import raw_request
 from workerpool import models
 from workerpool.models.loaded import LoadedModel
 from workerpool.protocol import messages as protocol
-from workerpool.worker.requests import handle_batch, handle_request, in_batch_order
+from workerpool.worker.requests import handle_batch, in_batch_order
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def exchange(pair, loaded: LoadedModel, frames: list) -> tuple[bool, protocol.Me
     """Send request frames to the worker side, run them, send the reply back, decode it."""
     client, worker = pair
     client.send_multipart(frames[1:])  # without the DEALER's empty delimiter
-    status, reply = handle_request(loaded, worker.recv_multipart(copy=False))
+    _, (status, reply) = next(handle_batch(loaded, [(worker.recv_multipart(copy=False), None)]))
     worker.send_multipart(reply)
     decoded = protocol.decode_reply(client.recv_multipart())
     assert status == (b"ok" if decoded.header["status"] == "ok" else decoded.header["error"]["code"].encode())

@@ -39,11 +39,11 @@ def names(items: list[Request | Part]) -> list[bytes]:
     return [(item.request if isinstance(item, Part) else item).frames[0] for item in items]
 
 
-def admit(queue: RequestQueue, pending: Request) -> list[bytes]:
-    """Queue ``pending`` as the backlog does; the names of the requests it evicted."""
-    queue.check_room(pending)
-    evicted = queue.make_room(pending)
-    queue.put(pending)
+def admit(queue: RequestQueue, request: Request) -> list[bytes]:
+    """Queue ``request`` as the backlog does; the names of the requests it evicted."""
+    queue.check_room(request)
+    evicted = queue.make_room(request)
+    queue.put(request)
     return names(evicted)
 
 
@@ -185,6 +185,22 @@ def test_a_request_that_already_runs_is_never_evicted():
     admit(queue, request("a", 2))
     assert admit(queue, request("b", 1)) == [b"a2"]  # a's newest request that has not started
     assert take_all(queue) == [b"a1", b"b1", b"a1", b"a1"]
+
+
+def test_when_started_requests_hold_the_room_a_newcomer_is_refused_and_nothing_is_evicted():
+    """Evicting what may go would not make room: nothing goes, and the newcomer is told why."""
+    queue = RequestQueue(10, max_bytes=100)
+    started = request("a", 1, size=80)
+    started.rows, started.split = 4, True
+    admit(queue, started)
+    take(queue)  # its first part runs: it may not be evicted
+    admit(queue, request("a", 2, size=10))
+    newcomer = request("b", 1, size=40)
+    queue.check_room(newcomer)  # b holds nothing: within its share
+    with pytest.raises(QueueFull) as full:
+        queue.make_room(newcomer)
+    assert full.value.started and full.value.limit == BYTES
+    assert (len(queue), queue.nbytes) == (2, 90) and take_all(queue) == [b"a1", b"a1", b"a1", b"a2"]
 
 
 def test_expired_requests_are_taken_out_of_every_line():
