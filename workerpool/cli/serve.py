@@ -145,6 +145,11 @@ def _served(found: ModelList, args: argparse.Namespace, workers: int, own: dict[
         if not 1 <= count <= max(workers, 1):
             raise ModelsError(f"--workers {name}={count}: a model is served by 1 to --workers "
                               f"({workers}) workers")
+    limited = [own[name] for name, _, _ in found.named if name in own]
+    if not found.folders and len(limited) == len(found.named) and max(limited) < workers:
+        raise ModelsError(f"every model is given fewer workers than --workers {workers}: the other "
+                          f"{workers - max(limited)} would serve nothing; leave one model to every "
+                          f"worker, or give --workers {max(limited)}")
     return found
 
 

@@ -137,6 +137,8 @@ def test_a_misspelt_option_is_named_alone_with_the_closest(cli, small_model, arg
     (["bad name={m}"], "'bad name' cannot name a model"),
     (["_a={m}"], "'_a' cannot name a model"),
     (["a={m}", "b={m}", "--model-name", "c"], "--model-name"),
+    (["a={m}", "b={m}", "--workers", "3", "--workers", "a=1", "--workers", "b=2"],
+     "every model is given fewer workers than --workers 3: the other 1 would serve nothing"),
 ])
 def test_the_models_to_serve_are_refused_with_what_is_wrong(cli, small_model, arguments, message):
     done = cli("serve", *(argument.format(m=small_model) for argument in arguments))
