@@ -33,6 +33,7 @@ class WorkerRecord:
     started: float
     last_seen: float
     models: dict[str, int] = field(default_factory=dict)  # the models it serves: name -> generation
+    stale: set[str] = field(default_factory=set)  # names it holds of files no longer served, to drop
     batching: dict[str, bool] = field(default_factory=dict)  # name -> it stacks requests (what it says)
     state: WorkerState = WorkerState.READY  # never STARTING: that is a child not registered yet
     served: int = 0

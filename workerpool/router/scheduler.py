@@ -97,9 +97,11 @@ class Scheduler:
     def add_model(self, name: str, signature: dict[str, Any], policy: BatchPolicy,
                   limit: int | None = None) -> None:
         """Serve ``name``. A worker that still holds a model of that name removed before (it was
-        busy) holds other weights: it loads these, as one that never had it does."""
+        busy) holds other weights: it lets go of them first, and loads these if the rollout
+        wants it to, as one that never had it does."""
         for worker in self.workers.values():
-            worker.models.pop(name, None)
+            if worker.models.pop(name, None) is not None and worker.local:
+                worker.stale.add(name)
         self.models[name] = ModelRecord(name, signature, policy, Rollout(name, limit))
         self.shares.add(name)
         self.stats.of(name)
@@ -134,7 +136,8 @@ class Scheduler:
         if worker.state == WorkerState.STOPPING:
             self.outbox.to_worker(key, [protocol.STOP])
             return
-        unserved = [name for name in worker.models if name not in self.models] if worker.local else []
+        unserved = [name for name in worker.models if name not in self.models] + sorted(worker.stale) \
+            if worker.local else []
         if unserved:
             self.dropping[key] = unserved[0]
             worker.state = WorkerState.RELOADING
@@ -147,10 +150,7 @@ class Scheduler:
             rollout.started(worker)
             return
         worker.state = WorkerState.READY
-        if worker.failed_last:
-            self.free.appendleft(key)
-        else:
-            self.free.append(key)
+        (self.free.appendleft if worker.failed_last else self.free.append)(key)
         for model in self.models.values():
             model.rollout.settle(self.workers.values())
         self.dispatch()
@@ -182,6 +182,7 @@ class Scheduler:
         switched = next((model for model in self.models.values() if model.rollout.switching == worker.key), None)
         if dropped is not None and outcome.get("removed") is True:
             worker.models.pop(dropped, None)
+            worker.stale.discard(dropped)
         elif dropped is not None:  # it was switching the model when it was removed: it drops it next
             if outcome.get("ok") is True:
                 worker.models[dropped] = 0

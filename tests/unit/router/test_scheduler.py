@@ -844,9 +844,11 @@ def test_a_name_removed_and_served_again_is_loaded_anew_by_a_worker_that_still_h
     pool.flush()
     assert "b" not in worker.models and not pool.router.reload_complete("b")
     pool.answer(worker)
-    assert pool.sends_to(1)[-1] == protocol.RELOAD  # it loads the new b before it takes b's work
+    assert json.loads(pool.sent[-1][1][1]) == {"remove": "b"}  # first it lets go of the removed file
     pool.request(2, model="b")
-    assert pool.router.queue_depth == 1
+    assert pool.router.queue_depth == 1  # never run on the weights removed
+    pool.reloaded(worker, {"model": "b", "ok": True, "removed": True})
+    assert json.loads(pool.sent[-1][1][1]) == {"model": {"name": "b"}}  # then it loads the new one
 
 
 def test_a_local_worker_of_a_model_no_longer_served_is_refused():
