@@ -4,8 +4,11 @@ worker behind its supervisor."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import hostile_models as hostile
@@ -16,12 +19,13 @@ import zmq
 from support.models import SLOW
 from support.processes import Background, slow_request, vm_hwm
 from support.server import Host, Server
-from support.sockets import dealer, f32, raw_request, reply_header
+from support.sockets import dealer, f32, free_port, raw_request, reply_header
 from support.status import busy_pids, pool_ready
 from test_hosts import free_backend
 
 import workerpool
 from workerpool.protocol import messages as protocol
+from workerpool.protocol.route import route_for
 from workerpool.units import MS_PER_SECOND, KiB, MiB
 from workerpool.worker.spec import STOP_SIGNAL
 
@@ -267,3 +271,27 @@ def test_a_request_followed_by_too_many_frames_is_answered_bad_request(mlp_serve
         reply = protocol.decode_header(sock.recv_multipart()[1])
     assert reply["id"] == 41 and reply["error"]["code"] == "bad_request"
     assert f"a message of {len(extra) + 4} frames" in reply["error"]["message"]
+
+
+def test_a_codec_that_fails_answers_its_request_internal_and_the_worker_serves_on(small_model, context):
+    """A text model without an embedding: the front door refuses /v1/embeddings for it, and an
+    OpenAI call's header written by a ZeroMQ client, which gets past that, fails alone."""
+    port = free_port()
+    with Server(small_model, "--model", "text_scorer:factory", "--http", f"127.0.0.1:{port}",
+                workers=1) as server, dealer(context, server.endpoint) as sock:
+        pid = server.worker_pids()[0]
+        body = json.dumps({"model": "small", "input": ["a text"]}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", body,
+                                         {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400 and b"gives no embeddings" in refused.value.read()
+        header = {"v": protocol.VERSION, "id": 1, "method": "infer", "arrays": [], "texts": 1,
+                  "http": {"api": "openai", "model": "small", "at": time.time()}}
+        sock.send_multipart([b"", route_for(header, [6]), protocol.encode_header(header), b"a text"])
+        answer = reply_header(sock.recv_multipart())
+        assert answer["error"]["code"] == "internal" and "its reply could not be written" in answer["error"]["message"]
+        with workerpool.Client(server.endpoint) as client:
+            assert client.infer(["four"])["score"].tolist() == [4.0]
+        assert server.worker_pids() == [pid]  # the same worker: none died
+        assert "its reply could not be written" in server.log() and "Traceback" in server.log()

@@ -36,6 +36,11 @@ def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[s
     if not view.takes_texts:
         raise BadRequest(f"the model {view.name!r} takes no texts, so it gives no embeddings: "
                          "call it with KServe v2 (/v2/models/NAME/infer)")
+    if _width(view) is None:
+        outputs = ", ".join(repr(t.name) for t in view.outputs)
+        raise BadRequest(f"the model {view.name!r} gives no embeddings (its outputs: {outputs}): "
+                         "/v1/embeddings needs an embedding model; call this one with KServe v2 "
+                         "(/v2/models/NAME/infer)")
     texts = document.get("input")
     if isinstance(texts, str):
         texts = [texts]

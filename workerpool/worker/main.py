@@ -30,6 +30,7 @@ from threadpoolctl import ThreadpoolController
 
 from .. import burnpack, models, security
 from ..config.pool import POLLS_PER_HEARTBEAT
+from ..errors import ErrorCode
 from ..linux import controls, procfs
 from ..linux.controls import release_free_memory
 from ..logs import setup_logging
@@ -37,7 +38,7 @@ from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
 from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
 from ..units import MS_PER_SECOND, format_size
-from .requests import Answer, handle_batch, in_batch_order, read_part
+from .requests import Answer, failed, handle_batch, in_batch_order, read_part
 from .spec import (
     CONTROL_SIGNALS,
     EXIT_FILE_CHANGED,
@@ -239,8 +240,18 @@ class Worker:
         """Answer the requests of a message (client, part, frames each), each as soon as it and
         those before it are: the router takes a batch's replies in its order."""
         requests = [(request[2:], read_part(request[1])) for request in batch]
-        for index, answer in in_batch_order(handle_batch(loaded, requests)):
-            self._answer(router, batch[index][0], answer)
+        answered: set[int] = set()
+        try:
+            for index, answer in in_batch_order(handle_batch(loaded, requests)):
+                self._answer(router, batch[index][0], answer)
+                answered.add(index)
+        except Exception as exc:  # noqa: BLE001 - what no check caught: those not answered fail, the worker stays
+            message = failed(None, exc, "the worker could not answer")
+            for index, (frames, _) in enumerate(requests):
+                if index not in answered:
+                    request_id = protocol.request_id_of(frames[1]) if len(frames) > 1 else None
+                    self._answer(router, batch[index][0], (ErrorCode.INTERNAL.encode(), protocol.encode_error(
+                        request_id, ErrorCode.INTERNAL, message, worker_pid=os.getpid())))
 
     def _answer(self, router: zmq.Socket, client: Any, answer: Answer) -> None:
         status, reply = answer

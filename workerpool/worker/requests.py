@@ -148,6 +148,8 @@ class _Replies:
         except protocol.ProtocolError as exc:  # an undeclared output that cannot cross the wire
             problem = f"model {loaded.name}'s output cannot be sent: {exc}"
             return self.error(request_id, ErrorCode.INTERNAL, _misfit(loaded, problem))
+        except Exception as exc:  # noqa: BLE001 - a codec bug: this request fails, the worker serves the next
+            return self.error(request_id, ErrorCode.INTERNAL, failed(request_id, exc, "its reply could not be written"))
 
 
 def _view(loaded: LoadedModel, name: str) -> ModelView:
@@ -165,6 +167,13 @@ def _misfit(loaded: LoadedModel, problem: str) -> str:
         log.error("worker %d: %s; every such request is answered 'internal' (logged once)",
                   os.getpid(), problem)
     return problem
+
+
+def failed(request_id: Any, exc: BaseException, what: str) -> str:
+    """Log, with its traceback, what went wrong with a request beyond what the checks catch (a
+    bug in a codec or in the worker); the reply's message."""
+    log.error("request %r: %s", request_id, what, exc_info=exc, extra={"request_id": request_id})
+    return f"{what}: {exception_text(exc, named=True, folded=False)}"
 
 
 def _model_failed(request_id: Any, exc: BaseException) -> str:
