@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -110,7 +110,7 @@ class HttpCall:
     view: ModelView
     payload: np.ndarray | dict[str, np.ndarray] | list[str]
     request: kserve.InferRequest | None = None  # KServe's outputs asked for
-    encoding: str = "float"  # OpenAI's encoding_format
+    options: dict[str, Any] = field(default_factory=dict)  # a text API's: how its answer is written
     first: int = 0  # a text API's part: the index of its first text in the client's request
 
     def reply(self, outcome: Any, *, worker_pid: int, generation: int) -> list[Any]:
@@ -122,7 +122,7 @@ class HttpCall:
         if self.request is not None:
             body, http["head"] = kserve.encode_infer(self.request, self.view, answer)
         else:
-            body, http["tokens"] = openai.encode_items(answer, self.first, self.encoding)
+            body, http["tokens"] = openai.encode_items(answer, self.first, self.options)
         header = {"v": protocol.VERSION, "id": self.id, "status": "ok", "arrays": [],
                   "worker_pid": worker_pid, "generation": generation, "http": http}
         return [protocol.encode_header(header), body]
@@ -138,10 +138,8 @@ def decode_call(message: protocol.Message, view_for: Callable[[str], ModelView])
         raise BadRequest(f"the 'http' object of an HTTP request is malformed: {str(http)[:200]}")
     view = view_for(name)
     if message.texts is not None:  # read by the front door: its texts, or some of them
-        encoding = http.get("encoding", "float")
-        if encoding not in openai.ENCODINGS:
-            raise BadRequest(f"'encoding_format' must be one of {', '.join(openai.ENCODINGS)}")
-        return HttpCall(message.id, view, message.texts, encoding=encoding, first=message.first)
+        options = openai.read_options(http)
+        return HttpCall(message.id, view, message.texts, options=options, first=message.first)
     body = protocol.buffer_of(message.body)
     request = kserve.decode_infer(body, head, view)
     if request.timeout is not None and time.time() - at > request.timeout:

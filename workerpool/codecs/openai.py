@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
+from ..models.texts import NORM_EPS
 from .kserve import json_object
 from .view import Answer, ModelView
 
@@ -31,8 +32,9 @@ def requested_model(body: bytes | memoryview) -> tuple[dict[str, Any], Any]:
     return document, model
 
 
-def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[str], str]:
-    """The texts and the encoding format asked for, of the model ``view`` describes."""
+def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[str], dict[str, Any]]:
+    """The texts, and how their embeddings are to be written (``encoding`` and ``dimensions``,
+    :func:`read_options`), of the model ``view`` describes. ``user`` is taken and not used."""
     if not view.takes_texts:
         raise BadRequest(f"the model {view.name!r} takes no texts, so it gives no embeddings: "
                          "call it with KServe v2 (/v2/models/NAME/infer)")
@@ -44,17 +46,39 @@ def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[s
     texts = document.get("input")
     if isinstance(texts, str):
         texts = [texts]
+    if _token_ids(texts) or (isinstance(texts, list) and texts and all(map(_token_ids, texts))):
+        raise BadRequest(TOKEN_IDS)
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise BadRequest("'input' must be a string or a non-empty list of strings (token arrays "
-                         "are not taken: this server tokenizes)")
-    dimensions, width = document.get("dimensions"), _width(view)
-    if dimensions is not None and dimensions != width:
-        raise BadRequest(f"'dimensions' {dimensions!r} cannot be given: the model {view.name!r} gives "
-                         f"{width} dimensions")
-    encoding = document.get("encoding_format", "float")
+        raise BadRequest("'input' must be a string or a non-empty list of strings")
+    options = read_options({"encoding": document.get("encoding_format", "float"),
+                            "dimensions": document.get("dimensions")})
+    width = _width(view)
+    if options["dimensions"] is not None and width is not None and options["dimensions"] > width:
+        raise BadRequest(f"'dimensions' {options['dimensions']} is more than the {width} the model "
+                         f"{view.name!r} gives")
+    return texts, options
+
+
+TOKEN_IDS = ("'input' holds token ids: this server tokenizes texts itself with the model's own "
+             "tokenizer, and ids from another one (tiktoken's, which LangChain's OpenAIEmbeddings "
+             "sends by default) would give wrong vectors without a word; send the texts (LangChain: "
+             "OpenAIEmbeddings(..., check_embedding_ctx_length=False))")
+
+
+def _token_ids(value: Any) -> bool:
+    """Whether ``value`` is a list of token ids (whole numbers)."""
+    return isinstance(value, list) and bool(value) and all(type(item) is int for item in value)
+
+
+def read_options(given: dict[str, Any]) -> dict[str, Any]:
+    """How embeddings are written, checked: ``encoding`` (``float`` or ``base64``) and
+    ``dimensions`` (None: all of them; else the first that many, renormalised)."""
+    encoding, dimensions = given.get("encoding", "float"), given.get("dimensions")
     if encoding not in ENCODINGS:
-        raise BadRequest(f"'encoding_format' must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
-    return texts, encoding
+        raise BadRequest(f"'encoding_format' must be one of {', '.join(ENCODINGS)}, not {str(encoding)[:40]!r}")
+    if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
+        raise BadRequest(f"'dimensions' must be a whole number from 1 up, not {str(dimensions)[:40]!r}")
+    return {"encoding": encoding, "dimensions": dimensions}
 
 
 def _width(view: ModelView) -> int | None:
@@ -62,13 +86,22 @@ def _width(view: ModelView) -> int | None:
     return shape[-1] if shape else None
 
 
-def encode_items(answer: Answer, first: int, encoding: str) -> tuple[bytes, int]:
+def encode_items(answer: Answer, first: int, options: dict[str, Any]) -> tuple[bytes, int]:
     """The items of ``data`` for the texts a worker ran, the first being the request's text
-    ``first``, joined by commas; and the tokens they held."""
+    ``first``, joined by commas; and the tokens they held. With ``dimensions``, each embedding
+    is cut to its first that many components and renormalised, as OpenAI does: meaningful for a
+    model trained for it (Matryoshka), a loss of accuracy for others."""
     embeddings = np.asarray(answer.outputs["embedding"], dtype="<f4")
+    dimensions = options["dimensions"]
+    if dimensions is not None:
+        if dimensions > embeddings.shape[1]:
+            raise BadRequest(f"'dimensions' {dimensions} is more than the {embeddings.shape[1]} the model gives")
+        embeddings = embeddings[:, :dimensions]
+        embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), NORM_EPS)
     tokens = int(answer.outputs["tokens"].sum()) if "tokens" in answer.outputs else 0
-    items = [json.dumps({"object": "embedding", "index": first + index, "embedding": _encoded(row, encoding)},
-                        separators=(",", ":")) for index, row in enumerate(embeddings)]
+    items = [json.dumps({"object": "embedding", "index": first + index,
+                         "embedding": _encoded(row, options["encoding"])}, separators=(",", ":"))
+             for index, row in enumerate(embeddings)]
     return ",".join(items).encode(), tokens
 
 

@@ -197,9 +197,9 @@ class Routes:
                 listed = ", ".join(map(repr, states))
                 raise Refusal(404, f"the model {named!r} does not exist here; this server serves {listed}"
                               if named is not None else f"name a model: this server serves {listed}")
-            texts, encoding = openai.decode_embeddings(document, self._view(named, states[named]))
+            texts, options = openai.decode_embeddings(document, self._view(named, states[named]))
             self._ids += 1
-            frames = text_request_frames(self._ids, OPENAI, named, texts, deadline=deadline, encoding=encoding)
+            frames = text_request_frames(self._ids, OPENAI, named, texts, deadline=deadline, **options)
         except RemoteError as exc:
             code = ErrorCode.read(exc.code.encode())
             refused = error_reply(code.http_status, exc.message, True)

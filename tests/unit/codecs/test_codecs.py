@@ -96,15 +96,20 @@ def test_outputs_are_written_as_asked() -> None:
         kserve.encode_infer(request, MLP, Answer({"output": np.array([np.nan], np.float32)}, 3, None))
 
 
+BASE64 = {"encoding": "base64", "dimensions": None}
+FLOAT = {"encoding": "float", "dimensions": None}
+
+
 def test_openai_bodies_in_and_out() -> None:
-    document, model = openai.requested_model(b'{"model": "bert", "input": "hi", "encoding_format": "base64"}')
-    texts, encoding = openai.decode_embeddings(document, TEXTS)
-    assert (model, texts, encoding) == ("bert", ["hi"], "base64")
+    document, model = openai.requested_model(b'{"model": "bert", "input": "hi", "encoding_format": "base64", '
+                                             b'"user": "someone"}')
+    texts, options = openai.decode_embeddings(document, TEXTS)
+    assert (model, texts, options) == ("bert", ["hi"], BASE64)
     with pytest.raises(BadRequest, match="takes no texts"):
         openai.decode_embeddings({"input": "hi"}, MLP)
     rows = np.arange(16, dtype=np.float32).reshape(2, 8)
-    items, tokens = openai.encode_items(Answer({"embedding": rows, "tokens": np.array([3, 4])}, 1, 1), 5, "base64")
-    more, tokens_more = openai.encode_items(Answer({"embedding": rows[:1], "tokens": np.array([2])}, 1, 1), 7, "float")
+    items, tokens = openai.encode_items(Answer({"embedding": rows, "tokens": np.array([3, 4])}, 1, 1), 5, BASE64)
+    more, tokens_more = openai.encode_items(Answer({"embedding": rows[:1], "tokens": np.array([2])}, 1, 1), 7, FLOAT)
     body = json.loads(openai.join_embeddings("bert", [items, more], tokens + tokens_more))
     assert body["usage"] == {"prompt_tokens": 9, "total_tokens": 9} and body["model"] == "bert"
     assert [item["index"] for item in body["data"]] == [5, 6, 7]
@@ -132,7 +137,7 @@ def test_an_http_request_crosses_the_router_and_its_answer_comes_back() -> None:
 
 
 def test_a_text_apis_parts_cross_the_router_and_their_shares_come_back_as_one_body() -> None:
-    frames = text_request_frames(5, OPENAI, "bert", ["one", "two", "three"], deadline=None, encoding="float")
+    frames = text_request_frames(5, OPENAI, "bert", ["one", "two", "three"], deadline=None, **FLOAT)
     first = decode_call(protocol.decode_request([frames[0], frames[1], b"onetwo"], (0, 2)), lambda name: TEXTS)
     last = decode_call(protocol.decode_request([frames[0], frames[1], b"three"], (2, 3)), lambda name: TEXTS)
     assert (first.payload, first.first, last.payload, last.first) == (["one", "two"], 0, ["three"], 2)
@@ -177,3 +182,21 @@ def test_json_data_must_be_numbers_that_fit_the_datatype(data, words) -> None:
     body = json.dumps({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": data}]}).encode()
     with pytest.raises(BadRequest, match=words):
         kserve.decode_infer(body, None, MLP)
+
+
+def test_openai_dimensions_are_the_first_components_renormalised() -> None:
+    rows = np.array([[3.0, 4.0, 12.0], [1.0, 0.0, 0.0]], np.float32)
+    items, _ = openai.encode_items(Answer({"embedding": rows}, 1, 1), 0, {"encoding": "float", "dimensions": 2})
+    cut = [item["embedding"] for item in json.loads(f"[{items.decode()}]")]
+    np.testing.assert_allclose(cut, [[0.6, 0.8], [1.0, 0.0]], rtol=1e-6)
+    document = {"input": "hi", "dimensions": 3}
+    assert openai.decode_embeddings(document, TEXTS)[1]["dimensions"] == 3
+    for dimensions, words in ((9, "more than the 8"), (0, "from 1 up"), (True, "from 1 up"), ("4", "from 1 up")):
+        with pytest.raises(BadRequest, match=words):
+            openai.decode_embeddings({"input": "hi", "dimensions": dimensions}, TEXTS)
+
+
+@pytest.mark.parametrize("given", [[1, 2, 3], [[1, 2], [3]]])
+def test_openai_token_ids_are_refused_naming_the_langchain_setting(given) -> None:
+    with pytest.raises(BadRequest, match="check_embedding_ctx_length=False"):
+        openai.decode_embeddings({"input": given}, TEXTS)
