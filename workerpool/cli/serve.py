@@ -124,6 +124,7 @@ def _pool_config(kind: type[Config], args: argparse.Namespace, **derived: Any) -
         default = settings.setting(name).initial()  # a setting serve alone takes: every model its default
         everyone[name], single[name] = split_per_model(getattr(args, name, default), default)
     options["workers"] = everyone["workers"]
+    everyone["truncate"] = getattr(args, "truncate", False)
     with reported(ModelsError, exit_code=2):
         found = list_models(args.models, burnpack.resolve)  # "model" for model.bpk, as later checks read it
         served = _served(found, args, everyone["workers"], single["workers"])

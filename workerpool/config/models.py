@@ -64,6 +64,7 @@ class ModelEntry:
     batch_wait: float = 0.0
     workers: int | None = None  # workers that map it; None: every worker
     folder: str | None = None  # the folder it was found in, when it came from one
+    truncate: bool = False  # --truncate: texts over the limit are cut, not refused
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ def entry_for(name: str, path: str, folder: str | None, everyone: Mapping[str, A
     own = {setting: single.get(setting, {}).get(name, everyone.get(setting)) for setting in PER_MODEL}
     workers = own.pop("workers")
     return ModelEntry(name, path, own["model"], own["max_batch"], own["batch_wait"],
-                      workers if name in single.get("workers", {}) else None, folder)
+                      workers if name in single.get("workers", {}) else None, folder,
+                      bool(everyone.get("truncate")))
 
 
 def named(entries_: Iterable[ModelEntry]) -> dict[str, ModelEntry]:

@@ -222,6 +222,12 @@ _SERVE_SETTINGS = _for(SERVE_ONLY,
             "a request with more is cut into parts that free workers run side by side (a KServe body "
             "runs on one worker, in passes); `1`: one row a pass, no request shares one; `NAME=ROWS` "
             "for one model (see [Batching](benchmarks.md#batching))"),
+    Setting("--truncate", switch=True,
+            help="cut texts over a model's token limit instead of refusing them (a request may "
+            "ask either way: TEI's 'truncate'); OpenAI and TEI refuse them by default too",
+            doc="cut texts over a model's token limit (its `max_input_tokens`, in `info`) to the "
+            "limit, as sentence-transformers does, instead of refusing the request (`400`, TEI's "
+            "`413`); a TEI request's `truncate` decides for itself"),
     Setting("--batch-wait", parse=values.milliseconds, default=0.0, per_model=True,
             metavar="MS", file_value=lambda seconds: seconds * MS_PER_SECOND,
             help="milliseconds a request may wait for others to share its forward pass when fewer "

@@ -1,9 +1,15 @@
-"""The BERT encoder family as Hugging Face stores it, in numpy, with sentence embeddings.
+"""The BERT encoder family as Hugging Face stores it, in numpy, with sentence embeddings or
+a sequence classifier's logits.
 
 Hyper-parameters come from the ``config.json`` that ``workerpool convert`` carries in the
 metadata; Linear weights are used as stored (``[out, in]``) through transposed views, never
-copied; exact GELU to float32 precision. The output ``embedding`` is the mean of the last
-hidden states over the attention mask, L2-normalised, as sentence-transformers computes it.
+copied; exact GELU to float32 precision. Tensor names are ``BertModel``'s, or
+``BertForSequenceClassification``'s (the same under ``bert.``). The output ``embedding`` is
+the mean of the last hidden states over the attention mask, L2-normalised, as
+sentence-transformers computes it. A config whose ``architectures`` is
+``BertForSequenceClassification`` (a cross-encoder, a text classifier) gives ``logits``
+instead: ``classifier(tanh(pooler(first token)))``, as transformers computes them, with the
+labels of its ``id2label``.
 
 Inputs are ``input_ids`` and ``attention_mask`` (and optionally ``token_type_ids``), int64
 ``[B, L]``; or, when the file carries a ``tokenizer.json``, a list of texts, which the worker
@@ -23,6 +29,7 @@ from .base import Model, ModelError, ModelInputError
 from .ops import gelu_float32
 from .tensors import require_tensor
 from .texts import (
+    LOGITS,
     MEAN_NORMALIZED,
     TOKENIZER_KEY,
     TextEncoder,
@@ -37,6 +44,7 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 MAX_TOKENS = 65_536  # input_ids per request: its last_hidden_state alone is 1.5 KiB a token here
 CHUNK_TOKENS = 4096  # tokens of input_ids per pass: attention's memory grows with length squared
 PASS_OVERHEAD = 16.0  # what a pass costs beyond its tokens, in tokens (see text_passes)
+CLASSIFIER = "BertForSequenceClassification"
 
 
 class Bert(Model):
@@ -53,8 +61,10 @@ class Bert(Model):
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         layers = config["num_hidden_layers"]
 
+        root = "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
+
         def tensor(name: str, *shape: int | str) -> np.ndarray:
-            return require_tensor(NAME, weights, name, shape)
+            return require_tensor(NAME, weights, root + name, shape)
 
         hidden, inner = self.hidden, config["intermediate_size"]
         self.words = tensor("embeddings.word_embeddings.weight", "vocab", hidden)
@@ -74,20 +84,34 @@ class Bert(Model):
                 "output": _linear(tensor, f"{prefix}.output.dense", hidden, inner),
                 "output_norm": _norm(tensor, f"{prefix}.output.LayerNorm", hidden),
             })
-        self.tensor_names = frozenset(name for name in weights if not name.startswith("pooler.")
-                                      and name != "embeddings.position_ids")
+        self.classifier = CLASSIFIER in (config.get("architectures") or ())
+        unused = ("embeddings.position_ids",) if self.classifier else ("embeddings.position_ids", "pooler.")
+        self.tensor_names = frozenset(name for name in weights if not name.removeprefix(root).startswith(unused))
+        self.head = _classifier_head(tensor, hidden, config) if self.classifier else None
         self.max_length = min(max_length(NAME, metadata, len(self.positions)), len(self.positions))
         found = tokenizer(NAME, metadata.get(TOKENIZER_KEY), self.max_length)
         self.text_encoder = None if found is None else TextEncoder(
-            NAME, found, self._encode_rows, MEAN_NORMALIZED, PASS_OVERHEAD)
+            NAME, found, self._encode_rows, self._logits if self.classifier else MEAN_NORMALIZED,
+            PASS_OVERHEAD, self.max_length, LOGITS if self.classifier else "embedding", labels(config))
         self.accepts_text = self.text_encoder is not None  # what info tells clients it takes
+        if self.head is not None:
+            self.text_output_shape, self.text_output_dtype = text_outputs(len(self.head[1][1]), LOGITS)
 
     def __call__(self, inputs: Any) -> Any:
         if isinstance(inputs, list):
             return self._embed_texts(inputs)
         ids, mask, types = self._arrays(inputs)
         states = self._encode(ids, mask, types)
+        if self.classifier:
+            return {LOGITS: self._logits(states, mask), "last_hidden_state": states}
         return {"embedding": MEAN_NORMALIZED(states, mask), "last_hidden_state": states}
+
+    def _logits(self, states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """A sequence classifier's logits ``[B, labels]``: its pooler (dense and tanh over the
+        first token's state), then its classifier."""
+        assert self.head is not None
+        pooler, classifier = self.head
+        return _apply(np.tanh(_apply(states[:, 0], pooler)), classifier).astype(np.float32)
 
     def __repr__(self) -> str:
         return f"<Bert {self.hidden} hidden, {len(self.layers)} layers, {self.heads} heads>"
@@ -184,6 +208,24 @@ def _config(metadata: Mapping[str, str]) -> dict[str, Any]:
 
 
 Linear = tuple[np.ndarray, np.ndarray]
+
+
+def _classifier_head(tensor: Any, hidden: int, config: Mapping[str, Any]) -> tuple[Linear, Linear]:
+    """A sequence classifier's pooler and classifier, as many labels wide as its config says."""
+    labels = config.get("num_labels", len(config.get("id2label") or {}) or 2)
+    if type(labels) is not int or labels < 1:
+        raise ModelError(f"{NAME}: config num_labels must be a positive integer")
+    return _linear(tensor, "pooler.dense", hidden, hidden), _linear(tensor, "classifier", labels, hidden)
+
+
+def labels(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """A classifier's label names by index, from its config's ``id2label`` (``LABEL_0`` and so
+    on where it names none)."""
+    named = config.get("id2label") or {}
+    count = config.get("num_labels", len(named))
+    if not isinstance(named, Mapping) or type(count) is not int:
+        return ()
+    return tuple(str(named.get(str(i), named.get(i, f"LABEL_{i}"))) for i in range(count))
 
 
 def _linear(tensor: Any, prefix: str, out: int, inp: int) -> Linear:

@@ -16,6 +16,7 @@ from ..linux.controls import release_free_memory
 from . import build_model, choose_model
 from .base import BuildOptions, ModelInputError
 from .contract import Contract, ModelOutputError
+from .texts import TextEncoder, Texts, Tokenized, is_item
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +28,15 @@ class LoadedModel:
 
     def __init__(self, path: str, spec: str | None, load: str, generation: int = 0,
                  threads: int | None = None, cache_dir: str | None = None, source: str | None = None,
-                 pack: burnpack.Burnpack | None = None, max_rows: int | None = None) -> None:
+                 pack: burnpack.Burnpack | None = None, max_rows: int | None = None,
+                 truncate: bool = False) -> None:
         """``threads``: the worker's CPU budget, for a model that sizes its own thread pool;
         ``cache_dir``: where a model keeps what it prepares once per machine (None, or a
         ``load`` other than mmap: nothing is prepared); ``source``: opened instead of ``path``
         (see :func:`burnpack.read`); ``pack``: the file, read already as ``load`` reads it;
-        ``max_rows``: the rows (or texts) one forward pass may take (--max-batch; None: any)."""
+        ``max_rows``: the rows (or texts) one forward pass may take (--max-batch; None: any);
+        ``truncate``: whether texts over the model's limit are cut when their request does not
+        say (--truncate), or refused."""
         self.pack = pack or burnpack.read(path, mmap=load == "mmap", source=source)
         self.name = choose_model(spec, self.pack.tensors, self.pack.metadata)[0]
         options = BuildOptions(threads, cache_dir if self.pack.mapped else None, path, self.pack.identity)
@@ -44,6 +48,7 @@ class LoadedModel:
             self.contract.batched or self.contract.texts)
         self.batch_failure_logged = False
         self.max_rows = max_rows
+        self.truncate = truncate
         self.views: dict[str, Any] = {}  # what the HTTP codecs make of it, by the name it is served as
 
     def infer(self, inputs: Any) -> Any:
@@ -53,6 +58,8 @@ class LoadedModel:
         and :class:`~.contract.ModelOutputError` when the output does not; whatever the model
         itself raises passes through.
         """
+        if isinstance(inputs, list):
+            inputs = Texts(inputs, self._truncates(inputs))
         batch, admitted = self.contract.admit(inputs)
         outputs = self.model(admitted)
         self.contract.check_output(outputs, batch, texts=isinstance(inputs, list))
@@ -94,7 +101,7 @@ class LoadedModel:
                 outcomes = self._run_stacked(parts, [inputs[i] for i, _ in members], functools.partial(joined, parts))
                 yield from zip((i for i, _ in members), outcomes, strict=True)
 
-    def _run_texts(self, members: list[tuple[int, list[str]]]) -> Iterator[tuple[int, Any]]:
+    def _run_texts(self, members: list[tuple[int, list[Any]]]) -> Iterator[tuple[int, Any]]:
         """The outcomes of requests of texts, each given once the passes holding its texts are
         done; with a model that plans no passes of its own, one call on all the texts."""
         encoder = getattr(self.model, "text_encoder", None)
@@ -106,34 +113,57 @@ class LoadedModel:
             outcomes = self._run_stacked(parts, parts, functools.partial(_joined_texts, parts))
             yield from zip((i for i, _ in members), outcomes, strict=True)
             return
-        owners = [k for k, (_, texts) in enumerate(members) for _ in texts]
+        texts = Texts(_joined_texts([texts for _, texts in members]))
         try:
-            lengths, passes = encoder.tokenized(_joined_texts([texts for _, texts in members]), self.max_rows)
+            tokenized = encoder.tokenize(texts)
         except ModelInputError:  # one request's texts: each request is tokenized alone
             yield from ((i, self.outcome(texts)) for i, texts in members)
             return
         firsts = np.cumsum([0] + [len(texts) for _, texts in members])
-        waiting = [len(texts) for _, texts in members]
-        embeddings: np.ndarray | None = None
+        running: list[int] = []
+        for k, (i, request) in enumerate(members):
+            mine = range(firsts[k], firsts[k + 1])
+            try:
+                encoder.refuse_over(texts, tokenized, mine, truncate=self._truncates(request))
+            except ModelInputError as exc:
+                yield i, exc
+            else:
+                running.extend(mine)
+        yield from self._answer_passes(encoder, members, tokenized, running, firsts)
+
+    def _answer_passes(self, encoder: TextEncoder, members: list[tuple[int, list[Any]]], tokenized: Tokenized,
+                       running: list[int], firsts: np.ndarray) -> Iterator[tuple[int, Any]]:
+        """The outcomes of the requests whose texts are ``running`` (indices into ``tokenized``;
+        a request's texts run from ``firsts[k]``), each once the passes holding its texts are done."""
+        owners = np.searchsorted(firsts, np.arange(firsts[-1]), side="right") - 1
+        waiting = collections.Counter(int(owners[t]) for t in running)
+        outputs: np.ndarray | None = None
         answered: set[int] = set()
         try:
-            for indices, pooled in passes:
-                if embeddings is None:
-                    embeddings = np.empty((len(lengths), pooled.shape[1]), np.float32)
-                embeddings[indices] = pooled
-                done = collections.Counter(owners[t] for t in indices)
+            for indices, answer in encoder.passes(tokenized, running, self.max_rows):
+                if outputs is None:
+                    outputs = np.empty((len(tokenized.lengths), *answer.shape[1:]), np.float32)
+                outputs[indices] = answer
+                done = collections.Counter(int(owners[t]) for t in indices)
                 for k in sorted(done):
                     waiting[k] -= done[k]
                     if not waiting[k]:
                         rows = slice(firsts[k], firsts[k + 1])
-                        outcome = self._checked({"embedding": embeddings[rows].copy(),
-                                                 "tokens": np.array(lengths[rows], np.int32)}, len(members[k][1]))
+                        outcome = self._checked({encoder.output: outputs[rows].copy(),
+                                                 "tokens": np.array(tokenized.lengths[rows], np.int32)},
+                                                len(members[k][1]))
                         answered.add(k)
                         yield members[k][0], outcome
         except Exception as exc:  # noqa: BLE001 - the requests not answered yet run alone
-            self._log_batch_failure(len(members) - len(answered), exc)
+            self._log_batch_failure(len(waiting) - len(answered), exc)
             del exc
-            yield from ((i, self.outcome(texts)) for k, (i, texts) in enumerate(members) if k not in answered)
+            yield from ((members[k][0], self.outcome(members[k][1])) for k in waiting if k not in answered)
+
+    def _truncates(self, texts: Any) -> bool:
+        """Whether texts over the model's limit are cut: as their request asks, else as the
+        model is served (``--truncate``)."""
+        asked = getattr(texts, "truncate", None)
+        return self.truncate if asked is None else bool(asked)
 
     def _checked(self, outputs: dict[str, np.ndarray], texts: int) -> Any:
         """Texts' outputs, or the :class:`ModelOutputError` of what breaks the declaration."""
@@ -150,9 +180,8 @@ class LoadedModel:
         Without a declared output shape, a bare row's output need not have the batch axis that
         a stacked pass gives it: it runs alone, so that its reply never depends on its company.
         """
-        if isinstance(inputs, list):  # a list that is not all strings is refused alone
-            return (_TEXTS, inputs) if self.contract.texts and inputs \
-                and all(isinstance(text, str) for text in inputs) else None
+        if isinstance(inputs, list):  # a list that is not all texts is refused alone
+            return (_TEXTS, inputs) if self.contract.texts and inputs and all(map(is_item, inputs)) else None
         if not self.contract.batched:
             return None
         arrays, bare = self.contract.as_batch(inputs)
@@ -252,9 +281,15 @@ class LoadedModel:
             "size": self.pack.identity.size,
             "inode": self.pack.identity.inode,
             "generation": self.generation,
-            "batching": self.batching,
-            **self.contract.info(),
+            **self.signature(),
         }
+
+    def signature(self) -> dict[str, Any]:
+        """What a model of another generation or host must match (its inputs and outputs),
+        whether it batches, and what a model of texts tells of them (task, limit, labels)."""
+        encoder = getattr(self.model, "text_encoder", None)
+        texts = encoder.describe() if isinstance(encoder, TextEncoder) else {}
+        return {**self.contract.info(), "batching": self.batching, **texts}
 
 
 def _split_along(outputs: Any, rows: int) -> bool:
@@ -279,5 +314,5 @@ def _rows_of(inputs: Any, start: int, stop: int) -> Any:
     return inputs[start:stop]
 
 
-def _joined_texts(parts: list[list[str]]) -> list[str]:
+def _joined_texts(parts: list[list[Any]]) -> list[Any]:
     return [text for texts in parts for text in texts]

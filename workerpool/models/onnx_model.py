@@ -17,12 +17,9 @@ the build (its data would be read from the empty placeholder). Inputs and output
 graph's, by name; a single-input graph takes a bare array too. onnxruntime is imported when a
 model is built, so that importing the models stays light.
 
-Texts are taken when the file carries a tokenizer and a pooling (as ``convert`` writes them
-from a sentence-transformers folder) and the graph's inputs are ``input_ids`` and
-``attention_mask`` (and maybe ``token_type_ids``) of an integer dtype, with token states to
-pool: the rank-3 float output ``last_hidden_state``, else the first one. They are tokenized,
-run and pooled as :mod:`.texts` does, in the passes :mod:`.text_passes` plans, fed in the dtypes
-the graph declares.
+Texts are taken as :mod:`.onnx_texts` decides (an embedder's token states pooled, or a
+classifier's logits), tokenized and run as :mod:`.texts` does, in the passes
+:mod:`.text_passes` plans, fed in the dtypes the graph declares.
 
 What a pass needed is given back off the common path (:meth:`OnnxModel.give_back`): once a
 request whose pass left the worker :data:`RECOVER_GROWTH` above where it last settled (long
@@ -66,23 +63,15 @@ from ..linux.procfs import private_resident
 from ..units import MiB
 from . import onnx_prepared
 from .base import BuildOptions, ModelError, ModelInputError, Shape
-from .bert import CONFIG_KEY  # its hidden_size: the embedding's width, if the graph has none
 from .onnx_layout import (
     GRAPH_TENSOR,
     INITIALIZERS_KEY,
     LOOKUPS_KEY,
     NAME,
     PLACEHOLDER_FOLDER,
-    POOLING_KEY,
 )
-from .texts import (
-    TOKENIZER_KEY,
-    TextEncoder,
-    max_length,
-    pooling_of,
-    text_outputs,
-    tokenizer,
-)
+from .onnx_texts import TEXT_INPUTS, Output, graph_texts
+from .texts import TextEncoder
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +84,9 @@ ONNXRUNTIME_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 OUT_OF_MEMORY = re.compile(r"bad_alloc|Failed to allocate memory")  # in onnxruntime's messages
 DISABLED_OPTIMIZERS = ["ConstantFolding"]
 FATAL_ONLY = 4  # onnxruntime log severity: a request it refuses is answered, not logged
-TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the first two needed for texts
-STATES = "last_hidden_state"  # the token states texts are pooled from, else the first rank-3 output
-DEFAULT_MAX_LENGTH = 512  # tokens kept per text when the file names no max_seq_length (BERT's)
 SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
 RECOVER_GROWTH = 16 * MiB  # private memory past where it settled that a pass gives back
 GIVE_BACK_LEAST = 1 * MiB  # less than this past where it settled is not worth a give-back
-PASS_OVERHEAD = 8.0  # what a pass costs beyond its tokens, in tokens (see text_passes)
 
 
 class OnnxModel:
@@ -169,25 +154,17 @@ class OnnxModel:
         self.session, self.initializers = self.rebuild()
 
     def _take_texts(self, metadata: Mapping[str, str], outputs: list[Any]) -> None:
-        """Texts are taken when the file carries a tokenizer and a pooling and the graph has
-        integer text inputs and token states to pool (see the module)."""
-        states = [arg for arg in outputs if len(arg.shape) == 3 and _dtype(arg).kind == "f"]
-        states.sort(key=lambda arg: arg.name != STATES)
-        names = set(self.input_dtype)
-        self.accepts_text = (TOKENIZER_KEY in metadata and POOLING_KEY in metadata and bool(states)
-                             and set(TEXT_INPUTS[:2]) <= names <= set(TEXT_INPUTS)
-                             and all(dtype.kind in "iu" for dtype in self.input_dtype.values()))
-        self.text_encoder: TextEncoder | None = None
-        if not self.accepts_text:
+        """Texts are taken as :mod:`.onnx_texts` decides; a first pass runs on the empty text."""
+        found = graph_texts(metadata, self.input_dtype,
+                            [Output(arg.name, list(arg.shape), _dtype(arg)) for arg in outputs], self._encode)
+        self.accepts_text = found is not None
+        self.text_encoder: TextEncoder | None = None if found is None else found.encoder
+        if found is None:
             return
-        self.states = states[0].name
-        length = max_length(NAME, metadata, DEFAULT_MAX_LENGTH)
-        self.text_encoder = TextEncoder(NAME, tokenizer(NAME, metadata[TOKENIZER_KEY], length),
-                                        self._encode, pooling_of(NAME, metadata[POOLING_KEY]),
-                                        PASS_OVERHEAD)
-        self.text_output_shape, self.text_output_dtype = text_outputs(_width(states[0].shape, metadata))
+        self.states = found.read
+        self.text_output_shape, self.text_output_dtype = found.shapes, found.dtypes
         try:  # the arena's first region, which it never gives back, stays small
-            self.text_encoder([""])
+            found.encoder([""])
         except Exception as exc:  # noqa: BLE001 - such a graph fails texts when they come
             log.warning("%s: a first pass on the empty text failed (%s); texts are tried as they come",
                         NAME, exception_text(exc, named=True))
@@ -273,7 +250,8 @@ class OnnxModel:
             raise MemoryError(f"{NAME}: not enough memory to build the session again") from None
 
     def _encode(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
-        """The token states of one chunk of tokenized texts, fed in the dtypes the graph takes."""
+        """The token states (or logits) of one chunk of tokenized texts, fed in the dtypes the
+        graph takes."""
         given = dict(zip(TEXT_INPUTS, (ids, mask, types), strict=True))
         feeds = {name: given[name].astype(dtype, copy=False) for name, dtype in self.input_dtype.items()}
         states: np.ndarray = self._run([self.states], feeds)[0]
@@ -308,18 +286,6 @@ def _graph_bytes(weights: Mapping[str, np.ndarray]) -> bytes:
     if not isinstance(graph, np.ndarray) or graph.dtype != np.uint8 or graph.ndim != 1:
         raise ModelError(f"{NAME}: tensor {GRAPH_TENSOR} is not a 1-D uint8 tensor")
     return graph.tobytes()
-
-
-def _width(dims: list[Any], metadata: Mapping[str, str]) -> int | None:
-    """The embedding's width: the token states' last axis, else the model's ``hidden_size``
-    from its config.json, else unknown (None)."""
-    if isinstance(dims[-1], int):
-        return dims[-1]
-    try:
-        size = json_object(metadata.get(CONFIG_KEY, "{}")).get("hidden_size")
-    except NotAJSONObject:
-        return None
-    return size if type(size) is int and size > 0 else None
 
 
 def _check_initializers(views: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:

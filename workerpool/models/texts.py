@@ -1,20 +1,26 @@
-"""Texts to sentence embeddings, for every model that takes texts (``bert``, ``onnx``).
+"""Texts to sentence embeddings or scores, for every model that takes texts (``bert``, ``onnx``).
 
 The tokenizer is the file's own ``tokenizer.json`` (metadata :data:`TOKENIZER_KEY`), cut at
-:data:`MAX_LENGTH_KEY` tokens and built once per process (:func:`tokenizer`). A model's
-:class:`TextEncoder` tokenizes texts, runs them through the model's encoder in the passes
-:mod:`.text_passes` plans (texts of like length together, each pass padded only to its own
-longest text) and pools each text's token states into one embedding as sentence-transformers
-does (:class:`Pooling`). It gives each pass's embeddings as that pass ends, so that a worker
-answers a request as soon as its texts are done. Hugging Face's ``tokenizers`` is imported
-only here, when a file carries a tokenizer.
+:data:`MAX_LENGTH_KEY` tokens (the model's limit) and built once per process (:func:`tokenizer`).
+A model's :class:`TextEncoder` tokenizes texts, or pairs of texts (a query and a document, as
+sentence-transformers' CrossEncoder tokenizes them: token types 0 and 1, the longer side cut
+first), runs them through the model in the passes :mod:`.text_passes` plans (texts of like
+length together, each pass padded only to its own longest text) and applies its head to each
+pass: pooling token states into one embedding as sentence-transformers does (:class:`Pooling`),
+or a classifier's logits. It gives each pass's outputs as that pass ends, so that a worker
+answers a request as soon as its texts are done.
+
+A text over the model's limit is refused unless its request asks for truncation
+(:class:`Texts`); a text far longer than the limit is cut before it is tokenized
+(:func:`_prefix`), so a 2 MB string costs what its first few kilobytes cost. Hugging Face's
+``tokenizers`` is imported only here, when a file carries a tokenizer.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,57 +122,147 @@ def _tokenizer(text: str, length: int) -> Any:
     return built
 
 
+Item = str | tuple[str, str]  # a text, or a pair (query, document)
+# Characters kept of a text before it is tokenized, per token of the model's limit: a text this
+# long is all but surely over the limit, and its prefix decides (see _prefix).
+CHARS_PER_TOKEN = 16
+
+
+class Texts(list[Item]):
+    """A request's texts (or pairs), and whether those over the model's limit are cut
+    (``truncate``) or refuse the request (None: as the model is served, ``--truncate``)."""
+
+    def __init__(self, items: Sequence[Item], truncate: bool | None = None) -> None:
+        super().__init__(items)
+        self.truncate = truncate
+
+
+def is_item(value: Any) -> bool:
+    """Whether ``value`` is a text or a pair of texts."""
+    return isinstance(value, str) or (type(value) is tuple and len(value) == 2
+                                      and all(isinstance(side, str) for side in value))
+
+
+# The output of a pass [B, ...] and the attention mask [B, L] -> what the model answers [B, ...].
+Head = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A batch of texts, tokenized: each one's encoding, its tokens after the cut, and whether
+    it was over the model's limit."""
+
+    encodings: list[Any]
+    lengths: list[int]
+    over: list[bool]
+
+
 @dataclass(frozen=True)
 class TextEncoder:
-    """How a model turns texts into embeddings: its tokenizer, its encoder (token states of
-    padded rows), its pooling and what a pass costs beyond its tokens (``overhead``, in tokens:
-    see :mod:`.text_passes`)."""
+    """How a model answers texts: its tokenizer, its encoder (what a pass of padded rows
+    gives), its head (pooling into ``embedding``, or a classifier's ``logits``: ``output`` names
+    it), what a pass costs beyond its tokens (``overhead``, in tokens: see
+    :mod:`.text_passes`), the tokens a text may have (``limit``) and a classifier's labels."""
 
     model: str
     tokenizer: Any
     encode: Encoder
-    pooling: Pooling
+    head: Head
     overhead: float
+    limit: int
+    output: str = "embedding"
+    labels: tuple[str, ...] = ()
 
     def __call__(self, texts: Sequence[Any]) -> dict[str, np.ndarray]:
-        """``embedding``, ``[len(texts), H]`` float32, and ``tokens``, ``[len(texts)]`` int32
+        """The output, ``[len(texts), ...]`` float32, and ``tokens``, ``[len(texts)]`` int32
         (each text's tokens after the cut, what usage is counted in)."""
-        lengths, passes = self.tokenized(texts)
-        embeddings: np.ndarray | None = None
-        for indices, pooled in passes:
-            if embeddings is None:  # the width is the encoder's, known from its first answer
-                embeddings = np.empty((len(lengths), pooled.shape[1]), np.float32)
-            embeddings[indices] = pooled
-        assert embeddings is not None
-        return {"embedding": embeddings, "tokens": np.array(lengths, np.int32)}
+        tokenized = self.tokenize(texts)
+        self.refuse_over(texts, tokenized, range(len(texts)), truncate=getattr(texts, "truncate", True) is not False)
+        outputs: np.ndarray | None = None
+        for indices, answered in self.passes(tokenized, range(len(texts))):
+            if outputs is None:  # the width is the encoder's, known from its first answer
+                outputs = np.empty((len(tokenized.lengths), *answered.shape[1:]), np.float32)
+            outputs[indices] = answered
+        assert outputs is not None
+        return {self.output: outputs, "tokens": np.array(tokenized.lengths, np.int32)}
 
-    def tokenized(self, texts: Sequence[Any],
-                  max_rows: int | None = None) -> tuple[list[int], Iterator[tuple[list[int], np.ndarray]]]:
-        """Each text's tokens, and the passes over them (:func:`.text_passes.plan_passes`, at most
-        ``max_rows`` texts each), run one by one as the iterator is read: the indices of the
-        texts each pass embedded, and their embeddings, ``[len(indices), H]`` float32. A text's
-        embedding does not depend on the texts beside it. Raises :class:`ModelInputError` for
-        what the tokenizer cannot read."""
-        if not texts or not all(isinstance(t, str) for t in texts):
+    def describe(self) -> dict[str, Any]:
+        """What ``info`` says of the texts: the task, the tokens a text may have, the labels."""
+        facts: dict[str, Any] = {"task": "classify" if self.output == LOGITS else "embed",
+                                 "max_input_tokens": self.limit}
+        if self.output == LOGITS:
+            facts["labels"] = list(self.labels)
+        return facts
+
+    def tokenize(self, texts: Sequence[Any]) -> Tokenized:
+        """Every text (or pair) tokenized, cut at the model's limit. Raises
+        :class:`ModelInputError` for what the tokenizer cannot read."""
+        if not texts or not all(map(is_item, texts)):
             raise ModelInputError(f"{self.model}: texts must be a non-empty list of strings")
+        items = [self._prefix(text) for text in texts]
         try:
-            encodings = self.tokenizer.encode_batch(list(texts))
+            encodings = self.tokenizer.encode_batch(items)
         except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
             raise ModelInputError(f"{self.model}: the tokenizer cannot read these texts: {exc}") from None
-        lengths = [len(e.ids) for e in encodings]
-        return lengths, self._passes(encodings, plan_passes(lengths, self.overhead, max_rows=max_rows))
+        return Tokenized(encodings, [len(e.ids) for e in encodings], [bool(e.overflowing) for e in encodings])
 
-    def _passes(self, encodings: list[Any], plan: list[list[int]]) -> Iterator[tuple[list[int], np.ndarray]]:
-        for indices in plan:
-            ids, mask, types = _padded([encodings[i] for i in indices])
-            yield indices, self.pooling(self.encode(ids, mask, types), mask)
+    def refuse_over(self, texts: Sequence[Item], tokenized: Tokenized, indices: Iterable[int], *,
+                    truncate: bool) -> None:
+        """Raise :class:`ModelInputError` naming the first text of ``indices`` over the limit,
+        unless ``truncate``."""
+        if truncate:
+            return
+        for index in indices:
+            if tokenized.over[index]:
+                text = texts[index] if isinstance(texts[index], str) else texts[index][1]
+                raise ModelInputError(
+                    f"{self.model}: the text beginning {text[:40]!r} is longer than the model's limit "
+                    f"of {self.limit} tokens: shorten it, or ask for truncation (TEI: \"truncate\": "
+                    "true), or serve the model with --truncate")
+
+    def passes(self, tokenized: Tokenized, indices: Iterable[int],
+               max_rows: int | None = None) -> Iterator[tuple[list[int], np.ndarray]]:
+        """The passes over the texts ``indices`` (:func:`.text_passes.plan_passes`, at most
+        ``max_rows`` texts each), run one by one as the iterator is read: the indices of the
+        texts each pass ran, and their outputs. A text's output does not depend on the texts
+        beside it."""
+        chosen = list(indices)
+        plan = plan_passes([tokenized.lengths[i] for i in chosen], self.overhead, max_rows=max_rows)
+        for positions in plan:
+            run = [chosen[k] for k in positions]
+            ids, mask, types = _padded([tokenized.encodings[i] for i in run])
+            yield run, self.head(self.encode(ids, mask, types), mask)
+
+    def _prefix(self, item: Item) -> Item:
+        """``item`` with each side far over the limit cut to its first :data:`CHARS_PER_TOKEN`
+        characters a token, at a white space, where that prefix alone is over the limit: its
+        tokens are then those of the whole text up to the cut, so the answer is the same (the
+        longer side of a pair is cut first, and stays the longer)."""
+        if isinstance(item, tuple):
+            first, second = item
+            return self._prefix(first), self._prefix(second)  # type: ignore[return-value]
+        keep = self.limit * CHARS_PER_TOKEN
+        if len(item) <= keep:
+            return item
+        cut = max(item.rfind(" ", 0, keep), item.rfind("\n", 0, keep))
+        prefix = item[:cut] if cut > 0 else item[:keep]
+        return prefix if cut > 0 and self.tokenizer.encode(prefix).overflowing else item
 
 
-def text_outputs(width: int | None) -> tuple[dict[str, tuple[int | None, ...]], dict[str, type]]:
-    """The shapes and dtypes a model that embeds texts declares for them (``width`` None:
-    unknown)."""
-    shapes: dict[str, tuple[int | None, ...]] = {"embedding": (None, width), "tokens": (None,)}
-    return shapes, {"embedding": np.float32, "tokens": np.int32}
+LOGITS = "logits"  # a classifier's output for texts
+
+
+def classify(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The head of a model whose pass already gives each text's logits."""
+    return np.asarray(logits, np.float32)
+
+
+def text_outputs(width: int | None, output: str = "embedding") -> tuple[dict[str, tuple[int | None, ...]],
+                                                                          dict[str, type]]:
+    """The shapes and dtypes a model that answers texts declares for them: ``output`` (an
+    embedding, or logits), ``width`` wide (None: unknown), and each text's tokens."""
+    shapes: dict[str, tuple[int | None, ...]] = {output: (None, width), "tokens": (None,)}
+    return shapes, {output: np.float32, "tokens": np.int32}
 
 
 def _padded(chunk: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

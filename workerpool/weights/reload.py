@@ -54,7 +54,7 @@ def validate(path: str, model: str | None,
         loaded = LoadedModel(path, model, DEFAULT_LOAD, threads=1, cache_dir=cache_dir)  # no thread pool
     except (burnpack.BurnpackError, models.ModelError) as exc:
         raise WeightsRefused(str(exc)) from exc
-    return loaded.name, loaded.pack.identity, {**loaded.contract.info(), "batching": loaded.batching}
+    return loaded.name, loaded.pack.identity, loaded.signature()
 
 
 def validate_new(path: str, model: str | None,

@@ -38,7 +38,8 @@ class ServedModel:
         """What a worker is told of this model: its file, and the newest generation of it."""
         current, entry = self.current, self.entry
         return ModelSpec(name=self.name, path=entry.path, factory=entry.factory, generation=current.generation,
-                         expect=current.identity.as_list(), source=current.source, max_batch=entry.max_batch)
+                         expect=current.identity.as_list(), source=current.source, max_batch=entry.max_batch,
+                         truncate=entry.truncate)
 
 
 class ServedModels:

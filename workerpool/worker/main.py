@@ -135,7 +135,8 @@ class Worker:
     def _build(self, model: ModelSpec) -> LoadedModel:
         spec = self.spec
         return LoadedModel(model.path, model.factory, spec.load, model.generation, spec.threads,
-                           spec.cache_dir, model.source, max_rows=model.max_batch)
+                           spec.cache_dir, model.source, max_rows=model.max_batch,
+                           truncate=model.truncate)
 
     def _register(self, router: zmq.Socket) -> bool:
         """Say READY (with what this worker serves); False while no router is connected."""

@@ -64,6 +64,7 @@ class ModelSpec:
     expect: list[int] | None = None  # the file identity the supervisor validated
     source: str | None = None  # opened instead of the path: the supervisor's descriptor of the file it validated
     max_batch: int = field(default=32, metadata={"least": 1})  # rows one forward pass may take
+    truncate: bool = False  # texts over the model's limit are cut, not refused
 
     def __post_init__(self) -> None:
         _check(self)

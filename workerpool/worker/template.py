@@ -261,7 +261,8 @@ def _share_models(spec: WorkerSpec) -> None:
 
 
 def _key(spec: WorkerSpec, model: ModelSpec) -> tuple[Any, ...]:
-    return (model.path, model.source, model.factory, spec.load, model.generation, model.expect, model.max_batch)
+    return (model.path, model.source, model.factory, spec.load, model.generation, model.expect, model.max_batch,
+            model.truncate)
 
 
 def _shared_model(spec: WorkerSpec, model: ModelSpec) -> LoadedModel | None:
@@ -274,7 +275,8 @@ def _shared_model(spec: WorkerSpec, model: ModelSpec) -> LoadedModel | None:
         if name not in SHARED_MODELS:
             return None
         return LoadedModel(model.path, model.factory, spec.load, model.generation, spec.threads,
-                           spec.cache_dir, model.source, pack, max_rows=model.max_batch)
+                           spec.cache_dir, model.source, pack, max_rows=model.max_batch,
+                           truncate=model.truncate)
     except Exception as exc:  # noqa: BLE001 - whatever it is, each worker meets it and reports it
         log.debug("template %d: not building generation %d of %s for its workers: %s", os.getpid(),
                   model.generation, model.name, exc)

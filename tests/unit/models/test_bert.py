@@ -170,7 +170,7 @@ def test_the_converted_file_is_aligned_and_names_its_model(minilm):
 @pytest.mark.process
 def test_served_embeddings_match_pytorch_one_request_each_and_all_in_one(minilm, reference):
     sentences, expected = reference
-    with Server(minilm, "--batch-wait", "50", workers=2) as server, \
+    with Server(minilm, "--batch-wait", "50", "--truncate", workers=2) as server, \
             workerpool.Client(server.endpoint) as client:
         each = np.concatenate([out["embedding"] for out in client.infer_many([[s] for s in sentences])])
         together = client.infer(sentences)["embedding"]
@@ -187,7 +187,7 @@ def test_served_embeddings_match_pytorch_one_request_each_and_all_in_one(minilm,
 
 def test_a_text_costs_its_own_tokens_whatever_its_company(minilm, reference):
     sentences, expected = reference
-    model = LoadedModel(str(minilm), None, "mmap")
+    model = LoadedModel(str(minilm), None, "mmap", truncate=True)
     short = model.infer(sentences[:2])["embedding"]
     company = ["! " * 300, *(["a"] * (text_passes.MAX_ROWS + 1))]  # a long text, more short ones than a pass holds
     with_long = model.infer([*sentences[:2], *company])["embedding"]
@@ -207,14 +207,18 @@ def test_text_limits_are_bad_requests(minilm, context):
         assert answer["error"]["code"] == "bad_request" and "not valid UTF-8" in answer["error"]["message"]
         with pytest.raises(workerpool.BadRequest, match="1 to 1024 strings"):
             client.infer(["a"] * (protocol.MAX_TEXTS + 1))
-        long = client.infer(["word " * 20_000])["embedding"]  # 100 KB: cut at 256 tokens, as the reference
-        assert long.shape == (1, 384)
+        with pytest.raises(workerpool.BadRequest, match="longer than the model's limit of 256 tokens"):
+            client.infer(["word " * 20_000])  # 100 KB
+    with Server(minilm, "--truncate", workers=1) as server, workerpool.Client(server.endpoint) as client:
+        long = client.infer(["word " * 20_000, "word " * 254])  # cut at 256 tokens, as the reference
+        assert long["embedding"].shape == (2, 384) and list(long["tokens"]) == [256, 256]
+        np.testing.assert_allclose(long["embedding"][0], long["embedding"][1], atol=1e-6)
 
 
 @pytest.mark.process
 def test_embed_prints_or_saves_embeddings(minilm, reference, tmp_path):
     sentences, expected = reference
-    with Server(minilm, workers=1) as server:
+    with Server(minilm, "--truncate", workers=1) as server:
         printed = cli("embed", sentences[0], sentences[4], "--endpoint", server.endpoint)
         saved = cli("embed", *sentences, "--endpoint", server.endpoint, "--output", tmp_path / "e.npy")
     assert printed.returncode == 0, printed.stderr
