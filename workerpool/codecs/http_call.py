@@ -21,15 +21,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest, DeadlineExceeded, ErrorCode
+from ..models.texts import Texts, Tokenized
 from ..protocol import messages as protocol
 from ..protocol.route import route_for
-from . import kserve, openai
+from . import kserve, openai, tei, text_calls
 from .view import UNNAMED_OUTPUT, Answer, ModelView, wire_inputs
 
 KSERVE = "kserve"
 OPENAI = "openai"
-APIS = (KSERVE, OPENAI)
-TEXT_APIS = (OPENAI,)  # read at the front door, their texts spread over the workers
+TEXTS = "texts"  # TEI's routes and rerank: what the worker writes is tei.write's
+APIS = (KSERVE, OPENAI, TEXTS)
+TEXT_APIS = (OPENAI, TEXTS)  # read at the front door, their texts spread over the workers
 JSON = "application/json"
 BINARY = "application/octet-stream"
 
@@ -108,7 +110,7 @@ class HttpCall:
 
     id: Any
     view: ModelView
-    payload: np.ndarray | dict[str, np.ndarray] | list[str]
+    payload: np.ndarray | dict[str, np.ndarray] | list[str] | Texts
     request: kserve.InferRequest | None = None  # KServe's outputs asked for
     options: dict[str, Any] = field(default_factory=dict)  # a text API's: how its answer is written
     first: int = 0  # a text API's part: the index of its first text in the client's request
@@ -121,8 +123,24 @@ class HttpCall:
         http: dict[str, Any] = {"head": None}
         if self.request is not None:
             body, http["head"] = kserve.encode_infer(self.request, self.view, answer)
-        else:
+        elif self.options.get("op") is None:
             body, http["tokens"] = openai.encode_items(answer, self.first, self.options)
+        else:
+            body, http["tokens"] = tei.write(answer, self.first, self.options, self.view.labels)
+        return self._frames(body, http, worker_pid, generation)
+
+    @property
+    def tokenizes(self) -> bool:
+        """Whether it asks for its texts' tokens (TEI's /tokenize), not for the model's outputs."""
+        return self.options.get("op") == "tokenize"
+
+    def reply_tokens(self, tokenized: Tokenized, *, worker_pid: int, generation: int) -> list[Any]:
+        """The reply frames for the tokens of :attr:`tokenizes`' texts."""
+        assert isinstance(self.payload, list)
+        body = tei.write_tokens(tokenized.encodings, self.payload)
+        return self._frames(body, {"head": None, "tokens": sum(tokenized.lengths)}, worker_pid, generation)
+
+    def _frames(self, body: bytes, http: dict[str, Any], worker_pid: int, generation: int) -> list[Any]:
         header = {"v": protocol.VERSION, "id": self.id, "status": "ok", "arrays": [],
                   "worker_pid": worker_pid, "generation": generation, "http": http}
         return [protocol.encode_header(header), body]
@@ -138,8 +156,9 @@ def decode_call(message: protocol.Message, view_for: Callable[[str], ModelView])
         raise BadRequest(f"the 'http' object of an HTTP request is malformed: {str(http)[:200]}")
     view = view_for(name)
     if message.texts is not None:  # read by the front door: its texts, or some of them
-        options = openai.read_options(http)
-        return HttpCall(message.id, view, message.texts, options=options, first=message.first)
+        options = openai.read_options(http) if api == OPENAI else _text_options(http)
+        return HttpCall(message.id, view, text_calls.payload(message.texts, options), options=options,
+                        first=message.first)
     body = protocol.buffer_of(message.body)
     request = kserve.decode_infer(body, head, view)
     if request.timeout is not None and time.time() - at > request.timeout:
@@ -147,6 +166,13 @@ def decode_call(message: protocol.Message, view_for: Callable[[str], ModelView])
                                "worker took the request")
     payload = request.inputs if isinstance(request.inputs, list) else wire_inputs(view, request.inputs)
     return HttpCall(message.id, view, payload, request)
+
+
+def _text_options(http: dict[str, Any]) -> dict[str, Any]:
+    """The options of a request of the ``texts`` API (see :func:`tei.write`), checked."""
+    if http.get("op") not in tei.OPS:
+        raise BadRequest(f"the 'http' object of a request of texts names no known op: {str(http)[:200]}")
+    return {name: http.get(name) for name in ("op", "raw", "pairs", "truncate", "normalize", "dimensions", "special")}
 
 
 def _sendable(array: Any) -> np.ndarray:

@@ -66,6 +66,21 @@ def model_metadata(view: ModelView) -> dict[str, Any]:
             "inputs": [described(t) for t in view.inputs], "outputs": [described(t) for t in view.outputs]}
 
 
+def model_config(view: ModelView) -> dict[str, Any]:
+    """Triton's model configuration (``GET /v2/models/NAME/config``, what ``tritonclient``'s
+    ``get_model_config`` reads): inputs and outputs with Triton's type names and full shapes
+    (``max_batch_size`` 0: the batch axis, -1, is among the dims)."""
+    def described(tensor: Tensor) -> dict[str, Any]:
+        datatype = datatype_of(tensor)
+        dims = [-1 if size is None else size for size in tensor.shape] if tensor.shape else [-1]
+        return {"name": tensor.name, "data_type": f"TYPE_{'STRING' if datatype == 'BYTES' else datatype}"
+                if datatype else "TYPE_INVALID", "dims": dims}
+
+    return {"name": view.name, "platform": "", "backend": f"workerpool_{view.kind}", "version_policy": {"latest": {"num_versions": 1}},
+            "max_batch_size": 0, "input": [described(t) for t in view.inputs],
+            "output": [described(t) for t in view.outputs]}
+
+
 def decode_infer(body: bytes | memoryview, header_length: int | None, view: ModelView) -> InferRequest:
     """The request in ``body``; ``BadRequest`` says what is wrong with it."""
     if header_length is None:

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import BadRequest
 from ..models.texts import NORM_EPS
 from .kserve import json_object
+from .text_calls import TextRequest
 from .view import Answer, ModelView
 
 ENCODINGS = ("float", "base64")
@@ -32,9 +33,10 @@ def requested_model(body: bytes | memoryview) -> tuple[dict[str, Any], Any]:
     return document, model
 
 
-def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[str], dict[str, Any]]:
-    """The texts, and how their embeddings are to be written (``encoding`` and ``dimensions``,
-    :func:`read_options`), of the model ``view`` describes. ``user`` is taken and not used."""
+def decode_embeddings(document: dict[str, Any], view: ModelView) -> TextRequest:
+    """The texts, how their embeddings are to be written (``encoding`` and ``dimensions``,
+    :func:`read_options`) and how the response is joined, of the model ``view`` describes.
+    ``user`` is taken and not used."""
     if not view.takes_texts:
         raise BadRequest(f"the model {view.name!r} takes no texts, so it gives no embeddings: "
                          "call it with KServe v2 (/v2/models/NAME/infer)")
@@ -56,7 +58,8 @@ def decode_embeddings(document: dict[str, Any], view: ModelView) -> tuple[list[s
     if options["dimensions"] is not None and width is not None and options["dimensions"] > width:
         raise BadRequest(f"'dimensions' {options['dimensions']} is more than the {width} the model "
                          f"{view.name!r} gives")
-    return texts, options
+    model = view.name
+    return TextRequest(texts, options, lambda items, tokens: join_embeddings(model, items, tokens))
 
 
 TOKEN_IDS = ("'input' holds token ids: this server tokenizes texts itself with the model's own "

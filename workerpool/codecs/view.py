@@ -38,6 +38,10 @@ class ModelView:
     version: int
     inputs: list[Tensor]
     outputs: list[Tensor]
+    task: str | None = None  # a model of texts': "embed" or "classify"
+    labels: tuple[str, ...] = ()  # a classifier's, by index
+    max_input_tokens: int | None = None  # a model of texts': the tokens one text may have
+    normalized: bool = False  # an embedder's embeddings are unit length already
 
     @property
     def takes_texts(self) -> bool:
@@ -80,8 +84,12 @@ def view_of(name: str, info: Mapping[str, Any], generation: int) -> ModelView:
                                 tuple(entry.get("also_accepted") or ()), wire))
         return found
 
+    task, labels, limit = info.get("task"), info.get("labels"), info.get("max_input_tokens")
     return ModelView(name, str(info.get("model", "")), generation,
-                     tensors(info.get("inputs"), UNNAMED_INPUT), tensors(info.get("outputs"), UNNAMED_OUTPUT))
+                     tensors(info.get("inputs"), UNNAMED_INPUT), tensors(info.get("outputs"), UNNAMED_OUTPUT),
+                     task if isinstance(task, str) else None,
+                     tuple(map(str, labels)) if isinstance(labels, list) else (),
+                     limit if type(limit) is int else None, info.get("normalized") is True)
 
 
 def wire_inputs(view: ModelView, inputs: Mapping[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:

@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..codecs.http_call import KSERVE
 from .http11 import CONTINUE, Request, RequestReader, response
-from .routes import Forward, Reply, error_reply
+from .routes import Forward, Reply, error_reply, errors_of
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -147,8 +148,8 @@ class Connection:
                     self._answer(reader.ready.popleft())
                 elif reader.refusal is not None:
                     refusal = reader.refusal
-                    openai_route = (refusal.path or "").startswith("/v1/")
-                    self._respond(error_reply(refusal.status, refusal.message, openai_route, refusal.headers),
+                    self._respond(error_reply(refusal.status, refusal.message, errors_of(refusal.path or ""),
+                                              refusal.headers),
                                   close=True)
                 elif self.ended or reader.upgraded:
                     self.closing = True
@@ -246,7 +247,7 @@ class Connection:
         if self.reader.in_body and self.current is None and not self.output:
             timeout = self.server.settings.client_timeout
             self._respond(error_reply(408, f"the request body stopped arriving for {timeout:g}s "
-                                      "(--http-timeout)", False), close=True)
+                                      "(--http-timeout)", KSERVE), close=True)
             self.flush()
         if not self.closed:
             self.close()

@@ -26,21 +26,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import __version__
-from ..codecs import kserve, openai
+from ..codecs import kserve, openai, rerank, tei
 from ..codecs.http_call import (
     KSERVE,
     OPENAI,
+    TEXTS,
     HttpReply,
     read_reply,
     request_frames,
     text_request_frames,
 )
+from ..codecs.text_calls import CLASSIFY, EMBED, Finish, TextRequest
 from ..codecs.view import ModelState, ModelView, view_of
 from ..errors import ErrorCode, RemoteError
 from ..protocol import messages as protocol
 from ..router.replies import UNKNOWN_MODEL
 from .http11 import Refusal, Request
 
+TEI = "tei"  # the shape of TEI's errors
 RETRY_AFTER = "1"
 MAX_TIMEOUT_SECONDS = 1e9  # a Timeout header past this (some 31 years) is refused, not rounded to infinity
 SECONDS = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?")  # a plain decimal number, as HTTP spells one
@@ -52,10 +55,19 @@ ROUTES = [(re.compile(pattern + "$"), method, name) for pattern, method, name in
     (MODEL + "/infer", "POST", "infer"), (r"/v1/embeddings", "POST", "embeddings"),
     (r"/v1/models", "GET", "models"), (r"/v2/repository/index", "POST", "repository"),
     (r"/metrics", "GET", "ops"), (r"/healthz", "GET", "ops"), (r"/readyz", "GET", "ops"),
+    (MODEL + "/config", "GET", "model_config"),
+    (r"/embed", "POST", "embed"), (r"/rerank", "POST", "rerank"), (r"/predict", "POST", "predict"),
+    (r"/tokenize", "POST", "tokenize"), (r"/", "POST", "root"), (r"/info", "GET", "info"),
+    (r"/health", "GET", "health"), (r"/v1/rerank", "POST", "rerank_v1"), (r"/v2/rerank", "POST", "rerank_v2"),
 ]]
 MAX_ROUTES_KEPT = 256  # distinct method and path pairs whose route is remembered
-OPEN_ROUTES = {"live", "ready", "ops"}  # probes and metrics need no token
-BODY_ROUTES = {"infer", "embeddings"}
+OPEN_ROUTES = {"live", "ready", "ops", "health"}  # probes and metrics need no token
+# The text APIs' routes: their bodies read here, and the task of the model each needs (None: any
+# model of texts). TEI's POST / is /predict for a classifier, else /embed, as TEI routes it.
+TEXT_ROUTES: dict[str, str | None] = {"embeddings": EMBED, "embed": EMBED, "rerank": CLASSIFY, "predict": CLASSIFY,
+                                      "tokenize": None, "root": None, "rerank_v1": CLASSIFY, "rerank_v2": CLASSIFY}
+BODY_ROUTES = {"infer", *TEXT_ROUTES}
+TEI_PATHS = {"/embed", "/rerank", "/predict", "/tokenize", "/", "/info", "/health"}
 OPS_PATHS = {"live": "/healthz", "ready": "/readyz"}
 OpsAnswer = Callable[[str], tuple[int, str, bytes]]
 Describe = Callable[[], Mapping[str, ModelState]]
@@ -76,16 +88,15 @@ class Reply:
 
 @dataclass(frozen=True)
 class Forward:
-    """An inference for the router: the frames to hand it, the API its answer is written in and
-    the model it is for."""
+    """An inference for the router: the frames to hand it, the API its answer is written in, the
+    model it is for, the shape of its errors (:func:`error_reply`) and, for a text API, how its
+    response body is joined from the parts' shares."""
 
     frames: list[Any]
     api: str
     model: str
-
-    @property
-    def openai(self) -> bool:
-        return self.api == OPENAI
+    errors: str = KSERVE
+    finish: Finish | None = None
 
 
 class Routes:
@@ -122,7 +133,6 @@ class Routes:
     def answer(self, request: Request) -> Reply | Forward:
         """What to do with a whole request: a response to write, or an inference to forward. An
         inference refused here carries its model and code, for the count of answers by code."""
-        openai_route = request.path.startswith("/v1/")
         name = None
         try:
             name, match = self._route(request)
@@ -130,7 +140,7 @@ class Routes:
                 self._authenticate(request)
             decision = self._handle(name, match, request)
         except Refusal as exc:
-            decision = error_reply(exc.status, exc.message, openai_route, exc.headers)
+            decision = error_reply(exc.status, exc.message, errors_of(request.path), exc.headers)
             if name in BODY_ROUTES and exc.status != 401:
                 decision.refused = (UNKNOWN_MODEL, _code_of(exc.status))
         return decision
@@ -140,11 +150,11 @@ class Routes:
         try:
             reply = read_reply(frames)
         except protocol.ProtocolError as exc:
-            return error_reply(500, f"internal: a malformed reply from a worker: {exc}", forward.openai)
+            return error_reply(500, f"internal: a malformed reply from a worker: {exc}", forward.errors)
         if reply.code is not None:
-            return code_reply(reply, forward.openai)
-        if forward.openai:
-            return Reply(200, openai.join_embeddings(forward.model, reply.bodies, reply.tokens))
+            return code_reply(reply, forward.errors)
+        if forward.finish is not None:
+            return Reply(200, forward.finish(reply.bodies, reply.tokens))
         headers = {} if reply.head is None else {"Inference-Header-Content-Length": str(reply.head)}
         return Reply(200, reply.bodies[0], reply.content_type, headers)
 
@@ -171,11 +181,17 @@ class Routes:
             return _json([{"name": model, "version": str(state.generation),
                            "state": "UNAVAILABLE" if self._unready(model) else "READY",
                            "reason": self._unready(model) or ""} for model, state in states.items()])
-        if name == "embeddings":
-            return self._embeddings(request, states)
+        if name in TEXT_ROUTES:
+            return self._texts(name, request, states)
+        if name == "health":
+            return _ops_reply(self._ops("/readyz"))
+        if name == "info":
+            return _json(tei.info(self._chosen(states, None, None, "/info"), protocol.MAX_TEXTS))
         view = self._resolve(states, match["name"], match.get("version"))
         if name == "model":
             return _json(kserve.model_metadata(view))
+        if name == "model_config":
+            return _json(kserve.model_config(view))
         if name == "model_ready":
             unready = self._unready(view.name)
             return _ops_reply((503, "text/plain; charset=utf-8", f"{unready}\n".encode()) if unready
@@ -185,27 +201,42 @@ class Routes:
                                 deadline=_timeout_header(request))
         return Forward(frames, KSERVE, view.name)
 
-    def _embeddings(self, request: Request, states: Mapping[str, ModelState]) -> Forward | Reply:
-        """OpenAI's embeddings: the body read here, its texts handed on as a request of texts."""
+    def _texts(self, route: str, request: Request, states: Mapping[str, ModelState]) -> Forward | Reply:
+        """A text API's request: its body read here, its texts handed on as a request of texts."""
         deadline = _timeout_header(request)
+        errors = errors_of(request.path)
+        named: Any = None
         try:
-            named: Any = None
             document, named = openai.requested_model(request.body)
-            if named is None and len(states) == 1:
-                named = next(iter(states))
-            if not isinstance(named, str) or named not in states:
-                listed = ", ".join(map(repr, states))
-                raise Refusal(404, f"the model {named!r} does not exist here; this server serves {listed}"
-                              if named is not None else f"name a model: this server serves {listed}")
-            texts, options = openai.decode_embeddings(document, self._view(named, states[named]))
+            view = self._chosen(states, named, TEXT_ROUTES[route], request.path)
+            named = view.name
+            texts = _read_texts(route, view, document)
+            api = OPENAI if route == "embeddings" else TEXTS
             self._ids += 1
-            frames = text_request_frames(self._ids, OPENAI, named, texts, deadline=deadline, **options)
+            frames = text_request_frames(self._ids, api, named, texts.texts, deadline=deadline, **texts.options)
         except RemoteError as exc:
             code = ErrorCode.read(exc.code.encode())
-            refused = error_reply(code.http_status, exc.message, True)
+            refused = error_reply(_status_of(code, errors), exc.message, errors)
             refused.refused = (named if isinstance(named, str) and named in states else UNKNOWN_MODEL, code)
             return refused
-        return Forward(frames, OPENAI, named)
+        return Forward(frames, api, named, errors, texts.finish)
+
+    def _chosen(self, states: Mapping[str, ModelState], named: Any, task: str | None, path: str) -> ModelView:
+        """The model a text API's request is for: the one it names, else the only one served;
+        on TEI's routes, which name none, else the only one that has the route's ``task`` (None:
+        any model of texts)."""
+        if named is None and len(states) == 1:
+            named = next(iter(states))
+        elif named is None and path in TEI_PATHS:
+            fitting = [name for name, state in states.items()
+                       if (state.signature.get("task") == task if task is not None else "task" in state.signature)]
+            named = fitting[0] if len(fitting) == 1 else None
+        if not isinstance(named, str) or named not in states:
+            listed = ", ".join(map(repr, states))
+            raise Refusal(404, f"the model {named!r} does not exist here; this server serves {listed}"
+                          if named is not None else f"name a model: this server serves {listed}"
+                          + (" ('model' in the body)" if path in TEI_PATHS else ""))
+        return self._view(named, states[named])
 
     def _view(self, name: str, state: ModelState) -> ModelView:
         view = self._views.get(name)
@@ -266,30 +297,62 @@ def _timeout_header(request: Request) -> float | None:
     return value
 
 
+def _read_texts(route: str, view: ModelView, document: dict[str, Any]) -> TextRequest:
+    """A text API's request, read by its route's codec."""
+    if route == "embeddings":
+        return openai.decode_embeddings(document, view)
+    if route in ("rerank_v1", "rerank_v2"):
+        return rerank.read(document, view, 1 if route == "rerank_v1" else 2)
+    if route == "root":
+        route = "predict" if view.task == CLASSIFY else "embed"
+    readers = {"embed": tei.read_embed, "rerank": tei.read_rerank, "predict": tei.read_predict,
+               "tokenize": tei.read_tokenize}
+    return readers[route](document, view)
+
+
+def errors_of(path: str) -> str:
+    """The shape of a path's errors: OpenAI's object on /v1 (Jina's and Cohere's clients read
+    its message too), TEI's on TEI's routes, else KServe's ``{"error"}``."""
+    if path.startswith("/v1/"):
+        return OPENAI
+    return TEI if path in TEI_PATHS else KSERVE
+
+
+def _status_of(code: ErrorCode, errors: str) -> int:
+    """The status of an error code on a route: TEI answers a request it refuses with 413."""
+    return 413 if errors == TEI and code == ErrorCode.BAD_REQUEST else code.http_status
+
+
 def _code_of(status: int) -> ErrorCode:
     """The error code of a refusal answered with ``status``, for the count of answers by code."""
     return ErrorCode.MODEL_NOT_FOUND if status == 404 else ErrorCode.BAD_REQUEST if status < 500 else ErrorCode.INTERNAL
 
 
-def code_reply(reply: HttpReply, openai_route: bool) -> Reply:
-    """The response to an error the router or a worker answered with."""
+def code_reply(reply: HttpReply, errors: str) -> Reply:
+    """The response to an error the router or a worker answered with, in the route's shape."""
     code = reply.code or ErrorCode.INTERNAL
     plain = code in (ErrorCode.BAD_REQUEST, ErrorCode.MODEL_NOT_FOUND)
     headers = {"Retry-After": RETRY_AFTER} if code.http_status in (429, 503) else {}
     message = reply.message if plain else f"{code}: {reply.message}"
-    answer = error_reply(code.http_status, message, openai_route, headers)
+    answer = error_reply(_status_of(code, errors), message, errors, headers)
     answer.close = code == ErrorCode.SHUTTING_DOWN  # nothing more on this connection: it races the exit
     return answer
 
 
-def error_reply(status: int, message: str, openai_route: bool, headers: dict[str, str] | None = None) -> Reply:
-    if openai_route:
+def error_reply(status: int, message: str, errors: str, headers: dict[str, str] | None = None) -> Reply:
+    """An error response in the shape of ``errors``: OpenAI's object, TEI's or KServe's. One
+    whose request body may be left unread closes the connection (a TEI 413 is a refusal of a
+    body read whole)."""
+    if errors == OPENAI:
         kind = "invalid_request_error" if status < 500 else "server_error"
         code = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}.get(status)
         body = openai.error_body(message, kind, code)
+    elif errors == TEI:
+        body = tei.error_body(message, status)
     else:
         body = json.dumps({"error": message}).encode()
-    return Reply(status, body, headers=dict(headers or {}), close=status in (408, 411, 413, 415) or status >= 505)
+    unread = status in (408, 411, 415) or (status == 413 and errors != TEI)
+    return Reply(status, body, headers=dict(headers or {}), close=unread or status >= 505)
 
 
 def _json(document: Any) -> Reply:

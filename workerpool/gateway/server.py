@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..codecs.http_call import KSERVE
 from ..events.loop import Loop
 from ..logs import Throttle
 from ..router.core import Router
@@ -111,7 +112,7 @@ class HttpServer:
             return
         message = (f"{len(self.connections)} HTTP connections are open, at the server's "
                    f"--max-connections {self.settings.max_connections}")
-        answer = error_reply(503, message, False, {"Retry-After": "1"})
+        answer = error_reply(503, message, KSERVE, {"Retry-After": "1"})
         try:
             sock.send(response(answer.status, answer.body, headers=answer.headers, close=True))
         except OSError:

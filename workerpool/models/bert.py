@@ -87,7 +87,7 @@ class Bert(Model):
         self.classifier = CLASSIFIER in (config.get("architectures") or ())
         unused = ("embeddings.position_ids",) if self.classifier else ("embeddings.position_ids", "pooler.")
         self.tensor_names = frozenset(name for name in weights if not name.removeprefix(root).startswith(unused))
-        self.head = _classifier_head(tensor, hidden, config) if self.classifier else None
+        self.head = _classifier_head(tensor, weights, hidden, config) if self.classifier else None
         self.max_length = min(max_length(NAME, metadata, len(self.positions)), len(self.positions))
         found = tokenizer(NAME, metadata.get(TOKENIZER_KEY), self.max_length)
         self.text_encoder = None if found is None else TextEncoder(
@@ -210,12 +210,17 @@ def _config(metadata: Mapping[str, str]) -> dict[str, Any]:
 Linear = tuple[np.ndarray, np.ndarray]
 
 
-def _classifier_head(tensor: Any, hidden: int, config: Mapping[str, Any]) -> tuple[Linear, Linear]:
-    """A sequence classifier's pooler and classifier, as many labels wide as its config says."""
+def _classifier_head(tensor: Any, weights: Mapping[str, np.ndarray], hidden: int,
+                     config: Mapping[str, Any]) -> tuple[Linear, Linear]:
+    """A sequence classifier's pooler (``tensor`` finds it beside the encoder) and classifier
+    (outside ``bert.``), as many labels wide as its config says."""
     labels = config.get("num_labels", len(config.get("id2label") or {}) or 2)
     if type(labels) is not int or labels < 1:
         raise ModelError(f"{NAME}: config num_labels must be a positive integer")
-    return _linear(tensor, "pooler.dense", hidden, hidden), _linear(tensor, "classifier", labels, hidden)
+    def outside(name: str, *shape: int | str) -> np.ndarray:
+        return require_tensor(NAME, weights, name, shape)
+
+    return _linear(tensor, "pooler.dense", hidden, hidden), _linear(outside, "classifier", labels, hidden)
 
 
 def labels(config: Mapping[str, Any]) -> tuple[str, ...]:

@@ -192,16 +192,19 @@ class TextEncoder:
                                  "max_input_tokens": self.limit}
         if self.output == LOGITS:
             facts["labels"] = list(self.labels)
+        else:
+            facts["normalized"] = getattr(self.head, "normalize", False) is True
         return facts
 
-    def tokenize(self, texts: Sequence[Any]) -> Tokenized:
-        """Every text (or pair) tokenized, cut at the model's limit. Raises
-        :class:`ModelInputError` for what the tokenizer cannot read."""
+    def tokenize(self, texts: Sequence[Any], *, special: bool = True) -> Tokenized:
+        """Every text (or pair) tokenized, cut at the model's limit, with the model's special
+        tokens unless not ``special``. Raises :class:`ModelInputError` for what the tokenizer
+        cannot read."""
         if not texts or not all(map(is_item, texts)):
             raise ModelInputError(f"{self.model}: texts must be a non-empty list of strings")
         items = [self._prefix(text) for text in texts]
         try:
-            encodings = self.tokenizer.encode_batch(items)
+            encodings = self.tokenizer.encode_batch(items, add_special_tokens=special)
         except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
             raise ModelInputError(f"{self.model}: the tokenizer cannot read these texts: {exc}") from None
         return Tokenized(encodings, [len(e.ids) for e in encodings], [bool(e.overflowing) for e in encodings])

@@ -28,7 +28,7 @@ from .. import burnpack, extras
 from ..burnpack import dtypes
 from ..errors import NotAJSONObject, exception_text, json_object
 from ..models.base import MODEL_KEY
-from ..models.bert import CONFIG_KEY, TOKENIZER_KEY
+from ..models.bert import CLASSIFIER, CONFIG_KEY, TOKENIZER_KEY
 from ..models.bert import NAME as BERT
 from ..models.onnx_layout import NAME as ONNX
 from ..models.onnx_layout import POOLING_KEY
@@ -135,14 +135,43 @@ def _weight_files(folder: str) -> list[str]:
 
 def _safetensors_folder_metadata(folder: str) -> dict[str, str]:
     """What :func:`_folder_metadata` reads, from a folder that must have its ``config.json``,
-    and the built-in model a BERT config names."""
+    and the built-in model a BERT config names (:func:`_served_as`)."""
     config = _json_file(folder, "config.json")
     if config is None:
         raise ConvertError(f"{folder}: a model folder needs its config.json")
     meta = _folder_metadata(folder, config)
-    if config.get("model_type") == "bert":
+    if _served_as(folder, config) == BERT:
         meta[MODEL_KEY] = BERT
     return meta
+
+
+def _served_as(folder: str, config: dict[str, Any]) -> str | None:
+    """The built-in model that serves the folder's weights (``bert``), None for weights a
+    factory of the user's serves; refuse an architecture whose head no built-in model runs,
+    rather than serve its encoder as something else. A sentence-transformers folder (with its
+    ``modules.json``) is an embedder whatever head its checkpoint had, as sentence-transformers
+    itself loads only the encoder."""
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise ConvertError(f"{folder}/config.json: architectures is not a list")
+    heads = [str(name) for name in architectures if not str(name).endswith("Model")]
+    classifier = any(name.endswith("ForSequenceClassification") for name in heads)
+    sentence_transformers = os.path.exists(os.path.join(folder, "modules.json"))
+    if config.get("model_type") != "bert":
+        if classifier:
+            raise ConvertError(
+                f"{folder}: {heads[0]} (model_type {config.get('model_type')!r}) is not served by the "
+                "built-in numpy model, which runs BERT only: export it to ONNX (optimum-cli export onnx "
+                "--task text-classification) and convert the folder with its model.onnx")
+        return None
+    if heads and heads != [CLASSIFIER] and not sentence_transformers:
+        raise ConvertError(
+            f"{folder}: architecture {', '.join(heads)} is not served: the numpy bert serves BertModel "
+            f"(embeddings) and {CLASSIFIER} (scores: rerank, classify); its head would be dropped")
+    if classifier and sentence_transformers:
+        raise ConvertError(f"{folder}: a sentence-transformers folder whose checkpoint is a {CLASSIFIER}: "
+                           "serve it as one or the other (remove modules.json for scores)")
+    return BERT
 
 
 def _folder_metadata(folder: str, config: dict[str, Any] | None) -> dict[str, str]:

@@ -25,6 +25,7 @@ from ..codecs.http_call import HttpCall, decode_call
 from ..codecs.view import ModelView, view_of
 from ..errors import ErrorCode, RemoteError, exception_text
 from ..models.loaded import LoadedModel
+from ..models.texts import TextEncoder
 from ..protocol import messages as protocol
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,9 @@ def handle_batch(loaded: LoadedModel | None, requests: Sequence[Request]) -> Ite
     reply = _Replies(loaded)
     for index, (frames, part) in enumerate(requests):
         decoded = _decoded(reply, frames, part)
-        if isinstance(decoded, HttpCall) or (isinstance(decoded, protocol.Message)
+        if isinstance(decoded, HttpCall) and decoded.tokenizes:
+            yield index, reply.tokens(decoded)
+        elif isinstance(decoded, HttpCall) or (isinstance(decoded, protocol.Message)
                                              and decoded.header["method"] == protocol.METHOD_INFER):
             runnable.append((index, decoded))
         elif isinstance(decoded, protocol.Message):
@@ -129,6 +132,17 @@ class _Replies:
         return ErrorCode.MODEL_NOT_FOUND.encode(), protocol.encode_error(
             request_id, ErrorCode.MODEL_NOT_FOUND, "the model was removed while the request waited",
             worker_pid=os.getpid())
+
+    def tokens(self, call: HttpCall) -> Answer:
+        """The answer to a request for its texts' tokens, as the model's tokenizer makes them."""
+        encoder = getattr(self.loaded.model, "text_encoder", None)
+        if not isinstance(encoder, TextEncoder) or not isinstance(call.payload, list):
+            return self.error(call.id, ErrorCode.BAD_REQUEST, f"the model {self.loaded.name} has no tokenizer")
+        try:
+            tokenized = encoder.tokenize(call.payload, special=call.options.get("special") is not False)
+        except models.ModelInputError as exc:
+            return self.error(call.id, ErrorCode.BAD_REQUEST, str(exc))
+        return OK, call.reply_tokens(tokenized, worker_pid=self.pid, generation=self.generation)
 
     def answer(self, decoded: Decoded, outcome: Any) -> Answer:
         """The reply for what the model returned or raised (see :meth:`LoadedModel.outcome`)."""

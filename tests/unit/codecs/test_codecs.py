@@ -103,14 +103,14 @@ FLOAT = {"encoding": "float", "dimensions": None}
 def test_openai_bodies_in_and_out() -> None:
     document, model = openai.requested_model(b'{"model": "bert", "input": "hi", "encoding_format": "base64", '
                                              b'"user": "someone"}')
-    texts, options = openai.decode_embeddings(document, TEXTS)
-    assert (model, texts, options) == ("bert", ["hi"], BASE64)
+    read = openai.decode_embeddings(document, TEXTS)
+    assert (model, read.texts, read.options) == ("bert", ["hi"], BASE64)
     with pytest.raises(BadRequest, match="takes no texts"):
         openai.decode_embeddings({"input": "hi"}, MLP)
     rows = np.arange(16, dtype=np.float32).reshape(2, 8)
     items, tokens = openai.encode_items(Answer({"embedding": rows, "tokens": np.array([3, 4])}, 1, 1), 5, BASE64)
     more, tokens_more = openai.encode_items(Answer({"embedding": rows[:1], "tokens": np.array([2])}, 1, 1), 7, FLOAT)
-    body = json.loads(openai.join_embeddings("bert", [items, more], tokens + tokens_more))
+    body = json.loads(read.finish([items, more], tokens + tokens_more))
     assert body["usage"] == {"prompt_tokens": 9, "total_tokens": 9} and body["model"] == "bert"
     assert [item["index"] for item in body["data"]] == [5, 6, 7]
     np.testing.assert_array_equal(np.frombuffer(base64.b64decode(body["data"][1]["embedding"]), "<f4"), rows[1])
@@ -190,7 +190,7 @@ def test_openai_dimensions_are_the_first_components_renormalised() -> None:
     cut = [item["embedding"] for item in json.loads(f"[{items.decode()}]")]
     np.testing.assert_allclose(cut, [[0.6, 0.8], [1.0, 0.0]], rtol=1e-6)
     document = {"input": "hi", "dimensions": 3}
-    assert openai.decode_embeddings(document, TEXTS)[1]["dimensions"] == 3
+    assert openai.decode_embeddings(document, TEXTS).options["dimensions"] == 3
     for dimensions, words in ((9, "more than the 8"), (0, "from 1 up"), (True, "from 1 up"), ("4", "from 1 up")):
         with pytest.raises(BadRequest, match=words):
             openai.decode_embeddings({"input": "hi", "dimensions": dimensions}, TEXTS)

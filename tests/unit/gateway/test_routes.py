@@ -54,12 +54,12 @@ def test_description_and_probes_are_answered_here() -> None:
 def test_an_inference_goes_to_the_router_with_its_body_unread() -> None:
     decision = routes().answer(request("POST", "/v2/models/mlp/infer", b"{raw}", inference_header_content_length="3",
                                        timeout="1.5"))
-    assert isinstance(decision, Forward) and not decision.openai
+    assert isinstance(decision, Forward) and decision.api == KSERVE
     header = protocol.decode_header(decision.frames[1])
     assert header["http"]["head"] == 3 and header["deadline_ms"] == 1500.0 and decision.frames[2] == b"{raw}"
     assert read_route(decision.frames[0]).deadline == 1.5
     embeddings = routes(several=True).answer(request("POST", "/v1/embeddings", b'{"input": "hi", "model": "embed"}'))
-    assert isinstance(embeddings, Forward) and embeddings.openai and embeddings.model == "embed"
+    assert isinstance(embeddings, Forward) and embeddings.api == OPENAI and embeddings.model == "embed"
     assert read_route(embeddings.frames[0]).text_lengths() == (2,) and embeddings.frames[2] == b"hi"
 
 
@@ -106,7 +106,7 @@ def test_heads_that_cannot_carry_a_body_are_refused_before_it_is_read() -> None:
 def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type) -> None:
     frames = protocol.encode_error(1, code, "why")
     kserve = routes().answer_forwarded(Forward([], KSERVE, "mlp"), frames)
-    openai = routes().answer_forwarded(Forward([], OPENAI, "mlp"), frames)
+    openai = routes().answer_forwarded(Forward([], OPENAI, "mlp", OPENAI), frames)
     assert kserve.status == openai.status == status
     assert json.loads(openai.body)["error"]["type"] == openai_type
     assert ("why" in json.loads(kserve.body)["error"]) and kserve.close == (code == ErrorCode.SHUTTING_DOWN)
