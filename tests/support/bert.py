@@ -15,9 +15,11 @@ from workerpool.models.bert import CONFIG_KEY, TOKENIZER_KEY
 HIDDEN, HEADS, LAYERS, INNER, VOCAB, POSITIONS = 8, 2, 2, 16, 30, 12
 
 
-def tiny_bert(path: Path, *, tokenizer: str | None = None, **config_changes) -> Path:
+def tiny_bert(path: Path, *, tokenizer: str | None = None, labels: list[str] | None = None,
+              **config_changes) -> Path:
     """A random BERT with Hugging Face's names and ``[out, in]`` Linear weights; a tokenizer
-    (``tokenizer.json`` text) only when given."""
+    (``tokenizer.json`` text) only when given; with ``labels``, a BertForSequenceClassification
+    (the encoder under ``bert.``, a pooler and a classifier of that many labels)."""
     rng = np.random.default_rng(3)
 
     def normal(*shape: int) -> np.ndarray:
@@ -38,6 +40,12 @@ def tiny_bert(path: Path, *, tokenizer: str | None = None, **config_changes) -> 
     config = {"model_type": "bert", "hidden_size": HIDDEN, "num_attention_heads": HEADS,
               "num_hidden_layers": LAYERS, "intermediate_size": INNER, "hidden_act": "gelu",
               "layer_norm_eps": 1e-12, **config_changes}
+    if labels is not None:
+        tensors = {f"bert.{name}": value for name, value in tensors.items()}
+        tensors |= {"bert.pooler.dense.weight": normal(HIDDEN, HIDDEN), "bert.pooler.dense.bias": normal(HIDDEN),
+                    "classifier.weight": normal(len(labels), HIDDEN), "classifier.bias": normal(len(labels))}
+        config |= {"architectures": ["BertForSequenceClassification"],
+                   "id2label": {str(i): label for i, label in enumerate(labels)}}
     metadata = {CONFIG_KEY: json.dumps(config), MODEL_KEY: "bert"}
     if tokenizer is not None:
         metadata[TOKENIZER_KEY] = tokenizer

@@ -139,8 +139,9 @@ def _tensor(entry: dict[str, Any], binary: memoryview, view: ModelView) -> tuple
     if datatype == BYTES:
         if declared.dtype != TEXT:
             raise BadRequest(f"input {name!r} takes {datatype_of(declared)}, not BYTES")
-        if len(shape) != 1:
-            raise BadRequest(f"input {name!r}: texts are a BYTES tensor of shape [N], not {shape}")
+        if len(shape) != 1 and not (len(shape) == 2 and shape[1] == 1):
+            raise BadRequest(f"input {name!r}: texts are a BYTES tensor of shape [N] or [N, 1] (as Triton's "
+                             f"text models take them), not {shape}")
         return name, _texts(name, entry, binary[:size] if size is not None else None, count), size or 0
     dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
@@ -198,6 +199,8 @@ def _fits(given: np.ndarray, array: np.ndarray) -> bool:
 def _texts(name: str, entry: dict[str, Any], binary: memoryview | None, count: int) -> list[str]:
     if binary is None:
         data = entry.get("data")
+        if isinstance(data, list) and all(isinstance(row, list) and len(row) == 1 for row in data):
+            data = [row[0] for row in data]  # [N, 1] written nested
         if not isinstance(data, list) or not all(isinstance(item, str) for item in data):
             raise BadRequest(f"input {name!r}: BYTES 'data' must be a list of strings")
         texts = data

@@ -26,8 +26,8 @@ from .view import ModelView
 def read(document: dict[str, Any], view: ModelView, version: int) -> TextRequest:
     """A rerank request of API ``version`` (1 or 2), for the model ``view``."""
     documents = document.get("documents")
-    if isinstance(documents, list) and all(isinstance(item, dict) for item in documents):
-        documents = [item.get("text") for item in documents]
+    if isinstance(documents, list):
+        documents = [item.get("text") if isinstance(item, dict) else item for item in documents]
     query, texts = rerank_fields({**document, "documents": documents}, view, f"/v{version}/rerank", "documents")
     top_n = document.get("top_n")
     if top_n is not None and (type(top_n) is not int or top_n < 1):

@@ -44,6 +44,7 @@ from ..router.replies import UNKNOWN_MODEL
 from .http11 import Refusal, Request
 
 TEI = "tei"  # the shape of TEI's errors
+RERANK = "rerank"  # a route's need: a classifier of one label
 RETRY_AFTER = "1"
 MAX_TIMEOUT_SECONDS = 1e9  # a Timeout header past this (some 31 years) is refused, not rounded to infinity
 SECONDS = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?")  # a plain decimal number, as HTTP spells one
@@ -64,7 +65,7 @@ MAX_ROUTES_KEPT = 256  # distinct method and path pairs whose route is remembere
 OPEN_ROUTES = {"live", "ready", "ops", "health"}  # probes and metrics need no token
 # The text APIs' routes: their bodies read here, and the task of the model each needs (None: any
 # model of texts). TEI's POST / is /predict for a classifier, else /embed, as TEI routes it.
-TEXT_ROUTES: dict[str, str | None] = {"embeddings": EMBED, "embed": EMBED, "rerank": CLASSIFY, "predict": CLASSIFY,
+TEXT_ROUTES: dict[str, str | None] = {"embeddings": EMBED, "embed": EMBED, "rerank": RERANK, "predict": CLASSIFY,
                                       "tokenize": None, "root": None, "rerank_v1": CLASSIFY, "rerank_v2": CLASSIFY}
 BODY_ROUTES = {"infer", *TEXT_ROUTES}
 TEI_PATHS = {"/embed", "/rerank", "/predict", "/tokenize", "/", "/info", "/health"}
@@ -216,7 +217,8 @@ class Routes:
             frames = text_request_frames(self._ids, api, named, texts.texts, deadline=deadline, **texts.options)
         except RemoteError as exc:
             code = ErrorCode.read(exc.code.encode())
-            refused = error_reply(_status_of(code, errors), exc.message, errors)
+            refused = error_reply(422 if errors == TEI and code == ErrorCode.BAD_REQUEST else code.http_status,
+                                  exc.message, errors)
             refused.refused = (named if isinstance(named, str) and named in states else UNKNOWN_MODEL, code)
             return refused
         return Forward(frames, api, named, errors, texts.finish)
@@ -228,8 +230,7 @@ class Routes:
         if named is None and len(states) == 1:
             named = next(iter(states))
         elif named is None and path in TEI_PATHS:
-            fitting = [name for name, state in states.items()
-                       if (state.signature.get("task") == task if task is not None else "task" in state.signature)]
+            fitting = [name for name, state in states.items() if _has_task(state.signature, task)]
             named = fitting[0] if len(fitting) == 1 else None
         if not isinstance(named, str) or named not in states:
             listed = ", ".join(map(repr, states))
@@ -297,6 +298,14 @@ def _timeout_header(request: Request) -> float | None:
     return value
 
 
+def _has_task(signature: Mapping[str, Any], task: str | None) -> bool:
+    """Whether a model can answer a route of ``task`` (None: any model of texts; ``rerank``: a
+    classifier of one label, a cross-encoder)."""
+    if task == RERANK:
+        return signature.get("task") == CLASSIFY and len(signature.get("labels") or ()) == 1
+    return signature.get("task") == task if task is not None else "task" in signature
+
+
 def _read_texts(route: str, view: ModelView, document: dict[str, Any]) -> TextRequest:
     """A text API's request, read by its route's codec."""
     if route == "embeddings":
@@ -319,7 +328,9 @@ def errors_of(path: str) -> str:
 
 
 def _status_of(code: ErrorCode, errors: str) -> int:
-    """The status of an error code on a route: TEI answers a request it refuses with 413."""
+    """The status of an error code a worker answered on a route: TEI answers an input it
+    cannot run (over the model's limit, say) with 413; the door refuses a body it cannot
+    read with 422, as TEI does."""
     return 413 if errors == TEI and code == ErrorCode.BAD_REQUEST else code.http_status
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from workerpool.codecs import kserve, openai
+from workerpool.codecs import kserve, openai, rerank, tei, text_calls
 from workerpool.codecs.http_call import (
     KSERVE,
     OPENAI,
@@ -26,7 +26,7 @@ from workerpool.protocol.route import route_for
 
 MLP = view_of("mlp", {"model": "mlp", "inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
                       "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 2]}]}, 3)
-TEXTS = view_of("bert", {"model": "bert", "inputs": [{"name": None, "dtype": "text", "shape": [None]}],
+TEXTS = view_of("bert", {"model": "bert", "task": "embed", "inputs": [{"name": None, "dtype": "text", "shape": [None]}],
                          "outputs": [{"name": "embedding", "dtype": "<f4", "shape": [None, 8]},
                                      {"name": "tokens", "dtype": "<i4", "shape": [None]}]}, 1)
 
@@ -200,3 +200,54 @@ def test_openai_dimensions_are_the_first_components_renormalised() -> None:
 def test_openai_token_ids_are_refused_naming_the_langchain_setting(given) -> None:
     with pytest.raises(BadRequest, match="check_embedding_ctx_length=False"):
         openai.decode_embeddings({"input": given}, TEXTS)
+
+
+RERANKER = view_of("ce", {"model": "bert", "inputs": [{"name": None, "dtype": "text", "shape": [None]}],
+                          "task": "classify", "labels": ["relevance"], "max_input_tokens": 512}, 1)
+CLASSES = view_of("cls", {"model": "bert", "inputs": [{"name": None, "dtype": "text", "shape": [None]}],
+                          "task": "classify", "labels": ["no", "yes"], "max_input_tokens": 512}, 1)
+
+
+def test_rerank_parts_are_joined_best_first_with_the_top_n_and_documents() -> None:
+    read = rerank.read({"query": "q", "documents": ["a", {"text": "b"}, "c"], "top_n": 2}, RERANKER, 1)
+    assert read.texts == ["q\0a", "q\0b", "q\0c"] and read.options["pairs"] is True
+    first = tei.write(Answer({"logits": np.array([[0.0], [2.0]])}, 1, 1), 0, read.options, RERANKER.labels)[0]
+    last = tei.write(Answer({"logits": np.array([[-1.0]])}, 1, 1), 2, read.options, RERANKER.labels)[0]
+    body = json.loads(read.finish([first, last], 7))
+    assert [r["index"] for r in body["results"]] == [1, 0] and body["usage"]["total_tokens"] == 7
+    assert body["results"][0]["document"] == {"text": "b"}
+    np.testing.assert_allclose(body["results"][0]["relevance_score"], 1 / (1 + np.exp(-2.0)))
+    assert "document" not in json.loads(rerank.read({"query": "q", "documents": ["a"]}, RERANKER, 2)
+                                        .finish([b"[0,0.5]"], 1))["results"][0]
+    with pytest.raises(BadRequest, match="has 2 labels"):
+        rerank.read({"query": "q", "documents": ["a"]}, CLASSES, 2)
+    with pytest.raises(BadRequest, match="NUL"):
+        rerank.read({"query": "q\0", "documents": ["a"]}, RERANKER, 2)
+
+
+def test_tei_predict_writes_each_inputs_labels_best_first_and_scores_by_the_labels_count() -> None:
+    read = tei.read_predict({"inputs": [["a", "b"], ["c", "d"]]}, CLASSES)
+    assert read.texts == ["a\0b", "c\0d"] and text_calls.payload(read.texts, read.options) == [("a", "b"), ("c", "d")]
+    share = tei.write(Answer({"logits": np.array([[0.0, 1.0], [3.0, 1.0]])}, 1, 1), 0, read.options, CLASSES.labels)[0]
+    rows = json.loads(read.finish([share], 4))
+    assert [[r["label"] for r in row] for row in rows] == [["yes", "no"], ["no", "yes"]]
+    np.testing.assert_allclose(rows[0][0]["score"], np.exp(1) / (1 + np.exp(1)))
+    single = tei.read_predict({"inputs": "a", "raw_scores": True}, CLASSES)
+    assert single.texts == ["a"] and json.loads(single.finish([b'[{"score":1,"label":"yes"}]'], 1))[0]["label"] == "yes"
+    np.testing.assert_allclose(text_calls.scores(np.array([[0.0]]), False), [[0.5]])
+    np.testing.assert_allclose(text_calls.scores(np.array([[0.0, 0.0]]), False), [[0.5, 0.5]])
+
+
+def test_tei_embed_normalises_cuts_and_refuses_what_it_cannot_do() -> None:
+    read = tei.read_embed({"inputs": "hi", "dimensions": 2, "truncate": True}, TEXTS)
+    assert read.options == {"op": "embed", "normalize": True, "dimensions": 2, "truncate": True}
+    share = tei.write(Answer({"embedding": np.array([[3.0, 4.0, 12.0]], np.float32)}, 1, 1), 0, read.options, ())[0]
+    np.testing.assert_allclose(json.loads(read.finish([share], 1)), [[0.6, 0.8]], rtol=1e-6)
+    normalised = view_of("bert", {"inputs": [{"name": None, "dtype": "text", "shape": [None]}], "task": "embed",
+                                  "normalized": True}, 1)
+    for document, view, words in (({"inputs": "hi", "normalize": False}, normalised, "normalises its embeddings"),
+                                  ({"inputs": "hi"}, RERANKER, "needs an embedding model"),
+                                  ({"inputs": []}, TEXTS, "non-empty list"),
+                                  ({"inputs": "hi", "truncate": "yes"}, TEXTS, "true or false")):
+        with pytest.raises(BadRequest, match=words):
+            tei.read_embed(document, view)
