@@ -115,13 +115,13 @@ def test_cohere_and_jina_rerank_give_the_top_n_with_relevance_scores(pool, refer
     cohere = pytest.importorskip("cohere", reason="needs the cohere SDK")
     _, address = pool
     best = np.argsort(-reference["rerank_scores"], kind="stable")
-    client = cohere.ClientV2(api_key="unused", base_url=f"http://{address}")
-    answer = client.rerank(model="rerank", query=QUERY, documents=DOCUMENTS, top_n=3)
+    with cohere.ClientV2(api_key="unused", base_url=f"http://{address}") as client:
+        answer = client.rerank(model="rerank", query=QUERY, documents=DOCUMENTS, top_n=3)
     assert [result.index for result in answer.results] == best[:3].tolist()
     np.testing.assert_allclose([result.relevance_score for result in answer.results],
                                reference["rerank_scores"][best[:3]], atol=TOLERANCE)
-    older = cohere.Client(api_key="unused", base_url=f"http://{address}").rerank(
-        model="rerank", query=QUERY, documents=DOCUMENTS[:3], return_documents=True)
+    with cohere.Client(api_key="unused", base_url=f"http://{address}") as client:
+        older = client.rerank(model="rerank", query=QUERY, documents=DOCUMENTS[:3], return_documents=True)
     assert [result.document.text for result in older.results] == [DOCUMENTS[i] for i in best if i < 3]
     status, jina = post(address, "/v1/rerank", {"model": "rerank", "query": QUERY, "top_n": 2,
                                                "documents": [{"text": d} for d in DOCUMENTS[:3]]})
@@ -156,8 +156,8 @@ def test_tei_embed_and_openai_give_the_zeromq_embeddings(pool):
     cut = expected[0, :16] / np.linalg.norm(expected[0, :16])
     np.testing.assert_allclose(short[0], cut, atol=1e-6)
     openai = pytest.importorskip("openai", reason="needs the openai SDK")
-    sdk = openai.OpenAI(base_url=f"http://{address}/v1", api_key="unused")
-    answer = sdk.embeddings.create(model="embed", input=texts, dimensions=16)
+    with openai.OpenAI(base_url=f"http://{address}/v1", api_key="unused") as sdk:
+        answer = sdk.embeddings.create(model="embed", input=texts, dimensions=16)
     np.testing.assert_allclose(answer.data[0].embedding, cut, atol=1e-6)
     langchain = pytest.importorskip("langchain_openai", reason="needs langchain-openai")
     embedder = langchain.OpenAIEmbeddings(model="embed", base_url=f"http://{address}/v1", api_key="unused",
