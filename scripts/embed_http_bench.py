@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 from benchlib.arguments import add_count, add_json, add_levels, parser_for
 from benchlib.corpus import digest, sentences
-from benchlib.cpu import tree_cpu_seconds
+from benchlib.cpu import tree_cpu_seconds, wait_idle
 from benchlib.http_load import http_request, warm_http_workers
 from benchlib.memory import tree_memory
 from benchlib.paths import SCRIPTS_DIR
@@ -87,7 +87,6 @@ NEEDS = {"workerpool": ("aiohttp", "onnxruntime", "onnx"), "baseline": ("aiohttp
          "gunicorn": ("gunicorn", "onnxruntime", "tokenizers"),
          "preload": ("gunicorn", "onnxruntime", "tokenizers"), "fastembed": ("fastembed", "fastapi", "uvicorn")}
 MIN_COSINE = 0.9999
-IDLE_CPU, IDLE_WINDOW, IDLE_TIMEOUT = 0.1, 0.5, 300.0  # idle: under 10% of a CPU over 0.5 s (5 clock ticks)
 WRK_TIMEOUT = 60.0  # seconds a request may take before wrk counts it as a timeout (its default: 2)
 LOAD_CONNECTIONS, LOAD_SECONDS = 64, 5.0  # the load every worker serves before its memory is read
 REST_SECONDS = 2.0  # then the wait for the memory at rest (workerpool's idle workers give back at 1 s)
@@ -228,19 +227,6 @@ def embeddings(port: int, texts: list[str], model: str) -> np.ndarray:
 def lowest_cosine(got: np.ndarray, expected: np.ndarray) -> float:
     norms = np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
     return float(np.min(np.sum(got * expected, axis=1) / norms))
-
-
-def wait_idle(pid: int) -> None:
-    """Until the server tree uses less than ``IDLE_CPU`` of a CPU: the requests a wrk run left
-    unanswered when it stopped are still served, and would slow the next run down."""
-    deadline = time.monotonic() + IDLE_TIMEOUT
-    cpu = tree_cpu_seconds(pid)
-    while time.monotonic() < deadline:
-        time.sleep(IDLE_WINDOW)
-        earlier, cpu = cpu, tree_cpu_seconds(pid)
-        if cpu - earlier < IDLE_CPU * IDLE_WINDOW:
-            return
-    raise RuntimeError(f"the server was still busy {IDLE_TIMEOUT:g} s after wrk stopped")
 
 
 def run_level(port: int, script: str, connections: int, seconds: float, pid: int) -> dict[str, Any]:

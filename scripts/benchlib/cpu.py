@@ -10,6 +10,8 @@ from typing import Any
 
 import psutil
 
+IDLE_CPU, IDLE_WINDOW, IDLE_TIMEOUT = 0.1, 0.5, 300.0  # idle: under 10% of a CPU over 0.5 s (5 clock ticks)
+
 
 def process_cpu(pid: int) -> float:
     """User and system CPU seconds of ``pid``, every thread of it (``/proc/PID/stat``)."""
@@ -54,3 +56,16 @@ def busiest_others(sample: float = 0.5, top: int = 5, floor: float = 5.0) -> str
             used.append((process.cpu_percent(None), process.info["name"], process.pid))
     busy = sorted((u for u in used if u[0] >= floor), reverse=True)[:top]
     return ", ".join(f"{name} ({pid}) {percent:.0f}%" for percent, name, pid in busy) or "nothing busy"
+
+
+def wait_idle(pid: int) -> None:
+    """Until the server tree uses less than ``IDLE_CPU`` of a CPU: the requests a wrk run left
+    unanswered when it stopped are still served, and would slow the next run down."""
+    deadline = time.monotonic() + IDLE_TIMEOUT
+    cpu = tree_cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(IDLE_WINDOW)
+        earlier, cpu = cpu, tree_cpu_seconds(pid)
+        if cpu - earlier < IDLE_CPU * IDLE_WINDOW:
+            return
+    raise RuntimeError(f"the server was still busy {IDLE_TIMEOUT:g} s after wrk stopped")
