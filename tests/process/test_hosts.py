@@ -42,9 +42,13 @@ def results(endpoint: str, count: int, *, clients: int = 4, **options) -> list[w
     answered: list[workerpool.Result] = []
     failures: list[BaseException] = []
 
+    together = threading.Barrier(clients, timeout=30)  # each client's first request at once: spread over free workers
+
     def send(share: int) -> None:
         try:
             with workerpool.Client(endpoint, timeout=10, **options) as client:
+                client.info()  # connected before the others start
+                together.wait()
                 answered.extend(client.request(x) for _ in range(share))
         except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
             failures.append(exc)

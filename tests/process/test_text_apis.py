@@ -203,9 +203,6 @@ def test_one_model_answers_tei_info_and_the_root_route(files):
         assert info["model_type"]["classifier"]["id2label"] == {str(i): label for i, label in enumerate(CLASSIFIER)}
         status, rows = post(address, "/", {"inputs": "This is wonderful!"})  # TEI routes / to /predict here
         assert status == 200 and {row["label"] for row in rows} == set(CLASSIFIER)
-        hub = pytest.importorskip("huggingface_hub", reason="needs huggingface_hub")
-        labelled = hub.InferenceClient(model=f"http://{address}").text_classification("This is wonderful!")
-        assert [(found.label, found.score) for found in labelled] == [(row["label"], row["score"]) for row in rows]
 
 
 def test_tritonclient_reads_the_config_and_sends_texts_as_n_by_1_bytes(pool):
