@@ -163,6 +163,11 @@ def test_tei_embed_and_openai_give_the_zeromq_embeddings(pool):
     embedder = langchain.OpenAIEmbeddings(model="embed", base_url=f"http://{address}/v1", api_key="unused",
                                           check_embedding_ctx_length=False)
     np.testing.assert_allclose(embedder.embed_documents(texts), expected, atol=1e-6)
+    llama = pytest.importorskip("llama_index.embeddings.openai", reason="needs llama-index-embeddings-openai")
+    indexer = llama.OpenAIEmbedding(model_name="embed", api_base=f"http://{address}/v1", api_key="unused")
+    np.testing.assert_allclose(indexer.get_text_embedding_batch(texts), expected, atol=1e-6)
+    with pytest.raises(Exception, match="does not exist here; this server serves 'embed'"):
+        llama.OpenAIEmbedding(api_base=f"http://{address}/v1", api_key="unused", max_retries=0).get_text_embedding("hi")
 
 
 def test_llamaindex_and_huggingface_hub_clients_speak_tei(pool):
@@ -199,7 +204,9 @@ def test_one_model_answers_tei_info_and_the_root_route(files):
     address = f"127.0.0.1:{free_port()}"
     with Server(files["classify"], "--http", address, workers=1):
         info = json.loads(get(address, "/info")[1])
-        assert info["model_id"] == "classify" and info["max_input_length"] == 512
+        assert info["model_id"] == "classify" and info["max_input_length"] == 512 and info["max_batch_requests"] == 32
+        metadata = json.loads(get(address, "/v2/models/classify")[1])
+        assert metadata["parameters"] == {"task": "classify", "max_input_tokens": 512, "labels": CLASSIFIER}
         assert info["model_type"]["classifier"]["id2label"] == {str(i): label for i, label in enumerate(CLASSIFIER)}
         status, rows = post(address, "/", {"inputs": "This is wonderful!"})  # TEI routes / to /predict here
         assert status == 200 and {row["label"] for row in rows} == set(CLASSIFIER)

@@ -62,8 +62,10 @@ def model_metadata(view: ModelView) -> dict[str, Any]:
         shape = [-1 if size is None else size for size in tensor.shape] if tensor.shape else [-1]
         return {"name": tensor.name, "datatype": datatype_of(tensor) or "", "shape": shape}
 
+    facts = view.text_facts()
     return {"name": view.name, "versions": [str(view.version)], "platform": f"workerpool_{view.kind}",
-            "inputs": [described(t) for t in view.inputs], "outputs": [described(t) for t in view.outputs]}
+            "inputs": [described(t) for t in view.inputs], "outputs": [described(t) for t in view.outputs],
+            **({"parameters": facts} if facts else {})}
 
 
 def model_config(view: ModelView) -> dict[str, Any]:

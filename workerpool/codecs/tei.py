@@ -33,7 +33,8 @@ def error_body(message: str, status: int) -> bytes:
 
 
 def info(view: ModelView, max_texts: int) -> dict[str, Any]:
-    """``GET /info``: the model, its kind and its limits, in TEI's names."""
+    """``GET /info``: the model, its kind and its limits, in TEI's names (``max_batch_requests``:
+    the texts one forward pass may take, ``--max-batch``; a request with more is spread)."""
     kind: dict[str, Any] = {"classifier": {"id2label": dict(enumerate(view.labels)),
                                            "label2id": {label: i for i, label in enumerate(view.labels)}}} \
         if view.task == CLASSIFY else {"embedding": {"pooling": "as the model's file says"}}
@@ -41,7 +42,7 @@ def info(view: ModelView, max_texts: int) -> dict[str, Any]:
         kind = {"reranker": kind["classifier"]}
     return {"model_id": view.name, "model_sha": None, "model_dtype": "float32", "model_type": kind,
             "max_input_length": view.max_input_tokens, "max_client_batch_size": max_texts,
-            "version": str(view.version)}
+            "max_batch_requests": view.max_batch, "version": str(view.version)}
 
 
 # The front door.

@@ -42,6 +42,14 @@ class ModelView:
     labels: tuple[str, ...] = ()  # a classifier's, by index
     max_input_tokens: int | None = None  # a model of texts': the tokens one text may have
     normalized: bool = False  # an embedder's embeddings are unit length already
+    max_batch: int | None = None  # --max-batch, as the front door knows it
+
+    def text_facts(self) -> dict[str, Any]:
+        """What a model of texts tells of them beyond its inputs and outputs (none otherwise)."""
+        if self.task is None:
+            return {}
+        return {"task": self.task, "max_input_tokens": self.max_input_tokens,
+                **({"labels": list(self.labels)} if self.labels else {})}
 
     @property
     def takes_texts(self) -> bool:
@@ -63,6 +71,7 @@ class ModelState:
     signature: Mapping[str, Any]
     kind: str
     generation: int
+    max_batch: int | None = None  # --max-batch: rows (texts) one forward pass may take
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ class Answer:
     worker_pid: int | None
 
 
-def view_of(name: str, info: Mapping[str, Any], generation: int) -> ModelView:
+def view_of(name: str, info: Mapping[str, Any], generation: int, max_batch: int | None = None) -> ModelView:
     """The view of a model whose signature is ``info`` (as ``describe`` gives it)."""
     def tensors(entries: Any, unnamed: str) -> list[Tensor]:
         found = []
@@ -89,7 +98,7 @@ def view_of(name: str, info: Mapping[str, Any], generation: int) -> ModelView:
                      tensors(info.get("inputs"), UNNAMED_INPUT), tensors(info.get("outputs"), UNNAMED_OUTPUT),
                      task if isinstance(task, str) else None,
                      tuple(map(str, labels)) if isinstance(labels, list) else (),
-                     limit if type(limit) is int else None, info.get("normalized") is True)
+                     limit if type(limit) is int else None, info.get("normalized") is True, max_batch)
 
 
 def wire_inputs(view: ModelView, inputs: Mapping[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:

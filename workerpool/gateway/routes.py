@@ -242,7 +242,8 @@ class Routes:
     def _view(self, name: str, state: ModelState) -> ModelView:
         view = self._views.get(name)
         if view is None or view.version != state.generation:
-            view = self._views[name] = view_of(name, {**state.signature, "model": state.kind}, state.generation)
+            view = self._views[name] = view_of(name, {**state.signature, "model": state.kind}, state.generation,
+                                               state.max_batch)
         return view
 
     def _resolve(self, states: Mapping[str, ModelState], name: str, version: str | None) -> ModelView:

@@ -149,7 +149,8 @@ class ServingRole:
 
     def _describe(self) -> dict[str, ModelState]:
         """Each served model's signature and generation, for the HTTP front door."""
-        return {served.name: ModelState(served.current.signature, served.current.model, served.current.generation)
+        return {served.name: ModelState(served.current.signature, served.current.model, served.current.generation,
+                                        served.entry.max_batch)
                 for served in self.pool.models}
 
     def _snapshot(self) -> dict[str, Any]:
