@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import importlib
 import importlib.util
 import json
@@ -62,7 +61,7 @@ import numpy as np
 from benchlib.arguments import add_count, add_json, add_levels, parser_for
 from benchlib.corpus import digest, sentences
 from benchlib.cpu import tree_cpu_seconds, wait_idle
-from benchlib.http_load import http_request, warm_http_workers
+from benchlib.http_load import http_request, post_json, warm_http_workers
 from benchlib.memory import tree_memory
 from benchlib.paths import SCRIPTS_DIR
 from benchlib.pools import warmed_pool
@@ -210,17 +209,7 @@ def workerpool_server(setup: Setup, workers: int, last: tuple[str, ...], tree: s
 
 def embeddings(port: int, texts: list[str], model: str) -> np.ndarray:
     """The server's embeddings of ``texts``, sent in one request."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.request("POST", PATH, json.dumps({"input": texts, "model": model}),
-                           {"Content-Type": "application/json"})
-        reply = connection.getresponse()
-        body = reply.read()
-    finally:
-        connection.close()
-    if reply.status != 200:
-        raise RuntimeError(f"{PATH} answered {reply.status}: {body[:200]!r}")
-    data = sorted(json.loads(body)["data"], key=lambda item: item["index"])
+    data = sorted(post_json(port, PATH, {"input": texts, "model": model})["data"], key=lambda item: item["index"])
     return np.array([item["embedding"] for item in data], dtype=np.float64)
 
 

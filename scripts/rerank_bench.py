@@ -31,7 +31,6 @@ while wrk runs, over the requests it answered.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import random
@@ -47,7 +46,7 @@ from typing import Any
 from benchlib.arguments import add_count, add_json, add_levels, parser_for
 from benchlib.corpus import sentences
 from benchlib.cpu import tree_cpu_seconds, wait_idle
-from benchlib.http_load import http_request, warm_http_workers
+from benchlib.http_load import http_request, post_json, warm_http_workers
 from benchlib.paths import SCRIPTS_DIR
 from benchlib.pools import warmed_pool
 from benchlib.runs import (
@@ -94,20 +93,6 @@ def started(name: str, folder: str, bpk: str, workers: int, directory: str,
                            env, os.path.join(directory, f"{name}.log")) as (proc, port):
         warm_http_workers(proc, port, warm, workers, LABELS[name])
         yield proc.pid, port
-
-
-def ranked(port: int, body: str) -> list[dict[str, Any]]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.request("POST", PATH, body, {"Content-Type": "application/json"})
-        reply = connection.getresponse()
-        answer = reply.read()
-    finally:
-        connection.close()
-    if reply.status != 200:
-        raise RuntimeError(f"{PATH} answered {reply.status}: {answer[:200]!r}")
-    found: list[dict[str, Any]] = json.loads(answer)
-    return found
 
 
 def level(port: int, pid: int, script: str, connections: int, seconds: float) -> dict[str, Any]:
@@ -160,7 +145,7 @@ def main() -> int:
             for name in servers if number % 2 == 0 else servers[::-1]:
                 with started(name, os.path.abspath(args.folder), bpk, args.workers, directory,
                              args.pool_args) as (pid, port):
-                    answer = ranked(port, lines[0])
+                    answer = post_json(port, PATH, json.loads(lines[0]))
                     reference = reference or answer
                     if [row["index"] for row in answer] != [row["index"] for row in reference] or max(
                             abs(a["score"] - b["score"]) for a, b in zip(answer, reference, strict=True)) > 1e-4:

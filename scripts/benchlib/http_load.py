@@ -3,6 +3,7 @@ counted as ``zmq_load.drive`` counts workerpool's, and a warm-up that reaches ev
 
 from __future__ import annotations
 
+import http.client
 import json
 import selectors
 import socket
@@ -23,6 +24,21 @@ def http_request(body: bytes, method: str = "POST", path: str = "/",
     return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode() + body
+
+
+def post_json(port: int, path: str, document: Any) -> Any:
+    """``document`` POSTed as JSON to ``path`` on a loopback server, its JSON answer; RuntimeError
+    for any status but 200."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request("POST", path, json.dumps(document), {"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        body = reply.read()
+    finally:
+        connection.close()
+    if reply.status != 200:
+        raise RuntimeError(f"{path} answered {reply.status}: {body[:200]!r}")
+    return json.loads(body)
 
 
 def kserve_body(row: np.ndarray) -> tuple[bytes, dict[str, str]]:
