@@ -238,18 +238,21 @@ class TextEncoder:
 
     def _prefix(self, item: Item) -> Item:
         """``item`` with each side far over the limit cut to its first :data:`CHARS_PER_TOKEN`
-        characters a token, at a white space, where that prefix alone is over the limit: its
-        tokens are then those of the whole text up to the cut, so the answer is the same (the
-        longer side of a pair is cut first, and stays the longer)."""
+        characters a token, where the tokens the limit keeps of that start end before its last
+        word (the one the cut may split): they are then the whole text's, so the answer is the
+        same (a side of a pair keeps fewer tokens than it would alone). Otherwise (few words in
+        many characters) the whole side is tokenized."""
         if isinstance(item, tuple):
             first, second = item
             return self._prefix(first), self._prefix(second)  # type: ignore[return-value]
         keep = self.limit * CHARS_PER_TOKEN
         if len(item) <= keep:
             return item
-        cut = max(item.rfind(" ", 0, keep), item.rfind("\n", 0, keep))
-        prefix = item[:cut] if cut > 0 else item[:keep]
-        return prefix if cut > 0 and self.tokenizer.encode(prefix).overflowing else item
+        prefix = item[:keep]
+        encoding = self.tokenizer.encode(prefix)
+        kept = [word for word in encoding.word_ids if word is not None]
+        cut = [word for piece in encoding.overflowing for word in piece.word_ids if word is not None]
+        return prefix if kept and cut and max(kept) < max(cut) else item
 
 
 LOGITS = "logits"  # a classifier's output for texts

@@ -75,12 +75,16 @@ def test_each_request_of_a_batch_keeps_its_own_truncation(tmp_path):
 def test_a_text_far_over_the_limit_is_cut_before_it_is_tokenized_with_the_same_tokens(tmp_path):
     encoder = classifier(tmp_path).model.text_encoder
     far = "hello world " * (POSITIONS * CHARS_PER_TOKEN)
-    assert encoder._prefix(far) != far and len(encoder._prefix(far)) <= POSITIONS * CHARS_PER_TOKEN
-    spaces = " " * (POSITIONS * CHARS_PER_TOKEN * 2) + "hello"  # its prefix holds no token: kept whole
-    assert encoder._prefix(spaces) == spaces
-    tokenized = encoder.tokenize([far, spaces])
-    whole = [encoder.tokenizer.encode(text).ids for text in (far, spaces)]
-    assert [e.ids for e in tokenized.encodings] == whole and tokenized.over == [True, False]
+    unspaced = "hello.world." * (POSITIONS * CHARS_PER_TOKEN)  # words split at punctuation, not white space
+    for text in (far, unspaced):
+        assert encoder._prefix(text) != text and len(encoder._prefix(text)) <= POSITIONS * CHARS_PER_TOKEN
+    spaces = " " * (POSITIONS * CHARS_PER_TOKEN * 2) + "hello"  # its start holds no token: kept whole
+    one_word = "x" * (POSITIONS * CHARS_PER_TOKEN * 2)  # the cut would split the only word: kept whole
+    assert encoder._prefix(spaces) == spaces and encoder._prefix(one_word) == one_word
+    texts = [far, unspaced, spaces, one_word]
+    tokenized = encoder.tokenize(texts)
+    assert [e.ids for e in tokenized.encodings] == [encoder.tokenizer.encode(text).ids for text in texts]
+    assert tokenized.over == [True, True, False, False]
 
 
 def folder(tmp_path: Path, config: dict, *, modules: bool = False) -> Path:
