@@ -107,8 +107,15 @@ def test_a_text_over_the_limit_is_refused_unless_truncation_is_asked_for(pool):
     assert status == 200 and len(fine) == 2
     status, error = post(address, "/v1/embeddings", {"model": "embed", "input": "word " * 300})
     assert status == 400 and "limit of 256 tokens" in error["error"]["message"]
-    status, huge = post(address, "/embed", {"inputs": "word " * 400_000, "truncate": True})  # 2 MB, cut first
-    assert status == 200 and len(huge[0]) == 384
+    for far in ("word " * 400_000, "中" * 300_000, "x" * 600_000):  # MBs of words, of no white space, one word
+        status, error = post(address, "/embed", {"inputs": far})
+        assert status == 413 and "limit of 256 tokens" in error["error"]
+        status, huge = post(address, "/embed", {"inputs": far, "truncate": True})
+        assert status == 200 and len(huge[0]) == 384
+    status, error = post(address, "/rerank", {"query": "word " * 600, "texts": ["a"]})
+    assert status == 413 and "the pair beginning 'word word" in error["error"]
+    status, error = post(address, "/embed", {"inputs": ["word " * 100] * 5000})  # 2.5 MB of JSON
+    assert status == 413 and "at most 2097152 bytes" in error["error"]
 
 
 def test_cohere_and_jina_rerank_give_the_top_n_with_relevance_scores(pool, reference):
@@ -192,8 +199,10 @@ def test_tokenize_info_health_and_routes_for_a_model_of_another_kind(pool):
     assert status == 404 and "name a model" in json.loads(body)["error"]
     status, error = post(address, "/embed", {"model": "classify", "inputs": "hi"})
     assert status == 422 and "needs an embedding model" in error["error"]
-    status, error = post(address, "/predict", {"inputs": "hi"})  # two classifiers
-    assert status == 404 and "'classify'" in error["error"]
+    status, rows = post(address, "/predict", {"inputs": [["hi"]]})  # the only classifier of several labels
+    assert status == 200 and {row["label"] for row in rows[0]} == set(CLASSIFIER)
+    status, error = post(address, "/embed", {"inputs": "hi", "dimensions": 385})  # checked at the door
+    assert status == 422 and "more than the 384" in error["error"]
     status, error = post(address, "/v2/rerank", {"model": "classify", "query": "q", "documents": ["d"]})
     assert status == 400 and "3 labels" in error["error"]
     status, error = post(address, "/predict", {"model": "classify", "inputs": ["a", ["b", "c"], "d"]})

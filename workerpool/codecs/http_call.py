@@ -172,7 +172,8 @@ def _text_options(http: dict[str, Any]) -> dict[str, Any]:
     """The options of a request of the ``texts`` API (see :func:`tei.write`), checked."""
     if http.get("op") not in tei.OPS:
         raise BadRequest(f"the 'http' object of a request of texts names no known op: {str(http)[:200]}")
-    return {name: http.get(name) for name in ("op", "raw", "pairs", "truncate", "normalize", "dimensions", "special")}
+    return {name: http.get(name)
+            for name in ("op", "raw", "pairs", "query", "truncate", "normalize", "dimensions", "special")}
 
 
 def _sendable(array: Any) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import BadRequest
 from ..models.texts import NORM_EPS
 from .kserve import json_object
-from .text_calls import TextRequest
+from .text_calls import TextRequest, embedding_width
 from .view import Answer, ModelView
 
 ENCODINGS = ("float", "base64")
@@ -40,7 +40,7 @@ def decode_embeddings(document: dict[str, Any], view: ModelView) -> TextRequest:
     if not view.takes_texts:
         raise BadRequest(f"the model {view.name!r} takes no texts, so it gives no embeddings: "
                          "call it with KServe v2 (/v2/models/NAME/infer)")
-    if _width(view) is None:
+    if embedding_width(view) is None:
         outputs = ", ".join(repr(t.name) for t in view.outputs)
         raise BadRequest(f"the model {view.name!r} gives no embeddings (its outputs: {outputs}): "
                          "/v1/embeddings needs an embedding model; call this one with KServe v2 "
@@ -54,7 +54,7 @@ def decode_embeddings(document: dict[str, Any], view: ModelView) -> TextRequest:
         raise BadRequest("'input' must be a string or a non-empty list of strings")
     options = read_options({"encoding": document.get("encoding_format", "float"),
                             "dimensions": document.get("dimensions")})
-    width = _width(view)
+    width = embedding_width(view)
     if options["dimensions"] is not None and width is not None and options["dimensions"] > width:
         raise BadRequest(f"'dimensions' {options['dimensions']} is more than the {width} the model "
                          f"{view.name!r} gives")
@@ -82,11 +82,6 @@ def read_options(given: dict[str, Any]) -> dict[str, Any]:
     if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
         raise BadRequest(f"'dimensions' must be a whole number from 1 up, not {str(dimensions)[:40]!r}")
     return {"encoding": encoding, "dimensions": dimensions}
-
-
-def _width(view: ModelView) -> int | None:
-    shape = next((t.shape for t in view.outputs if t.name == "embedding"), None)
-    return shape[-1] if shape else None
 
 
 def encode_items(answer: Answer, first: int, options: dict[str, Any]) -> tuple[bytes, int]:

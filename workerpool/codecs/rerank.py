@@ -17,7 +17,6 @@ import uuid
 from typing import Any
 
 from ..errors import BadRequest
-from . import text_calls
 from .tei import ranked_scores, rerank_fields
 from .text_calls import TextRequest, flag
 from .view import ModelView
@@ -27,7 +26,9 @@ def read(document: dict[str, Any], view: ModelView, version: int) -> TextRequest
     """A rerank request of API ``version`` (1 or 2), for the model ``view``."""
     documents = document.get("documents")
     if isinstance(documents, list):
-        documents = [item.get("text") if isinstance(item, dict) else item for item in documents]
+        if any(isinstance(item, dict) and not isinstance(item.get("text"), str) for item in documents):
+            raise BadRequest("each of 'documents' must be a string or an object with a string 'text'")
+        documents = [item["text"] if isinstance(item, dict) else item for item in documents]
     query, texts = rerank_fields({**document, "documents": documents}, view, f"/v{version}/rerank", "documents")
     top_n = document.get("top_n")
     if top_n is not None and (type(top_n) is not int or top_n < 1):
@@ -46,5 +47,5 @@ def read(document: dict[str, Any], view: ModelView, version: int) -> TextRequest
                            "meta": {"api_version": {"version": str(version)}, "billed_units": {"search_units": 1}},
                            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}).encode()
 
-    options = {"op": "rerank", "raw": False, "pairs": True, "truncate": True}
-    return TextRequest(text_calls.pairs([query] * len(texts), texts), options, finish)
+    options = {"op": "rerank", "raw": False, "query": query, "truncate": True}
+    return TextRequest(texts, options, finish)

@@ -19,12 +19,24 @@ import numpy as np
 from ..errors import BadRequest
 from ..models.texts import NORM_EPS
 from . import text_calls
-from .text_calls import CLASSIFY, EMBED, TextRequest, flag, require_task, scores, texts_of
+from .text_calls import (
+    CLASSIFY,
+    EMBED,
+    TextRequest,
+    embedding_width,
+    flag,
+    require_task,
+    scores,
+    texts_of,
+)
 from .view import Answer, ModelView
 
 OPS = ("embed", "rerank", "predict", "tokenize")  # what a worker writes
-ERROR_TYPES = {400: "Validation", 404: "Validation", 413: "Validation", 422: "Validation",
-               429: "Overloaded", 503: "Unhealthy"}  # others: Backend
+# A rerank query travels once in each part's header (not with every document), within its 64 KiB.
+MAX_QUERY_CHARS = 8 * 1024
+ERROR_TYPES = {400: "Validation", 404: "Validation", 405: "Validation", 408: "Validation", 411: "Validation",
+               413: "Validation", 415: "Validation", 422: "Validation", 429: "Overloaded",
+               503: "Unhealthy"}  # others: Backend
 
 
 def error_body(message: str, status: int) -> bytes:
@@ -56,9 +68,11 @@ def read_embed(document: dict[str, Any], view: ModelView) -> TextRequest:
     if not normalize and view.normalized:
         raise BadRequest(f"'normalize': false cannot be given: the model {view.name!r} normalises its "
                          "embeddings itself (a Normalize module)")
-    dimensions = document.get("dimensions")
+    dimensions, width = document.get("dimensions"), embedding_width(view)
     if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
         raise BadRequest(f"'dimensions' must be a whole number from 1 up, not {str(dimensions)[:40]!r}")
+    if dimensions is not None and width is not None and dimensions > width:
+        raise BadRequest(f"'dimensions' {dimensions} is more than the {width} the model {view.name!r} gives")
     options = {"op": "embed", "normalize": normalize, "dimensions": dimensions,
                "truncate": flag(document, "truncate", None)}
     return TextRequest(texts, options, lambda parts, tokens: b"[" + b",".join(parts) + b"]")
@@ -75,7 +89,9 @@ def read_rerank(document: dict[str, Any], view: ModelView) -> TextRequest:
         return json.dumps([{"index": index, "score": score, **({"text": texts[index]} if return_text else {})}
                            for index, score in ranked]).encode()
 
-    return TextRequest(text_calls.pairs([query] * len(texts), texts), rerank_options(document), finish)
+    options = {"op": "rerank", "raw": flag(document, "raw_scores", False), "query": query,
+               "truncate": flag(document, "truncate", None)}
+    return TextRequest(texts, options, finish)
 
 
 def read_predict(document: dict[str, Any], view: ModelView) -> TextRequest:
@@ -129,12 +145,10 @@ def rerank_fields(document: dict[str, Any], view: ModelView, route: str, field: 
     query = document.get("query")
     if not isinstance(query, str):
         raise BadRequest("'query' must be a string")
+    if len(query) > MAX_QUERY_CHARS:
+        raise BadRequest(f"the query is {len(query)} characters, over {MAX_QUERY_CHARS}: a model reads "
+                         f"{view.max_input_tokens} tokens of a query and its document at most")
     return query, texts_of(document.get(field), field)
-
-
-def rerank_options(document: dict[str, Any]) -> dict[str, Any]:
-    return {"op": "rerank", "raw": flag(document, "raw_scores", False), "pairs": True,
-            "truncate": flag(document, "truncate", None)}
 
 
 def ranked_scores(parts: list[bytes]) -> list[tuple[int, float]]:

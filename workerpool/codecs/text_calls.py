@@ -46,11 +46,14 @@ def pairs(firsts: Sequence[str], seconds: Sequence[str]) -> list[str]:
 
 
 def payload(texts: list[str], options: dict[str, Any]) -> Texts:
-    """What a worker runs for a request of texts: each text, or each pair when the options say
-    so, with the truncation the request asked for (None: as the model is served)."""
-    truncate = options.get("truncate")
+    """What a worker runs for a request of texts: each text; each pair when the options say
+    so; or the options' ``query`` paired with each text (rerank: the query travels once, in
+    the header); with the truncation the request asked for (None: as the model is served)."""
+    truncate, query = options.get("truncate"), options.get("query")
     if truncate is not None and not isinstance(truncate, bool):
         raise BadRequest("'truncate' must be true or false")
+    if isinstance(query, str):
+        return Texts([(query, text) for text in texts], truncate)
     if options.get("pairs") is True:
         return Texts([_split(text) for text in texts], truncate)
     return Texts(texts, truncate)
@@ -88,6 +91,12 @@ def flag(document: dict[str, Any], name: str, default: bool | None) -> bool | No
     if value is not None and not isinstance(value, bool):
         raise BadRequest(f"'{name}' must be true or false, not {str(value)[:40]!r}")
     return value
+
+
+def embedding_width(view: ModelView) -> int | None:
+    """The width of a model's ``embedding`` output, None when it has none or does not say."""
+    shape = next((t.shape for t in view.outputs if t.name == "embedding"), None)
+    return shape[-1] if shape else None
 
 
 def texts_of(value: Any, name: str) -> list[str]:

@@ -126,6 +126,7 @@ Item = str | tuple[str, str]  # a text, or a pair (query, document)
 # Characters kept of a text before it is tokenized, per token of the model's limit: a text this
 # long is all but surely over the limit, and its prefix decides (see _prefix).
 CHARS_PER_TOKEN = 16
+WIDER = 16  # past CHARS_PER_TOKEN * WIDER characters a token, a text's start is all that is read
 
 
 class Texts(list[Item]):
@@ -202,12 +203,13 @@ class TextEncoder:
         cannot read."""
         if not texts or not all(map(is_item, texts)):
             raise ModelInputError(f"{self.model}: texts must be a non-empty list of strings")
-        items = [self._prefix(text) for text in texts]
+        cut = [self._prefix(text) for text in texts]
         try:
-            encodings = self.tokenizer.encode_batch(items, add_special_tokens=special)
+            encodings = self.tokenizer.encode_batch([item for item, _ in cut], add_special_tokens=special)
         except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
             raise ModelInputError(f"{self.model}: the tokenizer cannot read these texts: {exc}") from None
-        return Tokenized(encodings, [len(e.ids) for e in encodings], [bool(e.overflowing) for e in encodings])
+        return Tokenized(encodings, [len(e.ids) for e in encodings],
+                         [bool(e.overflowing) or forced for e, (_, forced) in zip(encodings, cut, strict=True)])
 
     def refuse_over(self, texts: Sequence[Item], tokenized: Tokenized, indices: Iterable[int], *,
                     truncate: bool) -> None:
@@ -217,11 +219,12 @@ class TextEncoder:
             return
         for index in indices:
             if tokenized.over[index]:
-                text = texts[index] if isinstance(texts[index], str) else texts[index][1]
+                item = texts[index]
+                what = f"the text beginning {item[:40]!r} is" if isinstance(item, str) else \
+                    f"the pair beginning {item[0][:30]!r} and {item[1][:30]!r} is together"
                 raise ModelInputError(
-                    f"{self.model}: the text beginning {text[:40]!r} is longer than the model's limit "
-                    f"of {self.limit} tokens: shorten it, or ask for truncation (TEI: \"truncate\": "
-                    "true), or serve the model with --truncate")
+                    f"{self.model}: {what} longer than the model's limit of {self.limit} tokens: shorten "
+                    "it, or ask for truncation (TEI: \"truncate\": true), or serve the model with --truncate")
 
     def passes(self, tokenized: Tokenized, indices: Iterable[int],
                max_rows: int | None = None) -> Iterator[tuple[list[int], np.ndarray]]:
@@ -236,23 +239,27 @@ class TextEncoder:
             ids, mask, types = _padded([tokenized.encodings[i] for i in run])
             yield run, self.head(self.encode(ids, mask, types), mask)
 
-    def _prefix(self, item: Item) -> Item:
-        """``item`` with each side far over the limit cut to its first :data:`CHARS_PER_TOKEN`
-        characters a token, where the tokens the limit keeps of that start end before its last
-        word (the one the cut may split): they are then the whole text's, so the answer is the
-        same (a side of a pair keeps fewer tokens than it would alone). Otherwise (few words in
-        many characters) the whole side is tokenized."""
+    def _prefix(self, item: Item) -> tuple[Item, bool]:
+        """``item`` as it is tokenized, and whether it was cut short where its whole could not
+        be read (then it counts as over the limit). A side far over the limit is cut to its
+        first :data:`CHARS_PER_TOKEN` characters a token where the tokens the limit keeps of
+        that start end before its last word (the one the cut may split): they are then the whole
+        text's, so the answer is the same (a side of a pair keeps fewer tokens than it would
+        alone). A side of few words in many characters is read whole up to :data:`WIDER` times
+        that, and past it only that far: its answer is its start's."""
         if isinstance(item, tuple):
-            first, second = item
-            return self._prefix(first), self._prefix(second)  # type: ignore[return-value]
+            (first, cut_first), (second, cut_second) = self._prefix(item[0]), self._prefix(item[1])
+            return (str(first), str(second)), cut_first or cut_second
         keep = self.limit * CHARS_PER_TOKEN
         if len(item) <= keep:
-            return item
+            return item, False
         prefix = item[:keep]
         encoding = self.tokenizer.encode(prefix)
         kept = [word for word in encoding.word_ids if word is not None]
         cut = [word for piece in encoding.overflowing for word in piece.word_ids if word is not None]
-        return prefix if kept and cut and max(kept) < max(cut) else item
+        if kept and cut and max(kept) < max(cut):
+            return prefix, False
+        return (item, False) if len(item) <= keep * WIDER else (item[:keep * WIDER], True)
 
 
 LOGITS = "logits"  # a classifier's output for texts

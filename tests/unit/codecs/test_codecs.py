@@ -210,7 +210,8 @@ CLASSES = view_of("cls", {"model": "bert", "inputs": [{"name": None, "dtype": "t
 
 def test_rerank_parts_are_joined_best_first_with_the_top_n_and_documents() -> None:
     read = rerank.read({"query": "q", "documents": ["a", {"text": "b"}, "c"], "top_n": 2}, RERANKER, 1)
-    assert read.texts == ["q\0a", "q\0b", "q\0c"] and read.options["pairs"] is True
+    assert read.texts == ["a", "b", "c"] and read.options["query"] == "q"  # the query once, in the header
+    assert text_calls.payload(read.texts, read.options) == [("q", "a"), ("q", "b"), ("q", "c")]
     first = tei.write(Answer({"logits": np.array([[0.0], [2.0]])}, 1, 1), 0, read.options, RERANKER.labels)[0]
     last = tei.write(Answer({"logits": np.array([[-1.0]])}, 1, 1), 2, read.options, RERANKER.labels)[0]
     body = json.loads(read.finish([first, last], 7))
@@ -221,8 +222,12 @@ def test_rerank_parts_are_joined_best_first_with_the_top_n_and_documents() -> No
                                         .finish([b"[0,0.5]"], 1))["results"][0]
     with pytest.raises(BadRequest, match="has 2 labels"):
         rerank.read({"query": "q", "documents": ["a"]}, CLASSES, 2)
+    with pytest.raises(BadRequest, match="string 'text'"):
+        rerank.read({"query": "q", "documents": [{"title": "a"}]}, RERANKER, 2)
+    with pytest.raises(BadRequest, match="over 8192"):
+        rerank.read({"query": "q" * 9000, "documents": ["a"]}, RERANKER, 2)
     with pytest.raises(BadRequest, match="NUL"):
-        rerank.read({"query": "q\0", "documents": ["a"]}, RERANKER, 2)
+        tei.read_predict({"inputs": [["a\0", "b"]]}, CLASSES)
 
 
 def test_tei_predict_writes_each_inputs_labels_best_first_and_scores_by_the_labels_count() -> None:

@@ -18,7 +18,7 @@ from workerpool import burnpack
 from workerpool.models import ModelInputError
 from workerpool.models.base import MODEL_KEY
 from workerpool.models.loaded import LoadedModel
-from workerpool.models.texts import CHARS_PER_TOKEN, Texts
+from workerpool.models.texts import CHARS_PER_TOKEN, WIDER, Texts
 from workerpool.weights.convert import ConvertError, convert
 
 LABELS = ["no", "yes", "maybe"]
@@ -77,14 +77,18 @@ def test_a_text_far_over_the_limit_is_cut_before_it_is_tokenized_with_the_same_t
     far = "hello world " * (POSITIONS * CHARS_PER_TOKEN)
     unspaced = "hello.world." * (POSITIONS * CHARS_PER_TOKEN)  # words split at punctuation, not white space
     for text in (far, unspaced):
-        assert encoder._prefix(text) != text and len(encoder._prefix(text)) <= POSITIONS * CHARS_PER_TOKEN
+        cut, forced = encoder._prefix(text)
+        assert cut != text and len(cut) <= POSITIONS * CHARS_PER_TOKEN and not forced
     spaces = " " * (POSITIONS * CHARS_PER_TOKEN * 2) + "hello"  # its start holds no token: kept whole
     one_word = "x" * (POSITIONS * CHARS_PER_TOKEN * 2)  # the cut would split the only word: kept whole
-    assert encoder._prefix(spaces) == spaces and encoder._prefix(one_word) == one_word
+    assert encoder._prefix(spaces) == (spaces, False) and encoder._prefix(one_word) == (one_word, False)
     texts = [far, unspaced, spaces, one_word]
     tokenized = encoder.tokenize(texts)
     assert [e.ids for e in tokenized.encodings] == [encoder.tokenizer.encode(text).ids for text in texts]
     assert tokenized.over == [True, True, False, False]
+    endless = "x" * (POSITIONS * CHARS_PER_TOKEN * WIDER + 1)  # one word past what is read whole: its start
+    assert encoder._prefix(endless) == (endless[:POSITIONS * CHARS_PER_TOKEN * WIDER], True)
+    assert encoder.tokenize([endless]).over == [True]
 
 
 def folder(tmp_path: Path, config: dict, *, modules: bool = False) -> Path:
