@@ -100,7 +100,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     unchanged, one tensor at a time. An ONNX model's graph, without its weights, is one more
     tensor, and the file names the 'onnx' model.
     """
-    from ..weights.convert import ConvertError, convert
+    from ..weights.convert import convert
+    from ..weights.sources import ConvertError
 
     _check_destination(args.destination, force=args.force)
     metadata = {}

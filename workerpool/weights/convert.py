@@ -37,6 +37,7 @@ from ..models.texts import (
     POOLING_MODES,  # sentence-transformers 5 names them ("pooling_mode": "mean")
 )
 from . import npy
+from .sources import ConvertError, Tensors, read_values
 
 # safetensors' dtype names and the Burn dtype each is stored as.
 SAFETENSORS_DTYPES = {
@@ -53,11 +54,6 @@ NORMALIZE_MODULES = ("sentence_transformers.models.Normalize",  # what 2.x to 4.
                      "sentence_transformers.sentence_transformer.modules.normalize.Normalize")
 # What reading a damaged .npz raises: a bad CRC, a cut stream, an impossible size.
 _NPZ_ERRORS = (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error)
-Tensors = list[tuple[str, burnpack.Deferred]]  # in the order they are written
-
-
-class ConvertError(Exception):
-    """A source that cannot be converted; the message is one line naming the file."""
 
 
 @dataclass(frozen=True)
@@ -363,21 +359,6 @@ def _byte_range(path: str, raw: dict[str, Any], name: str, shape: tuple[int, ...
             raise ConvertError(f"{path}: tensor {name} holds {end - begin} bytes, not {2 * count}")
         return read_values(path, raw["start"] + begin, np.dtype("<u2"), shape, f"{path}: tensor {name}")
     return load
-
-
-def read_values(file: str, offset: int, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
-    """A tensor's values straight from ``file`` at byte ``offset``, for bytes that no library
-    reads for us (BF16 in safetensors, ONNX external data); ``where`` names the tensor."""
-    count = int(np.prod(shape, dtype=np.int64))
-    try:
-        with open(file, "rb") as f:
-            f.seek(offset)
-            data = np.fromfile(f, dtype=dtype, count=count)
-    except OSError as exc:
-        raise ConvertError(f"{where}: cannot read {file}: {exc.strerror or exc}") from exc
-    if data.size != count:
-        raise ConvertError(f"{where}: its data in {file} is cut short")
-    return data.reshape(shape)
 
 
 def _read_npz(path: str, stack: ExitStack) -> Iterator[tuple[str, burnpack.Deferred]]:

@@ -24,7 +24,7 @@ from .. import burnpack
 from ..burnpack import dtypes
 from ..errors import exception_text
 from ..models import onnx_layout
-from .convert import ConvertError, Tensors, read_values
+from .sources import ConvertError, Tensors, read_values
 
 # ONNX element types and the Burn dtype each is stored as; any other is refused by name.
 ONNX_DTYPES = {

@@ -19,7 +19,8 @@ from workerpool.models import ModelInputError
 from workerpool.models.base import MODEL_KEY
 from workerpool.models.loaded import LoadedModel
 from workerpool.models.texts import CHARS_PER_TOKEN, WIDER, Texts
-from workerpool.weights.convert import ConvertError, convert
+from workerpool.weights.convert import convert
+from workerpool.weights.sources import ConvertError
 
 LABELS = ["no", "yes", "maybe"]
 safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="needs safetensors")

@@ -15,7 +15,8 @@ from support.commands import cli
 from workerpool import burnpack
 from workerpool.models.bert import CONFIG_KEY, TOKENIZER_KEY
 from workerpool.models.texts import MAX_LENGTH_KEY
-from workerpool.weights.convert import ConvertError, convert
+from workerpool.weights.convert import convert
+from workerpool.weights.sources import ConvertError
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="needs the safetensors package")
 

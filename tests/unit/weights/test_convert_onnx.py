@@ -22,8 +22,9 @@ from workerpool.models.onnx_layout import (
     POOLING_KEY,
 )
 from workerpool.models.texts import MAX_LENGTH_KEY
-from workerpool.weights.convert import ConvertError, convert
+from workerpool.weights.convert import convert
 from workerpool.weights.onnx_convert import INTEGER_TYPES
+from workerpool.weights.sources import ConvertError
 
 onnx = pytest.importorskip("onnx", reason="needs the onnx package")
 ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime")
