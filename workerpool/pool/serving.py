@@ -143,8 +143,9 @@ class ServingRole:
         url = f"{'https' if settings.tls else 'http'}://{host}:{sock.getsockname()[1]}"
         names = ", ".join(served.name for served in self.pool.models)
         texts = any(models.takes_text(served.current.signature) for served in self.pool.models)
-        log.info("HTTP on %s: KServe v2 at /v2/models/{%s}%s, /metrics, /healthz, /readyz", url,
-                 names, ", OpenAI at /v1/embeddings" if texts else "")
+        log.info("HTTP on %s: KServe v2 at /v2/models/{%s}%s, /metrics, /healthz, /readyz", url, names,
+                 ", OpenAI at /v1/embeddings, TEI at /embed, /rerank, /predict, /tokenize, /info, rerank at "
+                 "/v1/rerank and /v2/rerank" if texts else "")
         return url
 
     def _describe(self) -> dict[str, ModelState]:
