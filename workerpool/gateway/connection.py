@@ -15,14 +15,14 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..codecs.http_call import KSERVE
+from ..events.loop import Loop
+from ..router.core import Router
 from .http11 import CONTINUE, Request, RequestReader, response
-from .routes import Forward, Reply, error_reply, errors_of
-
-if TYPE_CHECKING:
-    from .server import HttpServer
+from .routes import Forward, Reply, Routes, error_reply, errors_of
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,45 @@ def _closing_on_failure(handle: Callable[..., None]) -> Callable[..., None]:
     return guarded
 
 
+@dataclass(frozen=True)
+class FrontSettings:
+    """What the front door is started with (``serve``'s options)."""
+
+    max_body: int  # bytes; a larger request body is answered 413 before it is read
+    max_buffered: int  # bytes of request bodies held at once, over every connection
+    max_connections: int
+    max_refused: int  # connections past max_connections that may wait for their 503 to be read
+    client_timeout: float  # --http-timeout
+    tls: Any = None  # an ssl.SSLContext, or None for plain HTTP
+
+
+class Front(Protocol):
+    """What a connection needs of the server that accepted it (``server.HttpServer``): its
+    loop and settings, the routes and the router a request goes to, the connections and body
+    bytes it holds (``reserve``, ``grow``), and whether it drains."""
+
+    loop: Loop
+    settings: FrontSettings
+    routes: Routes
+    router: Router
+    connections: dict[bytes, Connection]
+    buffered: int
+    would_block: tuple[type[Exception], ...]
+
+    @property
+    def draining(self) -> bool: ...
+
+    def linger(self, sock: socket.socket) -> None: ...
+
+    def reserve(self, request: Request) -> int: ...
+
+    def grow(self, request: Request, size: int) -> None: ...
+
+
 class Connection:
     """One client connection: its reader, the request being answered and what waits to be written."""
 
-    def __init__(self, server: HttpServer, sock: socket.socket, key: bytes) -> None:
+    def __init__(self, server: Front, sock: socket.socket, key: bytes) -> None:
         self.server = server
         self.key = key
         self.reader = RequestReader(server.settings.max_body, server.reserve, server.grow)

@@ -30,14 +30,13 @@ import select
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..codecs.http_call import KSERVE
 from ..events.loop import Loop
 from ..logs import Throttle
 from ..router.core import Router
-from .connection import RECEIVE_BYTES, Connection
+from .connection import RECEIVE_BYTES, Connection, FrontSettings
 from .http11 import Refusal, Request, response
 from .routes import Routes, error_reply
 
@@ -48,16 +47,6 @@ SWEEP_INTERVAL = 0.1
 CLOSE_FLUSH = 1.0  # seconds at exit for the last answers to leave
 QUIET_AT_EXIT = 0.02  # seconds without a byte from any connection after which none is coming
 WARN_INTERVAL = 10.0
-
-
-@dataclass(frozen=True)
-class FrontSettings:
-    max_body: int  # bytes; a larger request body is answered 413 before it is read
-    max_buffered: int  # bytes of request bodies held at once, over every connection
-    max_connections: int
-    max_refused: int  # connections past max_connections that may wait for their 503 to be read
-    client_timeout: float  # --http-timeout
-    tls: Any = None  # an ssl.SSLContext, or None for plain HTTP
 
 
 class HttpServer:

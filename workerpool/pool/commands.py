@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import models
 from ..config.models import ModelsError, list_models
@@ -25,16 +25,37 @@ from ..ops.worker_rows import worker_rows
 from ..weights import reload
 
 if TYPE_CHECKING:
+    from ..config.pool import ServeConfig
+    from ..control.server import ControlServer
+    from ..router.connections import ConnectionLimit
+    from ..router.core import Router
+    from ..router.links import RouterLinks
+    from ..supervisor.core import Supervisor
     from ..weights.served import ServedModel
-    from .serving import ServingRole
 
 log = logging.getLogger(__name__)
+
+
+class Serving(Protocol):
+    """What the control commands read of the serving role (``serving.ServingRole``): its
+    settings and pool, its router and the sockets around it, and why a worker could not switch."""
+
+    config: ServeConfig
+    pool: Supervisor
+    control_server: ControlServer
+    links: RouterLinks
+    connections: ConnectionLimit
+    switch_failures: dict[str, str]
+    http_url: str | None
+
+    @property
+    def router(self) -> Router: ...
 
 
 class ControlCommands:
     """What the control socket of one ``serve`` answers, read from its role, pool and router."""
 
-    def __init__(self, role: ServingRole) -> None:
+    def __init__(self, role: Serving) -> None:
         self.role = role
         self.reload_waiters: list[tuple[bytes, dict[str, int], float]] = []
         self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []

@@ -110,8 +110,9 @@ class ServingRole:
     def _open_http(self, pool: Supervisor, cleanup: ExitStack) -> str:
         """The HTTP front door, on this loop beside the router's sockets, handing requests to
         the router without a socket between them (imported only when asked for)."""
+        from ..gateway.connection import FrontSettings
         from ..gateway.routes import Routes
-        from ..gateway.server import FrontSettings, HttpServer
+        from ..gateway.server import HttpServer
         from ..ops.http import OpsAnswers, parse_address
 
         config = self.config
