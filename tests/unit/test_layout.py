@@ -151,25 +151,16 @@ def test_no_module_imports_itself_back_in_a_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-# Modules that point back at their owner through a type only (under TYPE_CHECKING): the
-# supervisor and the parts it composes. [26] gives each a narrow view built with it instead.
-KNOWN_BACK_POINTERS = {"workerpool.supervisor.role", "workerpool.supervisor.signals"}
-
-
 def test_no_module_points_back_at_its_owner_even_for_types() -> None:
     """Every import counts here, those for types and those inside functions too: a cycle that
     hides under ``TYPE_CHECKING`` is a back-pointer all the same (two objects that reach into
-    each other), and ``KNOWN_BACK_POINTERS`` may only shrink."""
+    each other); a part takes a narrow view of its owner instead (a ``Protocol`` of what it
+    uses, which its owner meets without either importing the other)."""
     graph = {module: {target for _, target in _imports(module, path, type_checking=True)
                       if target != module and not module.startswith(target + ".")}
-             for module, path in _modules() if module not in KNOWN_BACK_POINTERS}
+             for module, path in _modules()}
     cycle = _cycle(graph)
     assert cycle is None, "import cycle, types included: " + " -> ".join(cycle)
-    still = {module for module in KNOWN_BACK_POINTERS
-             if any(target == "workerpool.supervisor.core"
-                    for _, target in _imports(module, PACKAGE.parent / (module.replace(".", "/") + ".py"),
-                                              type_checking=True))}
-    assert still == KNOWN_BACK_POINTERS, f"no longer a back-pointer, drop it from the list: {KNOWN_BACK_POINTERS - still}"
 
 
 def test_the_packages_form_a_line() -> None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..router.connections import ConnectionLimit
     from ..router.core import Router
     from ..router.links import RouterLinks
-    from ..supervisor.core import Supervisor
+    from ..supervisor.role import Pool
     from ..weights.served import ServedModel
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Serving(Protocol):
     settings and pool, its router and the sockets around it, and why a worker could not switch."""
 
     config: ServeConfig
-    pool: Supervisor
+    pool: Pool
     control_server: ControlServer
     links: RouterLinks
     connections: ConnectionLimit

@@ -20,9 +20,9 @@ import zmq
 
 from .. import runtime, security
 from ..config.pool import HostConfig, StartupError
-from ..supervisor.core import Supervisor
 from ..supervisor.process import Child
 from ..supervisor.ready_line import workers_line
+from ..supervisor.role import Pool
 from ..worker.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class HostRole:
         self.config = config
         self.leave_timeout = config.graceful_timeout  # workers finish their request, then leave
 
-    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+    def open(self, pool: Pool, cleanup: ExitStack) -> None:
         self.pool = pool
         keys = self.config.keys
         if keys is not None:

@@ -37,9 +37,9 @@ from ..router.core import Router
 from ..router.links import RouterLinks
 from ..router.registry import WorkerRecord
 from ..router.sockets import bind_sockets
-from ..supervisor.core import Supervisor
 from ..supervisor.process import Child
 from ..supervisor.ready_line import serve_line
+from ..supervisor.role import Pool
 from ..units import MS_PER_SECOND, KiB, MiB, format_size
 from ..weights.served import ServedModel
 from ..worker.spec import WorkerSpec
@@ -85,7 +85,7 @@ class ServingRole:
     def backend(self) -> str:
         return self.links.backend_endpoint
 
-    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+    def open(self, pool: Pool, cleanup: ExitStack) -> None:
         self.pool = pool
         context = zmq.Context()
         cleanup.callback(context.destroy, linger=0)
@@ -107,7 +107,7 @@ class ServingRole:
         self._read_sockets(pool.loop)
         self.http_url = self._open_http(pool, cleanup) if self.config.http else None
 
-    def _open_http(self, pool: Supervisor, cleanup: ExitStack) -> str:
+    def _open_http(self, pool: Pool, cleanup: ExitStack) -> str:
         """The HTTP front door, on this loop beside the router's sockets, handing requests to
         the router without a socket between them (imported only when asked for)."""
         from ..gateway.connection import FrontSettings

@@ -10,17 +10,25 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import Protocol
 
 from ..config.models import ModelEntry
 from ..config.pool import PoolConfig
 from ..weights.reload import WeightsRefused
 from ..weights.served import ServedModel, ServedModels
 from .process import Backoff
-from .role import Role
 from .starters import Starter
 from .systemd import Notifier
 
 log = logging.getLogger(__name__)
+
+
+class Moves(Protocol):
+    """What the pool's role does once a model changed: move its workers (``role.Role``)."""
+
+    def roll_out(self, model: str) -> None: ...
+
+    def model_removed(self, model: str) -> None: ...
 
 
 class ModelChanges:
@@ -29,7 +37,7 @@ class ModelChanges:
     ``refusals``: the back-off of workers a router refused, which new weights reset;
     ``status``: tells the service manager how the pool stands now."""
 
-    def __init__(self, models: ServedModels, config: PoolConfig, role: Role, notifier: Notifier,
+    def __init__(self, models: ServedModels, config: PoolConfig, role: Moves, notifier: Notifier,
                  starter: Starter, refusals: Backoff, status: Callable[[], None]) -> None:
         self.models = models
         self.config = config

@@ -12,7 +12,35 @@ from ..worker.spec import WorkerSpec
 from .process import Child
 
 if TYPE_CHECKING:
-    from .core import Supervisor
+    from ..events.loop import Loop
+    from ..weights.served import ServedModels
+    from .model_changes import ModelChanges
+    from .starters import Starter
+
+
+class Pool(Protocol):
+    """What a role may use of the supervisor it serves (``core.Supervisor`` is one): its loop,
+    the models and their changes, the workers and how they start; the decisions on them stay
+    the supervisor's (``manage_workers``, ``child_ready``, ``stop_child``)."""
+
+    loop: Loop
+    models: ServedModels
+    changes: ModelChanges
+    children: dict[int, Child]
+    starter: Starter
+    target: int
+    stopping: bool
+    announced: bool
+    replacements: int
+    threads_per_worker: int
+
+    def helper_pids(self) -> list[int]: ...
+
+    def child_ready(self, child: Child) -> None: ...
+
+    def stop_child(self, child: Child) -> None: ...
+
+    def manage_workers(self) -> int: ...
 
 
 class Requests(Protocol):
@@ -46,7 +74,7 @@ class Role(Protocol):
     def backend(self) -> str:
         """Where this role's workers connect to their router."""
 
-    def open(self, pool: Supervisor, cleanup: ExitStack) -> None:
+    def open(self, pool: Pool, cleanup: ExitStack) -> None:
         """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""
 
     @property

@@ -12,12 +12,20 @@ import os
 import signal
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..worker.spec import STOP_SIGNAL
+from .role import Pool
 
-if TYPE_CHECKING:
-    from .core import Supervisor
+
+class SignalledPool(Pool, Protocol):
+    """What the signals act on (``core.Supervisor`` is one): a role's view of the pool, and
+    its shutdown."""
+
+    stop_deadline: float
+
+    def begin_shutdown(self, reason: str) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +49,7 @@ def _unless_stopping(handle: Callable[[Signals], None]) -> Callable[[Signals], N
 class Signals:
     """The signals of one supervisor, held back until its loop runs, then handled by it."""
 
-    def __init__(self, pool: Supervisor) -> None:
+    def __init__(self, pool: SignalledPool) -> None:
         self.pool = pool
 
     def defer(self) -> None:
