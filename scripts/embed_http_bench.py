@@ -7,8 +7,9 @@ tokenizer.json, 1_Pooling; README.md, "An ONNX model", says how to export one). 
 converts it with ``workerpool convert`` into a scratch directory and serves it with
 ``--workers`` workers per server, every thread setting left at the server's default:
 
-- workerpool: ``workerpool serve --http``, OpenAI's ``POST /v1/embeddings``; ``--pool-args`` is
-  appended to its command line (``--pool-args "--threads-per-worker 2 --workers 1"``);
+- workerpool: ``workerpool serve --http --truncate`` (texts past the model's limit cut, as the
+  others cut them), OpenAI's ``POST /v1/embeddings``; ``--pool-args`` is appended to its command
+  line (``--pool-args "--threads-per-worker 2 --workers 1"``);
 - gunicorn: sync workers serving ``embed_apps/gunicorn_onnx.py``, the WSGI app a user would write
   (onnxruntime, default session options), its session made in each worker after the fork;
 - preload: the same app under ``gunicorn --preload``, its session made once, in the master;
@@ -199,7 +200,8 @@ def workerpool_server(setup: Setup, workers: int, last: tuple[str, ...], tree: s
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)} if tree else None
     port = free_port()
     with warmed_pool(setup.bpk, workers, setup.directory, "workerpool", protocol.encode_request(0, ["Warm up."]),
-                     "--http", f"127.0.0.1:{port}", "--model-name", setup.model_name, *setup.pool_args, *last,
+                     "--http", f"127.0.0.1:{port}", "--model-name", setup.model_name,
+                     *(() if tree else ("--truncate",)), *setup.pool_args, *last,
                      env=env) as pool:
         yield Running(pool.pid, port, pool.workers, setup.bpk)
 
