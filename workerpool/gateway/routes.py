@@ -228,8 +228,7 @@ class Routes:
             frames = text_request_frames(self._ids, api, named, texts.texts, deadline=deadline, **texts.options)
         except RemoteError as exc:
             code = ErrorCode.read(exc.code.encode())
-            refused = error_reply(422 if errors == TEI and code == ErrorCode.BAD_REQUEST else code.http_status,
-                                  exc.message, errors)
+            refused = error_reply(_status_of(code, errors, door=True), exc.message, errors)
             refused.refused = (named if isinstance(named, str) and named in states else UNKNOWN_MODEL, code)
             return refused
         return Forward(frames, api, named, errors, texts.finish)
@@ -344,11 +343,13 @@ def errors_of(path: str) -> str:
     return TEI if path in TEI_PATHS else KSERVE
 
 
-def _status_of(code: ErrorCode, errors: str) -> int:
-    """The status of an error code a worker answered on a route: TEI answers an input it
-    cannot run (over the model's limit, say) with 413; the door refuses a body it cannot
-    read with 422, as TEI does."""
-    return 413 if errors == TEI and code == ErrorCode.BAD_REQUEST else code.http_status
+def _status_of(code: ErrorCode, errors: str, *, door: bool = False) -> int:
+    """The status of an error code on a route: on TEI's, a worker's ``bad_request`` (an input
+    it cannot run: over the model's limit, say) is 413 and the door's (a body it cannot read
+    as the route needs) 422, as TEI answers them."""
+    if errors != TEI or code != ErrorCode.BAD_REQUEST:
+        return code.http_status
+    return 422 if door else 413
 
 
 def _code_of(status: int) -> ErrorCode:
