@@ -59,8 +59,7 @@ def datatype_of(tensor: Tensor) -> str | None:
 
 def model_metadata(view: ModelView) -> dict[str, Any]:
     def described(tensor: Tensor) -> dict[str, Any]:
-        shape = [-1 if size is None else size for size in tensor.shape] if tensor.shape else [-1]
-        return {"name": tensor.name, "datatype": datatype_of(tensor) or "", "shape": shape}
+        return {"name": tensor.name, "datatype": datatype_of(tensor) or "", "shape": _dims(tensor)}
 
     facts = view.text_facts()
     return {"name": view.name, "versions": [str(view.version)], "platform": f"workerpool_{view.kind}",
@@ -74,13 +73,17 @@ def model_config(view: ModelView) -> dict[str, Any]:
     (``max_batch_size`` 0: the batch axis, -1, is among the dims)."""
     def described(tensor: Tensor) -> dict[str, Any]:
         datatype = datatype_of(tensor)
-        dims = [-1 if size is None else size for size in tensor.shape] if tensor.shape else [-1]
         return {"name": tensor.name, "data_type": f"TYPE_{'STRING' if datatype == 'BYTES' else datatype}"
-                if datatype else "TYPE_INVALID", "dims": dims}
+                if datatype else "TYPE_INVALID", "dims": _dims(tensor)}
 
-    return {"name": view.name, "platform": "", "backend": f"workerpool_{view.kind}", "version_policy": {"latest": {"num_versions": 1}},
-            "max_batch_size": 0, "input": [described(t) for t in view.inputs],
-            "output": [described(t) for t in view.outputs]}
+    return {"name": view.name, "platform": "", "backend": f"workerpool_{view.kind}",
+            "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
+            "input": [described(t) for t in view.inputs], "output": [described(t) for t in view.outputs]}
+
+
+def _dims(tensor: Tensor) -> list[int]:
+    """A tensor's shape as KServe and Triton write it: -1 for an axis of any size."""
+    return [-1 if size is None else size for size in tensor.shape] if tensor.shape else [-1]
 
 
 def decode_infer(body: bytes | memoryview, header_length: int | None, view: ModelView) -> InferRequest:

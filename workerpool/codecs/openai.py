@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
-from ..models.texts import NORM_EPS
 from .kserve import json_object
-from .text_calls import TextRequest, embedding_width
+from .text_calls import TextRequest, cut, embedding_width, read_dimensions
 from .view import Answer, ModelView
 
 ENCODINGS = ("float", "base64")
@@ -53,11 +52,7 @@ def decode_embeddings(document: dict[str, Any], view: ModelView) -> TextRequest:
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise BadRequest("'input' must be a string or a non-empty list of strings")
     options = read_options({"encoding": document.get("encoding_format", "float"),
-                            "dimensions": document.get("dimensions")})
-    width = embedding_width(view)
-    if options["dimensions"] is not None and width is not None and options["dimensions"] > width:
-        raise BadRequest(f"'dimensions' {options['dimensions']} is more than the {width} the model "
-                         f"{view.name!r} gives")
+                            "dimensions": read_dimensions(document.get("dimensions"), view)})
     model = view.name
     return TextRequest(texts, options, lambda items, tokens: join_embeddings(model, items, tokens))
 
@@ -79,9 +74,7 @@ def read_options(given: dict[str, Any]) -> dict[str, Any]:
     encoding, dimensions = given.get("encoding", "float"), given.get("dimensions")
     if encoding not in ENCODINGS:
         raise BadRequest(f"'encoding_format' must be one of {', '.join(ENCODINGS)}, not {str(encoding)[:40]!r}")
-    if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
-        raise BadRequest(f"'dimensions' must be a whole number from 1 up, not {str(dimensions)[:40]!r}")
-    return {"encoding": encoding, "dimensions": dimensions}
+    return {"encoding": encoding, "dimensions": read_dimensions(dimensions, None)}
 
 
 def encode_items(answer: Answer, first: int, options: dict[str, Any]) -> tuple[bytes, int]:
@@ -89,13 +82,8 @@ def encode_items(answer: Answer, first: int, options: dict[str, Any]) -> tuple[b
     ``first``, joined by commas; and the tokens they held. With ``dimensions``, each embedding
     is cut to its first that many components and renormalised, as OpenAI does: meaningful for a
     model trained for it (Matryoshka), a loss of accuracy for others."""
-    embeddings = np.asarray(answer.outputs["embedding"], dtype="<f4")
     dimensions = options["dimensions"]
-    if dimensions is not None:
-        if dimensions > embeddings.shape[1]:
-            raise BadRequest(f"'dimensions' {dimensions} is more than the {embeddings.shape[1]} the model gives")
-        embeddings = embeddings[:, :dimensions]
-        embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), NORM_EPS)
+    embeddings = cut(answer.outputs["embedding"], dimensions, normalize=dimensions is not None)
     tokens = int(answer.outputs["tokens"].sum()) if "tokens" in answer.outputs else 0
     items = [json.dumps({"object": "embedding", "index": first + index,
                          "embedding": _encoded(row, options["encoding"])}, separators=(",", ":"))

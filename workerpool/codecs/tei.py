@@ -17,14 +17,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
-from ..models.texts import NORM_EPS
 from . import text_calls
 from .text_calls import (
     CLASSIFY,
     EMBED,
     TextRequest,
-    embedding_width,
+    cut,
     flag,
+    listed,
+    read_dimensions,
     require_task,
     scores,
     texts_of,
@@ -68,14 +69,9 @@ def read_embed(document: dict[str, Any], view: ModelView) -> TextRequest:
     if not normalize and view.normalized:
         raise BadRequest(f"'normalize': false cannot be given: the model {view.name!r} normalises its "
                          "embeddings itself (a Normalize module)")
-    dimensions, width = document.get("dimensions"), embedding_width(view)
-    if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
-        raise BadRequest(f"'dimensions' must be a whole number from 1 up, not {str(dimensions)[:40]!r}")
-    if dimensions is not None and width is not None and dimensions > width:
-        raise BadRequest(f"'dimensions' {dimensions} is more than the {width} the model {view.name!r} gives")
-    options = {"op": "embed", "normalize": normalize, "dimensions": dimensions,
+    options = {"op": "embed", "normalize": normalize, "dimensions": read_dimensions(document.get("dimensions"), view),
                "truncate": flag(document, "truncate", None)}
-    return TextRequest(texts, options, lambda parts, tokens: b"[" + b",".join(parts) + b"]")
+    return TextRequest(texts, options, listed)
 
 
 def read_rerank(document: dict[str, Any], view: ModelView) -> TextRequest:
@@ -119,11 +115,7 @@ def read_predict(document: dict[str, Any], view: ModelView) -> TextRequest:
     options = {"op": "predict", "raw": flag(document, "raw_scores", False), "pairs": paired,
                "truncate": flag(document, "truncate", None)}
 
-    def finish(parts: list[bytes], tokens: int) -> bytes:
-        joined = b",".join(parts)
-        return joined if single else b"[" + joined + b"]"
-
-    return TextRequest(texts, options, finish)
+    return TextRequest(texts, options, (lambda parts, tokens: b",".join(parts)) if single else listed)
 
 
 def read_tokenize(document: dict[str, Any], view: ModelView) -> TextRequest:
@@ -133,7 +125,7 @@ def read_tokenize(document: dict[str, Any], view: ModelView) -> TextRequest:
         raise BadRequest(f"/tokenize needs a model of texts; the model {view.name!r} takes none")
     texts = texts_of(document.get("inputs"), "inputs")
     options = {"op": "tokenize", "special": flag(document, "add_special_tokens", True), "truncate": True}
-    return TextRequest(texts, options, lambda parts, tokens: b"[" + b",".join(parts) + b"]")
+    return TextRequest(texts, options, listed)
 
 
 def rerank_fields(document: dict[str, Any], view: ModelView, route: str, field: str) -> tuple[str, list[str]]:
@@ -184,14 +176,7 @@ def _labelled(row: np.ndarray, labels: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def _embeddings(embeddings: np.ndarray, options: dict[str, Any]) -> bytes:
-    rows = np.asarray(embeddings, np.float32)
-    dimensions = options.get("dimensions")
-    if type(dimensions) is int:
-        if dimensions > rows.shape[1]:
-            raise BadRequest(f"'dimensions' {dimensions} is more than the {rows.shape[1]} the model gives")
-        rows = rows[:, :dimensions]
-    if options.get("normalize") is not False:
-        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), NORM_EPS)
+    rows = cut(embeddings, read_dimensions(options.get("dimensions"), None), options.get("normalize") is not False)
     return ",".join(json.dumps(row.tolist()) for row in rows).encode()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
-from ..models.texts import Texts
+from ..models.texts import NORM_EPS, Texts
 from .view import ModelView
 
 PAIR = "\0"  # joins the two sides of a pair on the wire
@@ -91,6 +91,37 @@ def flag(document: dict[str, Any], name: str, default: bool | None) -> bool | No
     if value is not None and not isinstance(value, bool):
         raise BadRequest(f"'{name}' must be true or false, not {str(value)[:40]!r}")
     return value
+
+
+def read_dimensions(value: Any, view: ModelView | None) -> int | None:
+    """A request's ``dimensions``: None (all of them), or a whole number from 1 up, at most the
+    width of ``view``'s embeddings where it says."""
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise BadRequest(f"'dimensions' must be a whole number from 1 up, not {str(value)[:40]!r}")
+    width = None if view is None else embedding_width(view)
+    if view is not None and width is not None and value > width:
+        raise BadRequest(f"'dimensions' {value} is more than the {width} the model {view.name!r} gives")
+    return value
+
+
+def cut(embeddings: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """Embeddings ``[N, H]`` as a text API writes them: the first ``dimensions`` components
+    (None: all), renormalised to unit length when ``normalize``, float32."""
+    rows = np.asarray(embeddings, np.float32)
+    if dimensions is not None:
+        if dimensions > rows.shape[1]:
+            raise BadRequest(f"'dimensions' {dimensions} is more than the {rows.shape[1]} the model gives")
+        rows = rows[:, :dimensions]
+    if normalize:
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), NORM_EPS)
+    return rows
+
+
+def listed(parts: list[bytes], tokens: int) -> bytes:
+    """A response body that is the JSON list of every part's items, in order."""
+    return b"[" + b",".join(parts) + b"]"
 
 
 def embedding_width(view: ModelView) -> int | None:

@@ -67,7 +67,7 @@ OPEN_ROUTES = {"live", "ready", "ops", "health"}  # probes and metrics need no t
 # The text APIs' routes: their bodies read here, and the task of the model each needs (None: any
 # model of texts). TEI's POST / is /predict for a classifier, else /embed, as TEI routes it.
 TEXT_ROUTES: dict[str, str | None] = {"embeddings": EMBED, "embed": EMBED, "rerank": RERANK, "predict": CLASSIFY,
-                                      "tokenize": None, "root": None, "rerank_v1": CLASSIFY, "rerank_v2": CLASSIFY}
+                                      "tokenize": None, "root": None, "rerank_v1": RERANK, "rerank_v2": RERANK}
 BODY_ROUTES = {"infer", *TEXT_ROUTES}
 # A text API's body is parsed on the supervisor's loop (its texts then spread over the workers):
 # bounded as TEI bounds its payloads, so that one body stalls the others little (1024 texts of
@@ -130,9 +130,8 @@ class Routes:
             self._authenticate(request)
         if name not in BODY_ROUTES:
             return
-        if name in TEXT_ROUTES and (request.content_length or 0) > TEXT_BODY_BYTES:
-            raise Refusal(413, f"a body of {request.content_length} bytes: the text APIs' bodies are read by the "
-                          f"front door, at most {TEXT_BODY_BYTES} bytes: send fewer texts a request")
+        if name in TEXT_ROUTES:
+            _check_text_body(request.content_length or 0)
         if request.content_length is None and not request.chunked:
             raise Refusal(411, "a request body needs Content-Length (or chunked transfer encoding)")
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
@@ -214,9 +213,7 @@ class Routes:
         """A text API's request: its body read here, its texts handed on as a request of texts."""
         deadline = _timeout_header(request)
         errors = errors_of(request.path)
-        if len(request.body) > TEXT_BODY_BYTES:  # a chunked body, whose length its head did not say
-            raise Refusal(413, f"a body of {len(request.body)} bytes: the text APIs' bodies are read by the front "
-                          f"door, at most {TEXT_BODY_BYTES} bytes: send fewer texts a request")
+        _check_text_body(len(request.body))  # a chunked body, whose length its head did not say
         named: Any = None
         try:
             document, named = openai.requested_model(request.body)
@@ -312,6 +309,13 @@ def _timeout_header(request: Request) -> float | None:
         raise Refusal(400, f"the Timeout header {text[:40]!r} is not a number of seconds from 0 to "
                       f"{MAX_TIMEOUT_SECONDS:g}")
     return value
+
+
+def _check_text_body(size: int) -> None:
+    """Refuse a text API's body over :data:`TEXT_BODY_BYTES` (the front door parses it)."""
+    if size > TEXT_BODY_BYTES:
+        raise Refusal(413, f"a body of {size} bytes: the text APIs' bodies are read by the front door, at most "
+                      f"{TEXT_BODY_BYTES} bytes: send fewer texts a request")
 
 
 def _has_task(signature: Mapping[str, Any], task: str | None) -> bool:
