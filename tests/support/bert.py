@@ -39,13 +39,14 @@ def tiny_bert(path: Path, *, tokenizer: str | None = None, labels: list[str] | N
             tensors[f"{p}.{norm}.weight"], tensors[f"{p}.{norm}.bias"] = 1 + normal(HIDDEN), normal(HIDDEN)
     config = {"model_type": "bert", "hidden_size": HIDDEN, "num_attention_heads": HEADS,
               "num_hidden_layers": LAYERS, "intermediate_size": INNER, "hidden_act": "gelu",
-              "layer_norm_eps": 1e-12, **config_changes}
+              "layer_norm_eps": 1e-12}
     if labels is not None:
         tensors = {f"bert.{name}": value for name, value in tensors.items()}
         tensors |= {"bert.pooler.dense.weight": normal(HIDDEN, HIDDEN), "bert.pooler.dense.bias": normal(HIDDEN),
                     "classifier.weight": normal(len(labels), HIDDEN), "classifier.bias": normal(len(labels))}
         config |= {"architectures": ["BertForSequenceClassification"],
                    "id2label": {str(i): label for i, label in enumerate(labels)}}
+    config |= config_changes
     metadata = {CONFIG_KEY: json.dumps(config), MODEL_KEY: "bert"}
     if tokenizer is not None:
         metadata[TOKENIZER_KEY] = tokenizer

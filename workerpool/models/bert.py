@@ -92,7 +92,8 @@ class Bert(Model):
         found = tokenizer(NAME, metadata.get(TOKENIZER_KEY), self.max_length)
         self.text_encoder = None if found is None else TextEncoder(
             NAME, found, self._encode_rows, self._logits if self.classifier else MEAN_NORMALIZED,
-            PASS_OVERHEAD, self.max_length, LOGITS if self.classifier else "embedding", labels(config))
+            PASS_OVERHEAD, self.max_length, LOGITS if self.classifier else "embedding",
+            labels(config, len(self.head[1][1])) if self.head is not None else ())
         self.accepts_text = self.text_encoder is not None  # what info tells clients it takes
         if self.head is not None:
             self.text_output_shape, self.text_output_dtype = text_outputs(len(self.head[1][1]), LOGITS)
@@ -214,22 +215,28 @@ def _classifier_head(tensor: Any, weights: Mapping[str, np.ndarray], hidden: int
                      config: Mapping[str, Any]) -> tuple[Linear, Linear]:
     """A sequence classifier's pooler (``tensor`` finds it beside the encoder) and classifier
     (outside ``bert.``), as many labels wide as its config says."""
-    labels = config.get("num_labels", len(config.get("id2label") or {}) or 2)
-    if type(labels) is not int or labels < 1:
-        raise ModelError(f"{NAME}: config num_labels must be a positive integer")
     def outside(name: str, *shape: int | str) -> np.ndarray:
         return require_tensor(NAME, weights, name, shape)
 
-    return _linear(tensor, "pooler.dense", hidden, hidden), _linear(outside, "classifier", labels, hidden)
+    return (_linear(tensor, "pooler.dense", hidden, hidden),
+            _linear(outside, "classifier", label_count(config), hidden))
 
 
-def labels(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """A classifier's label names by index, from its config's ``id2label`` (``LABEL_0`` and so
-    on where it names none)."""
-    named = config.get("id2label") or {}
-    count = config.get("num_labels", len(named))
-    if not isinstance(named, Mapping) or type(count) is not int:
-        return ()
+def label_count(config: Mapping[str, Any]) -> int:
+    """A classifier's labels, as transformers counts them: ``num_labels``, else its
+    ``id2label``'s, else 2."""
+    named = config.get("id2label")
+    count = config.get("num_labels", len(named) if isinstance(named, Mapping) and named else 2)
+    if type(count) is not int or count < 1:
+        raise ModelError(f"{NAME}: config num_labels must be a positive integer")
+    return count
+
+
+def labels(config: Mapping[str, Any], count: int) -> tuple[str, ...]:
+    """The names of a classifier's ``count`` labels by index, from its config's ``id2label``
+    (``LABEL_0`` and so on where it names none)."""
+    named = config.get("id2label")
+    named = named if isinstance(named, Mapping) else {}
     return tuple(str(named.get(str(i), named.get(i, f"LABEL_{i}"))) for i in range(count))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotAJSONObject, json_object
-from .bert import CONFIG_KEY, labels
+from .bert import CONFIG_KEY, label_count, labels
 from .onnx_layout import NAME, POOLING_KEY
 from .texts import (
     LOGITS,
@@ -76,9 +76,10 @@ def graph_texts(metadata: Mapping[str, str], inputs: Mapping[str, np.dtype], out
         return GraphTexts(states[0].name, encoder, *text_outputs(_width(states[0].dims, metadata)))
     if POOLING_KEY not in metadata and logits:
         found = tokenizer(NAME, metadata[TOKENIZER_KEY], length)
-        encoder = TextEncoder(NAME, found, encode, classify, PASS_OVERHEAD, length, LOGITS,
-                              labels(_config(metadata)))
         width = logits[0].dims[1]
+        config = _config(metadata)
+        count = width if isinstance(width, int) else label_count(config)
+        encoder = TextEncoder(NAME, found, encode, classify, PASS_OVERHEAD, length, LOGITS, labels(config, count))
         return GraphTexts(LOGITS, encoder, *text_outputs(width if isinstance(width, int) else None, LOGITS))
     return None
 

@@ -51,6 +51,13 @@ def test_a_sequence_classifier_gives_logits_of_its_head_with_its_labels(tmp_path
     assert texts["logits"].shape == (2, 3) and list(texts["tokens"]) == [2, 3]
 
 
+def test_a_classifier_that_names_no_labels_has_transformers_two(tmp_path):
+    path = tiny_bert(tmp_path / "c.bpk", tokenizer=tiny_tokenizer(), labels=["a", "b"], id2label=None)
+    model = LoadedModel(str(path), None, "mmap")
+    assert model.describe()["labels"] == ["LABEL_0", "LABEL_1"]
+    assert model.infer(["hello"])["logits"].shape == (1, 2)
+
+
 def test_a_pair_runs_as_one_sequence_with_the_second_sides_token_types(tmp_path):
     model = classifier(tmp_path)
     paired = model.infer(Texts([("hello world", "a text")]))["logits"]
