@@ -113,7 +113,7 @@ class LoadedModel:
             outcomes = self._run_stacked(parts, parts, functools.partial(_joined_texts, parts))
             yield from zip((i for i, _ in members), outcomes, strict=True)
             return
-        texts = Texts(_joined_texts([texts for _, texts in members]))
+        texts = _joined_texts([texts for _, texts in members])
         try:
             tokenized = encoder.tokenize(texts)
         except ModelInputError:  # one request's texts: each request is tokenized alone
