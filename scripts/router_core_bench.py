@@ -57,7 +57,7 @@ def router_with_a_worker() -> Router:
     router.add_model("m", SIGNATURE, max_rows=32)
     ready = {"pid": 1, "host": "h", "token": None,
              "models": {"m": {"generation": 1, "model": "mlp", "batching": True, **SIGNATURE}}}
-    router.from_worker(True, [zmq.Frame(b"w1"), zmq.Frame(protocol.READY), zmq.Frame(json.dumps(ready).encode())])
+    router.from_worker(True, b"w1", [zmq.Frame(protocol.READY), zmq.Frame(json.dumps(ready).encode())])
     while router.outbox.take() is not None:
         pass
     return router
@@ -68,7 +68,7 @@ def one_request(router: Router, request: list[Any], reply: list[Any]) -> None:
     sent = router.outbox.take()
     if sent is None or sent[0] == CLIENT:
         raise SystemExit(f"router_core_bench: the request was not handed to the worker: {sent}")
-    router.from_worker(True, [zmq.Frame(b"w1"), zmq.Frame(protocol.REPLY), zmq.Frame(b"c"), zmq.Frame(b"ok"), *reply])
+    router.from_worker(True, b"w1", [zmq.Frame(protocol.REPLY), zmq.Frame(b"c"), zmq.Frame(b"ok"), *reply])
     answered = router.outbox.take()
     if answered is None or answered[0] != CLIENT:
         raise SystemExit(f"router_core_bench: the client was not answered: {answered}")

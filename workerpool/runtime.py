@@ -1,31 +1,16 @@
-"""The private runtime directory that holds the supervisor's ipc sockets, and the cache folder.
+"""The private runtime directory that holds the default control socket, and the cache folder.
 
-Each server makes its own ``pool-*`` directory there, with an ``owner`` file naming its pid
-and that process's start time. A server killed with SIGKILL cannot remove its directory, so the
-next server removes every ``pool-*`` directory whose owner is gone (and only those: other
-servers may share the runtime directory).
+Local workers talk to the router over socket pairs, which leave nothing in it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import shutil
 import stat
 import tempfile
-import time
-
-import psutil
-
-from .atomic import replace_atomically
 
 log = logging.getLogger(__name__)
-
-UNOWNED_GRACE = 60.0  # seconds a pool directory may exist without its owner file
-POOL_PREFIX = "pool-"
-OWNER_FILE = "owner"
 
 
 def runtime_dir() -> str:
@@ -46,46 +31,6 @@ def default_cache_dir() -> str:
     else ``~/.cache/workerpool``. On disk, unlike the runtime directory (often in memory)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "workerpool")
-
-
-def make_pool_dir() -> str:
-    """A new private directory for this server's sockets, after removing stale ones."""
-    base = runtime_dir()
-    _remove_stale_pool_dirs(base)
-    path = tempfile.mkdtemp(prefix=POOL_PREFIX, dir=base)
-    me = psutil.Process()
-    # Whole or absent: a server starting meanwhile must not read half of it and take the
-    # directory for a dead one's (absent, it waits out UNOWNED_GRACE).
-    with replace_atomically(os.path.join(path, OWNER_FILE)) as f:
-        f.write(json.dumps({"pid": me.pid, "started": me.create_time()}).encode())
-    return path
-
-
-def _remove_stale_pool_dirs(base: str) -> None:
-    for entry in os.scandir(base):
-        if entry.name.startswith(POOL_PREFIX) and entry.is_dir(follow_symlinks=False) \
-                and not _owner_alive(entry.path):
-            log.info("removing %s, left by a server that is gone", entry.path)
-            shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _owner_alive(path: str) -> bool:
-    """False when the owner file names a process that is gone (a reused pid counts as gone:
-    its start time differs). A directory being created has no owner file yet: alive for
-    ``UNOWNED_GRACE`` seconds, then a leftover (of a version that wrote none, say)."""
-    try:
-        with open(os.path.join(path, OWNER_FILE)) as f:
-            owner = json.load(f)
-        pid, started = int(owner["pid"]), float(owner["started"])
-    except FileNotFoundError:
-        with contextlib.suppress(OSError):
-            return time.time() - os.stat(path).st_mtime < UNOWNED_GRACE
-        return False
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    with contextlib.suppress(psutil.Error):
-        return psutil.Process(pid).create_time() == started
-    return False
 
 
 def default_control_endpoint() -> str:

@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +21,6 @@ import pytest
 import zmq
 from support.commands import cli
 from support.keys import CurveKeys
-from support.paths import MODELS
 from support.processes import Background
 from support.server import Host, Server, refused_at_start
 from support.sockets import dealer, free_backend, free_port, monitored_dealer, next_event
@@ -33,7 +29,6 @@ from support.status import pool_ready
 import workerpool
 from workerpool.control import client as control
 from workerpool.protocol import messages as protocol
-from workerpool.testing import ServerProcess, serve_args
 
 SLOW = ("--model", "slow_model:factory")  # doubles its input; x[0] < 0 sleeps -x[0] seconds
 
@@ -292,49 +287,6 @@ def test_idle_connections_cannot_exhaust_a_low_descriptor_limit(small_model):
         finally:
             for sock in idle:
                 sock.close()
-
-
-# Nothing stale.
-
-
-@pytest.fixture
-def runtime_dir() -> Iterator[Path]:
-    """A private XDG_RUNTIME_DIR short enough for the ipc paths under it, wherever pytest's
-    temporary folders are (pytest-xdist puts each worker's one level deeper)."""
-    folder = tempfile.mkdtemp(prefix="wp-run-")  # mode 0700, as a runtime directory must be
-    yield Path(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def test_a_killed_servers_directory_is_removed_by_the_next_one_and_no_other(small_model, tmp_path, runtime_dir):
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime_dir), PYTHONPATH=str(MODELS))
-    pools = runtime_dir / "workerpool"
-
-    def server(name: str) -> ServerProcess:
-        return ServerProcess(serve_args(small_model, 1, "--control", f"ipc://{tmp_path}/{name}"),
-                             env=env, log_path=tmp_path / f"{name}.log")
-
-    killed, alive = server("killed").start(), server("alive").start()
-    try:
-        assert len(list(pools.glob("pool-*"))) == 2
-        os.killpg(killed.proc.pid, signal.SIGKILL)
-        killed.proc.wait(10)
-        for name, age in (("pool-leftover", 3600), ("pool-being-made", 0)):  # no owner file
-            (pools / name).mkdir(mode=0o700)
-            (pools / name / "backend.sock").write_bytes(b"")
-            os.utime(pools / name, (time.time() - age, time.time() - age))
-        with server("next") as nxt:
-            owned = {p for p in pools.glob("pool-*") if (p / "owner").exists()}
-            left = {json.loads((p / "owner").read_text())["pid"] for p in owned}
-            assert left == {alive.proc.pid, nxt.proc.pid}
-            assert {p.name for p in pools.glob("pool-*")} - {p.name for p in owned} == {"pool-being-made"}
-            assert "left by a server that is gone" in nxt.log()
-        assert alive.stop() == 0
-        # servers that stopped normally left nothing behind
-        assert [p.name for p in pools.glob("pool-*")] == ["pool-being-made"]
-    finally:
-        killed.stop()
-        alive.stop()
 
 
 # Found by a second round of attacks.

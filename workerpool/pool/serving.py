@@ -1,7 +1,7 @@
 """The ``serve`` role: the router, its control socket and what they report.
 
 Composed with a :class:`~workerpool.supervisor.core.Supervisor`, it binds the client and
-worker endpoints, starts workers that connect to the router's backend, serves each model the
+worker hosts' endpoints, gives each worker it starts a link of its own to the router, serves each model the
 supervisor serves (added and removed while it runs too), moves workers to new weights through
 each model's rolling reload, and answers ``status``, ``reload``, ``check`` and ``models``
 (``commands.py``).
@@ -15,7 +15,6 @@ import math
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
 import time
@@ -35,6 +34,7 @@ from ..protocol import messages as protocol
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
 from ..router.links import RouterLinks
+from ..router.local_links import LocalLinks
 from ..router.registry import WorkerRecord
 from ..router.sockets import bind_sockets
 from ..supervisor.process import Child
@@ -54,7 +54,7 @@ STRAGGLER_LINGER_MS = 1000
 STRAGGLER_QUIET_MS = 20  # clients silent this long at exit have nothing more on its way
 RESERVED_FDS = 64  # the supervisor's own: sockets, libzmq's internals, logs, the control socket
 HTTP_BACKLOG = 1024
-FDS_PER_WORKER = 4  # its pidfd, its backend connection and the pipes around starting it
+FDS_PER_WORKER = 4  # its pidfd, its link and the pipes around starting it
 ROOM_TO_ANSWER = 8  # by default 1/8 of the client connections' room holds those not served
 MAX_REFUSED_WAITING = 64  # HTTP connections past the cap that may wait for their 503 to be read
 
@@ -81,9 +81,7 @@ class ServingRole:
         """The router holds the requests: shutdown drains it."""
         return self._router
 
-    @property
-    def backend(self) -> str:
-        return self.links.backend_endpoint
+    backend = None  # local workers talk over links (``router/local_links.py``), not an endpoint
 
     def open(self, pool: Pool, cleanup: ExitStack) -> None:
         self.pool = pool
@@ -91,14 +89,13 @@ class ServingRole:
         cleanup.callback(context.destroy, linger=0)
         cleanup.callback(self.commands.close)
         try:
-            private_dir = runtime.make_pool_dir()
-            cleanup.callback(shutil.rmtree, private_dir, ignore_errors=True)
             control_endpoint = self.config.control or runtime.default_control_endpoint()
         except OSError as exc:
             raise StartupError(f"cannot create the runtime directory: {exc}") from exc
         self.control_server = ControlServer(context, control_endpoint, self.commands.handlers())
         self.control_server.claim()
-        self._router, self.links = self._bind_router(context, private_dir, self._secure(context, cleanup))
+        self._router, self.links = self._bind_router(context, pool.loop, self._secure(context, cleanup))
+        cleanup.callback(self.links.local.close)
         cleanup.callback(self._answer_stragglers)
         self.control_server.bind(pool.loop, cleanup)
         self.connections = ConnectionLimit(self.links.frontend, *self._connection_caps())
@@ -180,7 +177,7 @@ class ServingRole:
                         "serving at most %d connections (raise the limit with ulimit -n)", wanted, ceiling)
         return min(wanted, ceiling), ceiling
 
-    def _bind_router(self, context: zmq.Context, private_dir: str,
+    def _bind_router(self, context: zmq.Context, loop: Loop,
                      secure: Callable[[zmq.Socket, str], None] | None) -> tuple[Router, RouterLinks]:
         config = self.config
         max_message_size = config.max_message_size or max(
@@ -193,11 +190,10 @@ class ServingRole:
             raise StartupError(f"--max-worker-memory {format_size(config.max_worker_memory)} is below "
                                f"--max-message-size {format_size(max_message_size)}: a worker could not "
                                "even receive the largest request")
-        backend = f"ipc://{os.path.join(private_dir, 'backend.sock')}"  # local workers only
         self.max_message_size = max_message_size
         try:
             sockets = bind_sockets(
-                context, frontend=config.bind, backend=backend, remote_backend=config.backend,
+                context, frontend=config.bind, remote_backend=config.backend,
                 max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
                 secure=secure,
             )
@@ -210,7 +206,7 @@ class ServingRole:
         )
         for served in self.pool.models:
             _serve(router, served)
-        return router, RouterLinks(sockets, router)
+        return router, RouterLinks(sockets, router, LocalLinks(loop, router))
 
     def _running_cap(self) -> int:
         """Local workers that can run at once: the cores this pool may use, each worker's share."""
@@ -220,7 +216,6 @@ class ServingRole:
         router, links = self.router, self.links
         loop.read(self.connections.monitor, self.connections.on_event)
         loop.read(links.frontend, links.on_frontend)
-        loop.read(links.backend, links.on_backend)
         if links.remote is not None:
             loop.read(links.remote, links.on_remote_backend)
         loop.after_each_turn(links.flush)
@@ -284,13 +279,16 @@ class ServingRole:
         return self.config.request_timeout + self.leave_timeout
 
     def child_started(self, child: Child) -> None:
-        """A forked worker may register before the template's report of it arrives."""
-        if any(w.local and w.token == child.token for w in self.router.workers):
-            self.pool.child_ready(child)
+        """The router reads the worker's link from now on (what it sent before waits there)."""
+        assert child.link is not None, "a local worker is started with a link"
+        child.address = self.links.local.attach(child.link)
+        child.link = None
 
     def child_exited(self, child: Child, why: str) -> None:
         self.router.worker_exited(child.token, why, asked=child.stopping,
                                   killed=child.returncode == -signal.SIGKILL)
+        if child.address is not None:
+            self.links.local.detach(child.address)
 
     def roll_out(self, model: str) -> None:
         """Move every worker to ``model``'s newest generation (a model new to the router is

@@ -11,6 +11,7 @@ import zmq
 
 from ..units import MS_PER_SECOND, KiB
 from .messages import MAX_ARRAYS
+from .records import Frame as LinkFrame
 from .terms import LIMIT_PROPERTY
 
 # Below this, copying a part into a new message is cheaper than handing libzmq a buffer it must
@@ -39,6 +40,8 @@ def send_parts(sock: zmq.Socket, parts: Sequence[Any], flags: int = 0) -> None:
     more = flags | SNDMORE
     last = len(parts) - 1
     for index, part in enumerate(parts):
+        if type(part) is LinkFrame:  # a frame read from a local link: its bytes where they lie
+            part = part.buffer
         large = not isinstance(part, (bytes, zmq.Frame)) and memoryview(part).nbytes >= ZERO_COPY_MIN
         sock.send(part, more if index < last else flags, copy=not large)
 

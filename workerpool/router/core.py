@@ -11,9 +11,10 @@ model, ``queue.py``); replies are counted on their way out (``replies.py``). A r
 only to a worker that has said it is free (the ZeroMQ guide's load-balancing broker), so a slow
 request never holds up others that a free worker could take.
 
-Local workers connect to a private ipc backend; worker hosts on other machines to an optional
-TCP one (sockets.py binds them). Which socket a worker registered on, never what it says,
-decides whether it is local: the shell tells, with each message.
+Local workers each talk over a link of their own (``local_links.py``); worker hosts on other
+machines connect to an optional TCP backend (``sockets.py`` binds it). Which way a message
+came, never what its worker says, decides whether it is local: the shell tells, with each
+message.
 """
 
 from __future__ import annotations
@@ -169,19 +170,19 @@ class Router:
 
     # Worker side.
 
-    def from_worker(self, local: bool, frames: list[Any]) -> None:
-        """A message from a worker: its routing id, then what it sent; ``local``: it came on the
-        private backend."""
-        address, command = frames[0].bytes, frames[1].bytes
+    def from_worker(self, local: bool, address: bytes, frames: list[Any]) -> None:
+        """What a worker sent; ``local``: it came on a local link (``address`` is the link's),
+        else on the worker hosts' backend (``address`` is the routing id)."""
+        command = frames[0].bytes
         worker = self.scheduler.workers.get((local, address))
         if worker is not None:
             worker.last_seen = time.monotonic()
-        if command == protocol.REPLY and worker is not None and len(frames) >= 4:
-            self.scheduler.replied(worker, frames[2].bytes, frames[3].bytes, frames[4:])
-        elif command == protocol.RELOADED and worker is not None and len(frames) >= 3:
-            self.scheduler.reloaded(worker, frames[2])
+        if command == protocol.REPLY and worker is not None and len(frames) >= 3:
+            self.scheduler.replied(worker, frames[1].bytes, frames[2].bytes, frames[3:])
+        elif command == protocol.RELOADED and worker is not None and len(frames) >= 2:
+            self.scheduler.reloaded(worker, frames[1])
         elif command == protocol.READY:
-            self._register((local, address), frames[2:])
+            self._register((local, address), frames[1:])
         elif worker is None:  # a worker registered with a router before this one restarted
             self.outbox.to_peer((local, address), [protocol.WHO])
         elif command == protocol.BYE:
@@ -242,9 +243,10 @@ class Router:
         deadline = self.heartbeat * self.liveness
         scheduler = self.scheduler
         for key, worker in list(scheduler.workers.items()):
-            # A busy worker runs the model instead of beating; libzmq's transport heartbeats
-            # still close its connection if it dies or freezes, and then this send fails.
-            if not worker.inflight and worker.state != WorkerState.RELOADING \
+            # A local worker beats from a thread of its own, busy or not. A busy worker host's
+            # runs the model instead; libzmq's transport heartbeats still close its connection
+            # if it dies or freezes, and then this send fails.
+            if (worker.local or not worker.inflight) and worker.state != WorkerState.RELOADING \
                     and now - worker.last_seen > deadline:
                 self.lose(key, f"no heartbeat for {now - worker.last_seen:.1f}s")
             elif recovery.overdue(worker, now, scheduler.request_timeout):

@@ -1,9 +1,9 @@
-"""The router's shell: the sockets around its core. It hands the core what the client and
-worker sockets receive, and sends what the core put in its outbox, never blocking: a reply
-to a client that is gone or does not read is dropped; a message to a worker that cannot be
-reached loses that worker, an event the core handles like any other, after the one that
-produced the message. Replies to the HTTP front door's lanes go to ``deliver_local``, in
-this process.
+"""The router's shell: the sockets around its core. It hands the core what the client socket,
+the local workers' links and the worker hosts' backend receive, and sends what the core put in
+its outbox, never blocking: a reply to a client that is gone or does not read is dropped; a
+message to a worker that cannot be reached loses that worker, an event the core handles like
+any other, after the one that produced the message. Replies to the HTTP front door's lanes go
+to ``deliver_local``, in this process.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import zmq
 from ..protocol.transport import NOBLOCK, receive_batch, send_parts
 from .core import Router
 from .intake import LOCAL_KEY_BYTES
+from .local_links import LocalLinks
 from .outbox import CLIENT, WORKER, carries_requests
 from .sockets import RouterSockets
 
@@ -24,22 +25,19 @@ log = logging.getLogger(__name__)
 
 
 class RouterLinks:
-    def __init__(self, sockets: RouterSockets, router: Router) -> None:
+    def __init__(self, sockets: RouterSockets, router: Router, local: LocalLinks) -> None:
         self.router = router
-        self.frontend, self.backend, self.remote = sockets.frontend, sockets.backend, sockets.remote
+        self.frontend, self.remote = sockets.frontend, sockets.remote
+        self.local = local
         self.endpoint = sockets.endpoint
-        self.backend_endpoint = sockets.backend_endpoint
         self.deliver_local: Callable[[bytes, list[Any]], None] | None = None  # set by the HTTP front door
 
     def on_frontend(self) -> None:
         receive_batch(self.frontend, self.router.receive, self.router.intake.overlong)
 
-    def on_backend(self) -> None:
-        receive_batch(self.backend, lambda frames: self.router.from_worker(True, frames))
-
     def on_remote_backend(self) -> None:
         assert self.remote is not None
-        receive_batch(self.remote, lambda frames: self.router.from_worker(False, frames))
+        receive_batch(self.remote, lambda frames: self.router.from_worker(False, frames[0].bytes, frames[1:]))
 
     def flush(self) -> None:
         """Send everything in the outbox, what sending adds to it too."""
@@ -57,13 +55,14 @@ class RouterLinks:
                     log.debug("reply to a vanished or stalled client dropped: %s", exc)
                 continue
             local, address = key
-            link = self.backend if local else self.remote
-            if link is None:  # no remote backend: no remote worker either
-                continue
             try:
-                send_parts(link, [address, *frames], NOBLOCK)
-            except zmq.ZMQError as exc:
+                if local:
+                    self.local.send(address, frames)
+                elif self.remote is not None:  # else no remote backend: no remote worker either
+                    send_parts(self.remote, [address, *frames], NOBLOCK)
+            except (zmq.ZMQError, OSError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 if kind == WORKER:
-                    self.router.lose(key, f"unreachable ({exc})", unsent=carries_requests(frames))
+                    self.router.lose(key, f"unreachable ({why})", unsent=carries_requests(frames))
                 else:  # a peer not registered: it is gone, or will say READY again
-                    log.debug("message to unregistered worker %r dropped: %s", address, exc)
+                    log.debug("message to unregistered worker %r dropped: %s", address, why)

@@ -1,6 +1,6 @@
-"""The router's bound sockets: clients on one ROUTER, local workers on a private ipc one, and
-worker hosts on an optional TCP one. Bound by the serve role and handed to the router, so the
-router itself can be built over any sockets."""
+"""The router's bound sockets: clients on one ROUTER, and worker hosts on an optional TCP one
+(local workers have links of their own, ``local_links.py``). Bound by the serve role and
+handed to the router, so the router itself can be built over any sockets."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ HANDSHAKE_SECONDS = 5.0  # a peer that has not completed the ZeroMQ handshake by
 
 @dataclass(frozen=True)
 class RouterSockets:
-    """The bound client, backend and (optional) remote backend sockets."""
+    """The bound client and (optional) worker hosts' backend sockets."""
 
     frontend: zmq.Socket
-    backend: zmq.Socket
     remote: zmq.Socket | None = None
 
     @property
@@ -32,12 +31,8 @@ class RouterSockets:
         """Where clients connect, as bound (a port 0 or wildcard resolved)."""
         return self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    @property
-    def backend_endpoint(self) -> str:
-        return self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
 
-
-def bind_sockets(context: zmq.Context, *, frontend: str, backend: str, remote_backend: str | None = None,
+def bind_sockets(context: zmq.Context, *, frontend: str, remote_backend: str | None = None,
                  max_message_size: int, heartbeat: float = HEARTBEAT_SECONDS,
                  liveness: int = LIVENESS_BEATS,
                  secure: Callable[[zmq.Socket, str], None] | None = None) -> RouterSockets:
@@ -47,11 +42,10 @@ def bind_sockets(context: zmq.Context, *, frontend: str, backend: str, remote_ba
     """
     clients = _bind(context, frontend, max_message_size, _in_domain(secure, CLIENTS),
                     read_ahead=CLIENT_READ_AHEAD)
-    workers = _bind(context, backend, beats=(heartbeat, liveness))
     remote = None if remote_backend is None else _bind(  # worker hosts connect from outside
         context, remote_backend, max_message_size + MESSAGE_OVERHEAD,
         _in_domain(secure, WORKER_HOSTS), beats=(heartbeat, liveness))
-    return RouterSockets(clients, workers, remote)
+    return RouterSockets(clients, remote)
 
 
 def _in_domain(secure: Callable[[zmq.Socket, str], None] | None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -103,6 +104,8 @@ class Child(Process):
     generations: dict[str, int]  # of each model it serves: started on, then switched, loaded or dropped
     token: str  # secret, given to the worker in its environment; it proves itself with it
     ready_pipe: int | None = None  # read end: the worker writes once its model is built
+    link: socket.socket | None = None  # the router's end of its link, until the router takes it
+    address: bytes | None = None  # what the router knows its link by, once it took it
     ready: bool = False
     stopping: bool = False
     told_to_stop: float = 0.0  # monotonic time of terminate()

@@ -71,8 +71,8 @@ class Role(Protocol):
         may take: its request, then its goodbye. Past it the worker is killed."""
 
     @property
-    def backend(self) -> str:
-        """Where this role's workers connect to their router."""
+    def backend(self) -> str | None:
+        """Where this role's workers connect to their router; None: each has a link to it."""
 
     def open(self, pool: Pool, cleanup: ExitStack) -> None:
         """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""

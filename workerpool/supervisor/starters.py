@@ -9,6 +9,7 @@ a :class:`Child` with a pidfd it reaps itself, and a start that fails is reporte
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 from ..control.status import TemplateStatus
 from ..events.loop import Loop
+from ..protocol import link
 from ..worker.spec import TOKEN_ENV, WorkerSpec
 from .process import Child, Process, python_env
 
@@ -25,49 +27,69 @@ TOKEN_BYTES = 16
 
 @dataclass(eq=False)
 class StartOrder:
-    """One worker to start: its spec, its secret token and, for a worker host, the pipe it
-    writes to once its model is built."""
+    """One worker to start: its spec, its secret token and the one descriptor it inherits:
+    a local worker's end of its link to the router, or a worker host's pipe it writes to once
+    its model is built."""
 
     spec: WorkerSpec
     token: str
     ready_r: int | None = None
-    ready_w: int | None = None
+    passed: int | None = None  # what the worker inherits, until sent: its spec names it
+    link: socket.socket | None = None  # the router's end, until the worker is adopted
 
     @classmethod
     def make(cls, spec: WorkerSpec, *, ready_pipe: bool) -> StartOrder:
+        """The order for ``spec``; a spec with no backend endpoint talks over a link made here."""
         order = cls(spec, _new_token())
         if ready_pipe:
             order._new_pipe()
+        if spec.backend is None:
+            order._new_link()
         return order
 
     def renew(self) -> None:
-        """A fresh token (and pipe) to ask again with: a worker started for the old ones but
-        never reported must not pass for this one."""
+        """A fresh token (and pipe, or link) to ask again with: a worker started for the old
+        ones but never reported must not pass for this one, nor share its link."""
         self.token = _new_token()
         if self.ready_r is not None:
             self.abandon()
             self._new_pipe()
+        elif self.link is not None:
+            self.abandon()
+            self._new_link()
 
     def _new_pipe(self) -> None:
-        self.ready_r, self.ready_w = os.pipe()
+        self.ready_r, self.passed = os.pipe()
         os.set_blocking(self.ready_r, False)
+        self.spec = replace(self.spec, ready_fd=self.passed)
+
+    def _new_link(self) -> None:
+        self.link, theirs = link.pair()
+        self.passed = theirs.detach()
+        self.spec = replace(self.spec, link_fd=self.passed)
 
     def sent(self) -> None:
-        """The worker (or the template) holds its own copy of the write end now."""
-        if self.ready_w is not None:
-            os.close(self.ready_w)
-            self.ready_w = None
+        """The worker (or the template) holds its own copy of what it inherits now."""
+        if self.passed is not None:
+            os.close(self.passed)
+            self.passed = None
 
     def abandon(self) -> None:
         self.sent()
         if self.ready_r is not None:
             os.close(self.ready_r)
             self.ready_r = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
     def child(self, process: Process) -> Child:
-        return Child(process.pid, process.pidfd, process.popen, process.started,
-                     generations={model.name: model.generation for model in self.spec.models},
-                     token=self.token, ready_pipe=self.ready_r)
+        """The started worker, which takes over the router's end of its link."""
+        child = Child(process.pid, process.pidfd, process.popen, process.started,
+                      generations={model.name: model.generation for model in self.spec.models},
+                      token=self.token, ready_pipe=self.ready_r, link=self.link)
+        self.link = None
+        return child
 
 
 def _new_token() -> str:
@@ -135,12 +157,12 @@ class SpawnStarter:
         pass
 
     def start(self, order: StartOrder) -> None:
-        spec = order.spec if order.ready_w is None else replace(order.spec, ready_fd=order.ready_w)
         env = python_env()
         env[TOKEN_ENV] = order.token  # not in argv, which every user on the machine can read
+        passed = order.passed
         try:
-            process = Process.spawn([sys.executable, "-m", "workerpool.worker.child", "worker", *spec.to_argv()], env,
-                                    pass_fds=() if order.ready_w is None else (order.ready_w,))
+            process = Process.spawn([sys.executable, "-m", "workerpool.worker.child", "worker",
+                                     *order.spec.to_argv()], env, pass_fds=() if passed is None else (passed,))
         finally:
             order.sent()
         self.started(order, process)

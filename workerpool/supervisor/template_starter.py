@@ -238,7 +238,7 @@ class TemplateStarter:
                 self.failed(order, f"its order is {len(message)} bytes, over the template's "
                                    f"{template.MAX_ORDER_BYTES}")
                 continue
-            fds = [] if order.ready_w is None else [order.ready_w]
+            fds = [] if order.passed is None else [order.passed]
             try:
                 socket.send_fds(self._sock, [message], fds)
             except OSError:  # full, or the template is dying: later, or to the next one

@@ -3,9 +3,9 @@
 A worker serves every model its spec names (by default every model of the pool: their weights
 are shared mappings, so one more model costs a worker only the model's private state). This is
 the process's loop: register with the router, take its messages (requests, each naming its
-model, are answered by ``requests.py``, inline), heartbeat, reload or add or drop a model, leave. While the model runs,
-libzmq's I/O thread keeps answering the router's transport heartbeats, so a busy worker is
-never mistaken for a dead one. A worker idle for :data:`IDLE_RELEASE` gives back the memory
+model, are answered by ``requests.py``, inline), heartbeat, reload or add or drop a model,
+leave. A local worker talks over the link it inherited, a worker host's over ZeroMQ
+(``channels.py``); either way a busy worker is never mistaken for a dead one. A worker idle for :data:`IDLE_RELEASE` gives back the memory
 serving left free (:meth:`LoadedModel.release_memory`): under load it keeps its working set,
 at rest it holds little more than when it started.
 """
@@ -36,8 +36,9 @@ from ..linux.controls import release_free_memory
 from ..logs import setup_logging
 from ..models.loaded import LoadedModel
 from ..protocol import messages as protocol
-from ..protocol.transport import NOBLOCK, POLLIN, POLLOUT, send_parts, transport_heartbeats
+from ..protocol.transport import POLLIN, POLLOUT
 from ..units import MS_PER_SECOND, format_size
+from .channels import LinkChannel, RouterChannel, ZmqChannel
 from .requests import Answer, failed, handle_batch, in_batch_order, read_part
 from .spec import (
     CONTROL_SIGNALS,
@@ -92,14 +93,8 @@ class Worker:
                 return 1
             finally:
                 os.close(spec.ready_fd)
-        context = zmq.Context()
-        router = context.socket(zmq.DEALER)
-        router.setsockopt(zmq.IDENTITY, self.identity)
-        router.setsockopt(zmq.IMMEDIATE, 1)  # nothing queues up for a router that is not there
-        transport_heartbeats(router, spec.heartbeat, spec.liveness)
-        if spec.curve_key and spec.curve_server_key:
-            security.ClientKeys(spec.curve_key, spec.curve_server_key).apply(router)
-        router.connect(spec.backend)
+        router: RouterChannel = ZmqChannel(spec, self.identity) if spec.link_fd is None \
+            else LinkChannel(spec.link_fd, spec.heartbeat)
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
@@ -109,8 +104,7 @@ class Worker:
         try:
             return self._loop(router, wakeup_r)
         finally:
-            router.close(linger=1000)
-            context.term()
+            router.close()
 
     def _load_first(self, model: ModelSpec) -> bool:
         """Build ``model`` (or take the template's) as the worker starts; False when its file
@@ -138,16 +132,16 @@ class Worker:
                            spec.cache_dir, model.source, max_rows=model.max_batch,
                            truncate=model.truncate)
 
-    def _register(self, router: zmq.Socket) -> bool:
+    def _register(self, router: RouterChannel) -> bool:
         """Say READY (with what this worker serves); False while no router is connected."""
         ready = {"pid": os.getpid(), "host": socket.gethostname(), "local": not self.spec.remote,
                  "token": self.token, "models": {name: loaded.describe() for name, loaded in self.models.items()}}
-        return _send_now(router, [protocol.READY, json.dumps(ready).encode()])
+        return router.send([protocol.READY, json.dumps(ready).encode()])
 
-    def _loop(self, router: zmq.Socket, wakeup: int) -> int:
+    def _loop(self, router: RouterChannel, wakeup: int) -> int:
         interval = self.spec.heartbeat
         poller = zmq.Poller()
-        poller.register(router, POLLIN)
+        poller.register(router.source, POLLIN)
         poller.register(wakeup, POLLIN)
         patience = interval * self.spec.liveness
         router_seen = last_beat = time.monotonic()
@@ -160,13 +154,17 @@ class Worker:
             # READY back until then), not a poll interval later.
             wanted = POLLIN if registered else POLLIN | POLLOUT
             if wanted != watching:
-                poller.modify(router, wanted)
+                poller.modify(router.source, wanted)
                 watching = wanted
             events = dict(poller.poll(int(interval * MS_PER_SECOND / POLLS_PER_HEARTBEAT)))
             now = time.monotonic()
-            if events.get(router, 0) & POLLIN:
+            if events.get(router.source, 0) & POLLIN:
                 router_seen = now
-                if self._on_router(router, router.recv_multipart(copy=False)):
+                frames = router.receive()
+                if frames is None:
+                    log.warning("worker %d: the router closed this worker's link, exiting", os.getpid())
+                    return 1
+                if self._on_router(router, frames):
                     last_beat = release_at = time.monotonic()
             elif release_at is not None and now >= release_at + IDLE_RELEASE:
                 release_at = None  # idle: give back what serving took
@@ -182,34 +180,41 @@ class Worker:
                 # Say goodbye and wait for the router's STOP: a request it sent meanwhile is
                 # still answered, so leaving loses nothing. No router connected: just go.
                 leave_by = now + patience
-                if not _send_now(router, [protocol.BYE]):
+                if not router.send([protocol.BYE]):
                     return self.exit_code
             if self.stopping or (leave_by is not None and (now >= leave_by or not registered)):
                 return self.exit_code
-            if now - last_beat >= interval:
-                _send_now(router, [protocol.HEARTBEAT])
+            if now - last_beat >= interval and not router.beats_itself:
+                router.send([protocol.HEARTBEAT])
                 last_beat = now
-            if os.getppid() != self.parent:
-                log.warning("worker %d: supervisor is gone, exiting", os.getpid())
+            if not self._router_alive(now - router_seen, patience):
                 return 1
-            if now - router_seen > patience:
-                if not self.spec.remote:
-                    log.warning("worker %d: no heartbeat from the router for %.1fs, exiting",
-                                os.getpid(), now - router_seen)
-                    return 1
-                if not self.router_missing:
-                    log.warning("worker %d: no heartbeat from the router at %s for %.1fs; waiting for it",
-                                os.getpid(), self.spec.backend, now - router_seen)
-                self.router_missing = True
-            elif self.router_missing:
-                log.info("worker %d: the router at %s is back", os.getpid(), self.spec.backend)
-                self.router_missing = False
+
+    def _router_alive(self, silent: float, patience: float) -> bool:
+        """Whether to go on after the router has been ``silent`` that many seconds: a local
+        worker exits once its supervisor is gone or has been silent past ``patience``; a
+        worker host's waits for its router to come back."""
+        if os.getppid() != self.parent:
+            log.warning("worker %d: supervisor is gone, exiting", os.getpid())
+            return False
+        if silent > patience:
+            if not self.spec.remote:
+                log.warning("worker %d: no heartbeat from the router for %.1fs, exiting", os.getpid(), silent)
+                return False
+            if not self.router_missing:
+                log.warning("worker %d: no heartbeat from the router at %s for %.1fs; waiting for it",
+                            os.getpid(), self.spec.backend, silent)
+            self.router_missing = True
+        elif self.router_missing:
+            log.info("worker %d: the router at %s is back", os.getpid(), self.spec.backend)
+            self.router_missing = False
+        return True
 
     def _release_memory(self) -> None:
         for loaded in self.models.values():
             loaded.release_memory()
 
-    def _on_router(self, router: zmq.Socket, frames: list[zmq.Frame]) -> bool:
+    def _on_router(self, router: RouterChannel, frames: list[Any]) -> bool:
         """Handle one message from the router; True when a reply was sent."""
         command = frames[0].bytes
         if command in (protocol.REQUEST, protocol.BATCH):
@@ -225,7 +230,7 @@ class Worker:
             return True
         if command == protocol.RELOAD and len(frames) >= 2:
             outcome = self._reload(frames[1].bytes)
-            _send_now(router, [protocol.RELOADED, json.dumps(outcome).encode()])
+            router.send([protocol.RELOADED, json.dumps(outcome).encode()])
             return True
         if command == protocol.STOP:
             self.stopping = True
@@ -237,7 +242,7 @@ class Worker:
             raise Refused(reason)
         return False
 
-    def _answer_all(self, router: zmq.Socket, loaded: LoadedModel | None, batch: list[Any]) -> None:
+    def _answer_all(self, router: RouterChannel, loaded: LoadedModel | None, batch: list[Any]) -> None:
         """Answer the requests of a message (client, part, frames each), each as soon as it and
         those before it are: the router takes a batch's replies in its order."""
         requests = [(request[2:], read_part(request[1])) for request in batch]
@@ -254,9 +259,9 @@ class Worker:
                     self._answer(router, batch[index][0], (ErrorCode.INTERNAL.encode(), protocol.encode_error(
                         request_id, ErrorCode.INTERNAL, message, worker_pid=os.getpid())))
 
-    def _answer(self, router: zmq.Socket, client: Any, answer: Answer) -> None:
+    def _answer(self, router: RouterChannel, client: Any, answer: Answer) -> None:
         status, reply = answer
-        _send_now(router, [protocol.REPLY, client, status, *reply])
+        router.send([protocol.REPLY, client, status, *reply])
 
     def _settle(self, loaded: LoadedModel | None) -> None:
         """Once a message's replies are sent and its outputs let go of: the model gives back
@@ -401,16 +406,6 @@ class Refused(Exception):
     """The router will not take this worker (its model does not fit the router's)."""
 
 
-def _send_now(sock: zmq.Socket, frames: list[Any]) -> bool:
-    """Send without blocking: with no router connected (gone, restarting) the message is dropped
-    rather than this worker stuck; the router retries a request whose reply never came."""
-    try:
-        send_parts(sock, frames, NOBLOCK)
-        return True
-    except zmq.Again:
-        return False
-
-
 @functools.cache
 def thread_pools() -> ThreadpoolController:
     """The BLAS and OpenMP libraries loaded here; a template finds them once for all its workers."""
@@ -438,5 +433,8 @@ def main(spec: WorkerSpec, handoff: dict[str, LoadedModel] | None = None) -> int
     except MemoryLimitTooLow as exc:
         log.error("worker %d: %s", os.getpid(), exc)
         return EXIT_LOAD_FAILED
+    except InvalidSpec as exc:
+        log.error("worker %d: %s", os.getpid(), exc)
+        return 1
     except Refused:
         return EXIT_REFUSED

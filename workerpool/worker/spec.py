@@ -99,7 +99,10 @@ class WorkerSpec:
     """
 
     models: list[ModelSpec] = field(metadata={"help": "the models to serve, as a JSON list"})
-    backend: str
+    backend: str | None = field(default=None, metadata={
+        "help": "the router's endpoint, for a worker host's worker (a local worker has a link)"})
+    link_fd: int | None = field(default=None, metadata={
+        "help": "the inherited end of this worker's link to its router", "least": 0})
     load: str = field(default=DEFAULT_LOAD, metadata={"choices": LOAD_MODES})
     heartbeat: float = field(default=HEARTBEAT_SECONDS, metadata={"least": MIN_HEARTBEAT})
     liveness: int = field(default=LIVENESS_BEATS, metadata={"least": 1})
@@ -128,6 +131,8 @@ class WorkerSpec:
                                    ("--curve-server-key", self.curve_server_key))
         if unpaired:
             raise InvalidSpec(unpaired)
+        if self.backend is not None and self.link_fd is not None:
+            raise InvalidSpec("a worker reaches its router through --backend or --link-fd, not both")
 
     def to_data(self) -> dict[str, Any]:
         """Every field by name, as a JSON object holds them (``from_data`` reads it back)."""

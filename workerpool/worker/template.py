@@ -15,8 +15,8 @@ follows the supervisor, not the template. A template that dies takes no worker w
 The supervisor and the template speak over a ``SOCK_SEQPACKET`` socket pair, one JSON object
 per message. The template says ``{"ready": true}`` once its imports are done; an order is
 ``{"id": n, "spec": {...}, "token": "..."}`` (the spec as ``WorkerSpec.to_data`` gives it),
-with at most one descriptor attached (a worker host's ready pipe, which becomes the spec's
-``ready_fd``), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}``. The
+with at most one descriptor attached (a local worker's end of its link, or a worker host's
+ready pipe: the spec's ``link_fd`` or ``ready_fd`` names it), answered by ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}``. The
 supervisor also says ``{"keep": [names]}`` when a model is no longer served (not answered): what
 the template built of any other model is let go of. The
 forked worker gets the checked spec itself: nothing is parsed again as a command line. An
@@ -144,8 +144,8 @@ def _decoded(data: bytes) -> dict[str, Any]:
 
 
 def _checked(order: dict[str, Any], fds: list[int], truncated: bool) -> tuple[WorkerSpec, str]:
-    """The spec an order carries, its ``ready_fd`` the descriptor attached (if any), and the
-    worker's token."""
+    """The spec an order carries, the descriptor it names (its link's, or its ``ready_fd``)
+    the one attached, and the worker's token."""
     if set(order) != ORDER_KEYS:
         raise BadOrder(f"its keys are {sorted(order)}, not {sorted(ORDER_KEYS)}")
     if truncated:
@@ -154,6 +154,11 @@ def _checked(order: dict[str, Any], fds: list[int], truncated: bool) -> tuple[Wo
     if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:
         raise BadOrder(f"its token is not a string of 1 to {MAX_TOKEN} characters")
     spec = WorkerSpec.from_data(order["spec"])
+    if (spec.link_fd is not None or spec.ready_fd is not None) != bool(fds):
+        raise BadOrder("the descriptor its spec names did not come with it" if not fds
+                       else "a descriptor came that its spec does not name")
+    if spec.link_fd is not None:
+        return replace(spec, link_fd=fds[0]), token
     return replace(spec, ready_fd=fds[0] if fds else None), token
 
 

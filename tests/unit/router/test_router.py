@@ -1,13 +1,16 @@
-"""The router with its shell in-process: real ZeroMQ sockets over inproc://, a test driving its loop.
+"""The router with its shell in-process: real ZeroMQ sockets over inproc:// and real links, a
+test driving its loop.
 
-Workers here are DEALER sockets that speak the backend protocol by hand, so every routing rule
-is checked without starting a process.
+Workers here are the worker's end of a link (local) or DEALER sockets (remote) that speak the
+backend protocol by hand, so every routing rule is checked without starting a process.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import select
+import socket
 import time
 from collections.abc import Callable
 
@@ -15,15 +18,27 @@ import numpy as np
 import pytest
 import zmq
 
+from workerpool.events.loop import Loop
+from workerpool.protocol import link
 from workerpool.protocol import messages as protocol
+from workerpool.protocol.link import Link
 from workerpool.router.core import Router
 from workerpool.router.links import RouterLinks
+from workerpool.router.local_links import LocalLinks
 from workerpool.router.registry import WorkerRecord
 from workerpool.router.sockets import bind_sockets
 
 SIGNATURE = {"inputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}],
              "outputs": [{"name": None, "dtype": "<f4", "shape": [None, 4]}]}
 _endpoints = itertools.count()
+_pools: list[Pool] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_links():
+    yield
+    while _pools:
+        _pools.pop().close()
 
 
 class Pool:
@@ -33,17 +48,20 @@ class Pool:
         n = next(_endpoints)
         self.context = context
         self.events: list[tuple[str, int]] = []
-        sockets = bind_sockets(context, frontend=f"inproc://front-{n}", backend=f"inproc://back-{n}",
-                               remote_backend=f"inproc://remote-{n}", max_message_size=1 << 20)
+        sockets = bind_sockets(context, frontend=f"inproc://front-{n}", remote_backend=f"inproc://remote-{n}",
+                               max_message_size=1 << 20)
         self.signature = options.pop("signature", SIGNATURE)
         policy = {key: options.pop(key) for key in ("max_rows", "wait") if key in options}
         self.router = Router(self, max_queue=options.pop("max_queue", 8), max_message_size=1 << 20, **options)
         self.router.add_model("m", self.signature, max_rows=policy.get("max_rows", 1), wait=policy.get("wait", 0.0))
-        self.links = RouterLinks(sockets, self.router)
+        self.loop = Loop(idle_timeout=0.01)
+        self.ends: list[LinkWorker] = []  # the workers' ends of the links, closed after the test
+        _pools.append(self)
+        self.links = RouterLinks(sockets, self.router, LocalLinks(self.loop, self.router))
         self.remote_endpoint = f"inproc://remote-{n}"
-        self.poller = zmq.Poller()
-        for sock in (self.links.frontend, self.links.backend, self.links.remote):
-            self.poller.register(sock, zmq.POLLIN)
+        self.loop.read(self.links.frontend, self.links.on_frontend)
+        self.loop.read(self.links.remote, self.links.on_remote_backend)
+        self.loop.after_each_turn(self.links.flush)
 
     def worker_ready(self, worker: WorkerRecord) -> None:
         self.events.append(("ready", worker.pid))
@@ -64,13 +82,7 @@ class Pool:
         deadline = time.monotonic() + timeout
         while not until():
             assert time.monotonic() < deadline, "condition not met"
-            events = dict(self.poller.poll(10))
-            if self.links.frontend in events:
-                self.links.on_frontend()
-            if self.links.backend in events:
-                self.links.on_backend()
-            if self.links.remote in events:
-                self.links.on_remote_backend()
+            self.loop.turn()
             self.router.tick()
             self.links.flush()
 
@@ -79,25 +91,62 @@ class Pool:
         sock.connect(self.links.endpoint)
         return sock
 
-    def worker(self, pid: int, *, remote: bool = False, **ready) -> zmq.Socket:
-        sock = self.context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"w{pid}".encode())
-        sock.connect(self.remote_endpoint if remote else self.links.backend_endpoint)
+    def worker(self, pid: int, *, remote: bool = False, **ready) -> zmq.Socket | LinkWorker:
+        sock = self.remote_worker(pid) if remote else self.local_worker()
         model = {"generation": 1, "model": "m", "batching": ready.pop("batching", False), **self.signature}
         model.update({key: ready.pop(key) for key in ("inputs", "generation") if key in ready})
         info = {"pid": pid, "host": "h", "models": {"m": model}, **ready}
         sock.send_multipart([protocol.READY, json.dumps(info).encode()])
         return sock
 
+    def local_worker(self) -> LinkWorker:
+        """A new link: the router reads one end, the test speaks for the worker at the other."""
+        ours, theirs = link.pair()
+        self.links.local.attach(ours)
+        self.ends.append(LinkWorker(theirs))
+        return self.ends[-1]
+
+    def close(self) -> None:
+        self.links.local.close()
+        for end in self.ends:
+            end.close()
+
+    def remote_worker(self, pid: int) -> zmq.Socket:
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"w{pid}".encode())
+        sock.connect(self.remote_endpoint)
+        return sock
+
     def registered(self) -> set[int]:
         return {w.pid for w in self.router.workers}
+
+
+class LinkWorker:
+    """A local worker's end of its link, read and written as the tests read a DEALER."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.link = Link(sock)
+
+    def send_multipart(self, frames: list) -> None:
+        self.link.send(frames)
+
+    def recv_multipart(self) -> list[bytes]:
+        frames = self.link.receive()
+        assert frames is not None
+        return [frame.bytes for frame in frames]
+
+    def poll(self, timeout: int = 0) -> bool:
+        return bool(select.select([self.link.sock], [], [], timeout / 1000)[0])
+
+    def close(self, linger: int | None = None) -> None:
+        self.link.close()
 
 
 def request(client: zmq.Socket, request_id: int, rows: int = 1, **kwargs) -> None:
     client.send_multipart(protocol.encode_request(request_id, np.zeros((rows, 4), np.float32), **kwargs))
 
 
-def received(sock: zmq.Socket) -> Callable[[], bool]:
+def received(sock: zmq.Socket | LinkWorker) -> Callable[[], bool]:
     return lambda: bool(sock.poll(0))
 
 
@@ -206,8 +255,7 @@ def test_a_worker_whose_model_does_not_fit_is_refused(context):
                                    b'{"pid": 1, "host": "h", "models": {}}'])
 def test_a_malformed_ready_is_ignored(context, ready):
     pool = Pool(context)
-    sock = context.socket(zmq.DEALER)
-    sock.connect(pool.links.backend_endpoint)
+    sock = pool.local_worker()
     sock.send_multipart([protocol.READY, ready])
     sock.send_multipart([protocol.HEARTBEAT])
     pool.pump(received(sock))

@@ -102,7 +102,7 @@ class Pool:
         served = {name: {"generation": generation, "model": name, "batching": batching, **signature}
                   for name, signature in (models or {"m": SIGNATURE}).items()}
         ready = {"pid": pid, "host": "h", "token": token, "models": served}
-        self.router.from_worker(local, [zmq.Frame(f"w{pid}".encode()), zmq.Frame(protocol.READY),
+        self.router.from_worker(local, f"w{pid}".encode(), [zmq.Frame(protocol.READY),
                                         zmq.Frame(json.dumps(ready).encode())])
         self.flush()
         return self.workers[(local, f"w{pid}".encode())]
@@ -125,7 +125,7 @@ class Pool:
 
     def reloaded(self, worker: WorkerRecord, outcome: dict[str, Any]) -> None:
         """``worker``'s RELOADED: what it did of the RELOAD it was sent."""
-        self.router.from_worker(worker.local, [zmq.Frame(worker.address), zmq.Frame(protocol.RELOADED),
+        self.router.from_worker(worker.local, worker.address, [zmq.Frame(protocol.RELOADED),
                                                zmq.Frame(json.dumps(outcome).encode())])
         self.flush()
 
@@ -141,7 +141,7 @@ class Pool:
             request_id = part.request.id
             reply = protocol.encode_reply(request_id, np.full((part.rows, 4), part.start, np.float32)) \
                 if status == b"ok" else protocol.encode_error(request_id, status.decode(), "failed")
-            self.router.from_worker(worker.local, [zmq.Frame(worker.address), zmq.Frame(protocol.REPLY),
+            self.router.from_worker(worker.local, worker.address, [zmq.Frame(protocol.REPLY),
                                                    zmq.Frame(part.request.client), zmq.Frame(status),
                                                    *map(zmq.Frame, reply)])
         self.flush()
@@ -466,7 +466,7 @@ def test_what_is_left_of_a_partly_answered_batch_past_the_timeout_is_retried_bla
     pool = Pool(max_rows=8, request_timeout=0.5)
     worker = running_a_batch(pool, b"a", b"b")
     first = worker.inflight[0]
-    pool.router.from_worker(True, [zmq.Frame(worker.address), zmq.Frame(protocol.REPLY),
+    pool.router.from_worker(True, worker.address, [zmq.Frame(protocol.REPLY),
                                    zmq.Frame(first.request.client), zmq.Frame(b"ok"),
                                    *map(zmq.Frame, protocol.encode_reply(1))])
     pool.scheduler.time_out(worker)
@@ -770,7 +770,7 @@ def test_a_model_added_rolls_out_to_the_workers_one_at_a_time():
     switching = pool.rollout("n").switching
     assert switching in (first.key, second.key) and not pool.router.reload_complete("n")
     worker = pool.workers[switching]
-    pool.router.from_worker(True, [zmq.Frame(worker.address), zmq.Frame(protocol.RELOADED), zmq.Frame(
+    pool.router.from_worker(True, worker.address, [zmq.Frame(protocol.RELOADED), zmq.Frame(
         json.dumps({"model": "n", "ok": True, "ordered": 1, "generation": 1}).encode())])
     pool.flush()
     other = second if worker is first else first
@@ -791,7 +791,7 @@ def test_a_removed_model_answers_what_waits_and_its_workers_drop_it():
     pool.answer(worker)
     assert pool.sends_to(1)[-1] == protocol.RELOAD  # told to drop b once free
     assert json.loads(pool.sent[-1][1][1]) == {"remove": "b"}
-    pool.router.from_worker(True, [zmq.Frame(worker.address), zmq.Frame(protocol.RELOADED),
+    pool.router.from_worker(True, worker.address, [zmq.Frame(protocol.RELOADED),
                                    zmq.Frame(b'{"model": "b", "ok": true, "removed": true}')])
     assert worker.models == {"a": 1} and worker.state == WorkerState.READY
     assert pool.serving == {1: {"a": 1}}  # the supervisor learns it: a replacement maps what it mapped
@@ -856,7 +856,7 @@ def test_a_local_worker_of_a_model_no_longer_served_is_refused():
     pool = Pool(models={"a": SIGNATURE})
     pool.router.add_model("b", SIGNATURE, max_rows=1)
     pool.router.remove_model("a")
-    pool.router.from_worker(True, [zmq.Frame(b"w1"), zmq.Frame(protocol.READY), zmq.Frame(json.dumps(
+    pool.router.from_worker(True, b"w1", [zmq.Frame(protocol.READY), zmq.Frame(json.dumps(
         {"pid": 1, "host": "h", "token": None, "models": {"a": {"generation": 1, "model": "a", **SIGNATURE}}}).encode())])
     pool.flush()
     assert not pool.workers
@@ -870,7 +870,7 @@ def test_a_malformed_reply_to_a_part_answers_its_request_and_harms_nothing_else(
     pool.request(1, rows=4)
     part = worker.inflight[0]
     bad = json.dumps({"v": 3, "id": 1, "status": "ok", "arrays": [7]}).encode()
-    pool.router.from_worker(False, [zmq.Frame(worker.address), zmq.Frame(protocol.REPLY), zmq.Frame(b"c"),
+    pool.router.from_worker(False, worker.address, [zmq.Frame(protocol.REPLY), zmq.Frame(b"c"),
                                     zmq.Frame(b"ok"), zmq.Frame(bad)])
     pool.answer(worker)
     assert part.stale and pool.errors() == {1: "internal"} and pool.router.unfinished == 0

@@ -49,7 +49,9 @@ def test_a_whole_number_is_a_float_field_value():
     ({"models": [{**MODEL, "generation": True}]}, "generation: bool where int belongs"),
     ({"remote": 1}, "remote: int where bool belongs"),
     ({"heartbeat": "1"}, "heartbeat: str where float belongs"),
-    ({"backend": None}, "backend: must be given"),
+    ({"backend": 5}, "backend: int where str belongs"),
+    ({"link_fd": 3}, "a worker reaches its router through --backend or --link-fd, not both"),
+    ({"link_fd": -1}, "link_fd: -1 is not a number from 0 up"),
     ({"models": [{**MODEL, "path": "/" * (MAX_TEXT + 1)}]}, f"path: {MAX_TEXT + 1} characters, more than {MAX_TEXT}"),
     ({"models": [{**MODEL, "expect": [1, "2"]}]}, "expect: not a list of at most"),
     ({"models": [{**MODEL, "expect": list(range(MAX_NUMBERS + 1))}]}, "expect: not a list of at most"),
@@ -83,8 +85,8 @@ def test_a_spec_is_a_json_object(data):
 
 
 def test_a_required_field_missing_from_data_is_named():
-    with pytest.raises(InvalidSpec, match=r"missing fields \['backend'\]"):
-        WorkerSpec.from_data({"models": [MODEL]})
+    with pytest.raises(InvalidSpec, match=r"missing fields \['models'\]"):
+        WorkerSpec.from_data({"backend": "ipc:///b"})
 
 
 def test_a_spec_made_in_python_is_checked_too():

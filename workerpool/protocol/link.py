@@ -1,0 +1,127 @@
+"""One end of a local link: the socket pair between the router and one worker on its machine.
+
+The supervisor makes a ``SOCK_SEQPACKET`` pair for each worker it starts; the worker inherits
+one end (forked from the template, which receives it with the order, or spawned with it), the
+router keeps the other. A message is one ``sendmsg`` and one ``recvmsg_into`` (``records.py``
+says how it is laid out), where ZeroMQ took a hand-off through its I/O thread at each end. The
+kernel keeps the records' order and boundaries, reports the peer's end closing as end of
+file, and needs no handshake: the link is usable from the moment it exists.
+
+The router's end does not block: what the socket has no room for waits here, in order, until
+it is writable. A worker's end blocks, and may be written from two threads (its heartbeat
+beats while the model runs): a message's records are written under one lock.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from ..units import MiB
+from .records import RECORD_BYTES, Frame, LinkError, frames_of, read_table, records
+
+SEND_BUFFER = 4 * MiB  # asked for; the kernel grants at most net.core.wmem_max (doubled)
+
+
+class LinkClosed(Exception):
+    """The other end of the link is closed: its process is gone or let go of it."""
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    """A new link: the router's end, then the worker's (neither inherited by other children)."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+class Link:
+    """One end of a link: sends messages, receives them whole.
+
+    ``receive_buffer`` (at least ``RECORD_BYTES``) is where records are read first; a router
+    shares one between all its links. ``max_frames`` bounds the frames of a message received.
+    """
+
+    def __init__(self, sock: socket.socket, receive_buffer: memoryview | None = None, *,
+                 max_frames: int | None = None) -> None:
+        self.sock = sock
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        # A record may be as long as the send buffer; at half of it, two are in flight at once.
+        self.record_bytes = min(RECORD_BYTES, sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
+        self.max_frames = max_frames
+        self._buffer = receive_buffer if receive_buffer is not None else memoryview(bytearray(RECORD_BYTES))
+        self._out: deque[list[Any]] = deque()  # records the socket had no room for yet
+        self._partial: tuple[list[int], memoryview, int] | None = None  # lengths, message, bytes read
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, frames: Sequence[Any]) -> bool:
+        """Send a message; False when part of it waits for the socket to have room (see
+        :meth:`flush`). Raises ``OSError`` when the other end is gone."""
+        with self._lock:
+            self._out.extend(records(frames, self.record_bytes))
+            return self._flush()
+
+    def flush(self) -> bool:
+        """Send what waits; True once nothing does."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
+        out, sock = self._out, self.sock
+        while out:
+            try:
+                sock.sendmsg(out[0])
+            except BlockingIOError:
+                return False
+            out.popleft()
+        return True
+
+    def receive(self) -> list[Frame] | None:
+        """The next whole message; None while none has arrived whole (a non-blocking end).
+        Raises :class:`LinkClosed` at the end of the link, :class:`LinkError` for a record
+        that is no message."""
+        if self._partial is None:
+            size = self._read(self._buffer)
+            if size is None:
+                return None
+            record = self._buffer[:size]
+            lengths, start = read_table(record, self.max_frames)
+            total, carried = sum(lengths), size - start
+            if carried == total:  # the whole message: copied out of the shared buffer
+                return frames_of(memoryview(record[start:].tobytes()), lengths)
+            if carried > total:
+                raise LinkError(f"a record of {size} bytes, more than its table's {start + total}")
+            try:
+                whole = memoryview(bytearray(total))
+            except MemoryError:
+                raise LinkError(f"a message of {total} bytes cannot be held") from None
+            whole[:carried] = record[start:]
+            self._partial = (lengths, whole, carried)
+        lengths, whole, filled = self._partial
+        while filled < whole.nbytes:
+            size = self._read(whole[filled:])
+            if size is None:
+                self._partial = (lengths, whole, filled)
+                return None
+            filled += size
+        self._partial = None
+        return frames_of(whole, lengths)
+
+    def _read(self, into: memoryview) -> int | None:
+        try:
+            size, _, flags, _ = self.sock.recvmsg_into([into])
+        except BlockingIOError:
+            return None
+        except ConnectionResetError:
+            raise LinkClosed from None
+        if size == 0:
+            raise LinkClosed
+        if flags & socket.MSG_TRUNC:
+            raise LinkError(f"a record longer than the {into.nbytes} bytes it may carry")
+        return size
+
+    def close(self) -> None:
+        self.sock.close()
