@@ -484,10 +484,9 @@ def test_frozen_idle_worker_is_declared_lost_and_replaced(small_model, local_mod
 
 
 @pytest.mark.xdist_group("timing")  # asserts how long it takes
-def test_frozen_busy_worker_loses_its_connection_and_the_request_is_retried(small_model):
-    """A busy worker does not beat; the router relies on ZMTP heartbeats (HEARTBEAT_IVL 1 s,
-    HEARTBEAT_TIMEOUT 5 s on the backend): they close a frozen worker's connection, the next
-    heartbeat send fails (ROUTER_MANDATORY), the worker is lost and its request retried."""
+def test_frozen_busy_worker_is_lost_and_the_request_is_retried(small_model):
+    """A busy local worker still beats, from a thread of its own; frozen, it stops, and after
+    heartbeat 1 s x liveness 5 the router loses it and retries its request."""
     with Server(small_model, *SLOW, workers=2) as server:
         slow = slow_request(server.endpoint, 1.0, timeout=20)
         status = server.wait_for(busy_pids)
@@ -502,8 +501,7 @@ def test_frozen_busy_worker_loses_its_connection_and_the_request_is_retried(smal
             server.wait_for(pool_ready(2, without=(victim,)))
         log = server.log()
         assert re.search(
-            rf"worker {victim} lost \(unreachable \(Host unreachable\)\) with a request in flight; "
-            r"retrying it",
+            rf"worker {victim} lost \(no heartbeat for [\d.]+s\) with a request in flight; retrying it",
             log,
         ), log
 

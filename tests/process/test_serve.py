@@ -308,6 +308,7 @@ def test_the_testing_example_of_the_client_docs_runs(small_model, tmp_path):
     (tmp_path / "example.py").write_text(example.replace('"model.bpk"', repr(str(small_model))))
     run = tempfile.mkdtemp(prefix="wp-")  # the default sockets' directory, short: ipc paths are limited
     env = dict(os.environ, XDG_RUNTIME_DIR=run)
+    os.mkdir(f"{run}/workerpool", 0o700)  # as the server makes it for its default socket
     default = f"ipc://{run}/workerpool/control.sock"
     try:
         with ServerProcess(serve_args(small_model, 1, "--control", default), env=env,

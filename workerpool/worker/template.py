@@ -107,6 +107,8 @@ def run(sock: socket.socket, parent: int) -> NoReturn:
                           data[:100])
                 break
             sock.send(json.dumps(reply).encode())
+    except (BrokenPipeError, ConnectionResetError):  # the supervisor closed its end first: it stopped
+        code = 0
     except BaseException:
         log.exception("template %d failed", os.getpid())
     finally:
