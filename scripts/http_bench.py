@@ -8,10 +8,15 @@ workers, keep-alive, the same BLAS budget) and Mosec (``compare_app/mosec_app.py
 front, 2 Python workers, dynamic batching up to 16) are driven by wrk with the same row as raw
 bytes. Each round runs the servers in turn, the order rotating; the table gives the medians of
 the rounds at 1, 16 and 64 connections (requests in flight for the ZeroMQ client), and any
-answer that was not 200. Mosec runs where it is installed (``pip install mosec``).
+answer that was not 200. Mosec runs where it is installed (``pip install mosec``). With
+``--baseline TREE`` the pool of another checkout runs in every round too (``baseline``), for a
+before-and-after in one run.
+
+This is the benchmark the HTTP and supervisor-CPU figures of docs/benchmarks.md come from,
+with its defaults: 3 rounds of 5 s per level.
 
     python3 -m pip install -e '.[http,compare]'   # and wrk: apt-get install wrk
-    python3 scripts/http_bench.py [--rounds 3] [--seconds 5]
+    python3 scripts/http_bench.py [--rounds 3] [--seconds 5] [--baseline ../baseline]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -42,19 +48,19 @@ LEVELS = (1, 16, 64)
 Runs = dict[str, list[dict[str, Any]]]  # a server's name: its figures at each level
 
 
-def run_pool(load: Load, scripts: dict[str, str], seconds: float) -> Runs:
+def run_pool(load: Load, scripts: dict[str, str], seconds: float, tree: str | None = None) -> Runs:
     """One pool with its HTTP front door open, driven at each level by wrk, then by the ZeroMQ
-    client; the supervisor's CPU per request with each."""
+    client; the supervisor's CPU per request with each. ``tree``: the baseline's checkout."""
     port = free_port()
     frames = protocol.encode_request(0, load.row)
-    with http_pool(load, port) as pool:
+    with http_pool(load, port, tree=tree) as pool:
         url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
         run_wrk(url, scripts["kserve"], 16, 1)  # warm the gateway and its connections
         http, zmq = [], []
         for k in LEVELS:
             http.append(with_supervisor_cpu(pool.pid, partial(run_wrk, url, scripts["kserve"], k, seconds), seconds))
             zmq.append(with_supervisor_cpu(pool.pid, partial(drive, pool.endpoint, frames, k, seconds), seconds))
-    return {"http": http, "zmq": zmq}
+    return {"baseline": http, "baseline zmq": zmq} if tree else {"http": http, "zmq": zmq}
 
 
 def run_gunicorn(load: Load, scripts: dict[str, str], seconds: float) -> Runs:
@@ -81,12 +87,26 @@ def run_mosec(load: Load, scripts: dict[str, str], seconds: float) -> Runs:
         stop_session(proc)
 
 
+def print_baseline(runs: dict[str, list[list[dict[str, Any]]]]) -> None:
+    """This tree's pool against the baseline's, over HTTP and the ZeroMQ client."""
+    print("\n| connections | baseline HTTP: req/s, p50 | baseline ZeroMQ: req/s | HTTP ÷ baseline | "
+          "ZeroMQ ÷ baseline | baseline supervisor CPU µs: HTTP, ZeroMQ |")
+    print("| ---: " * 6 + "|")
+    for i, k in enumerate(LEVELS):
+        ours, theirs = median_of(runs["http"], i, "rps"), median_of(runs["baseline"], i, "rps")
+        ours_zmq, theirs_zmq = median_of(runs["zmq"], i, "rps"), median_of(runs["baseline zmq"], i, "rps")
+        print(f"| {k} | {theirs:.0f}, {median_of(runs['baseline'], i, 'p50_us') / 1e3:.2f} ms | {theirs_zmq:.0f} | "
+              f"{ours / theirs:.2f}x | {ours_zmq / theirs_zmq:.2f}x | "
+              f"{median_of(runs['baseline'], i, 'supervisor_us'):.0f}, "
+              f"{median_of(runs['baseline zmq'], i, 'supervisor_us'):.0f} |")
+
+
 def median_of(runs: list[list[dict[str, Any]]], index: int, key: str) -> float:
     return statistics.median(run[index][key] for run in runs)
 
 
 def main() -> int:
-    args = rounds_arguments(__doc__, rounds=3, seconds=5.0)
+    args = rounds_arguments(__doc__, rounds=3, seconds=5.0, baseline=True)
     require_commands("http_bench", "wrk")
     with scratch_run("http_bench", 4 * 1024 * 1024) as scratch:
         row = scratch.row
@@ -96,7 +116,10 @@ def main() -> int:
                    "raw": wrk_post_script(os.path.join(scratch.directory, "raw.lua"), row.tobytes(),
                                           {"Content-Type": "application/octet-stream"})}
         runs: dict[str, list[list[dict[str, Any]]]] = {"http": [], "zmq": [], "gunicorn": []}
-        servers = [run_pool, run_gunicorn]
+        servers: list[Callable[[Load, dict[str, str], float], Runs]] = [run_pool, run_gunicorn]
+        if args.baseline:
+            servers.append(partial(run_pool, tree=args.baseline))
+            runs.update({"baseline": [], "baseline zmq": []})
         if importlib.util.find_spec("mosec") is not None:
             servers.append(run_mosec)
             runs["mosec"] = []
@@ -130,8 +153,10 @@ def main() -> int:
     print("\nthe supervisor's CPU per request (µs, medians): " + "; ".join(
         f"{k} in flight: HTTP {median_of(runs['http'], i, 'supervisor_us'):.0f}, "
         f"ZeroMQ {median_of(runs['zmq'], i, 'supervisor_us'):.0f}" for i, k in enumerate(LEVELS)))
+    if args.baseline:
+        print_baseline(runs)
     failed = {name: sum(level.get("failed", 0) for run in runs[name] for level in run)
-              for name in runs if name != "zmq"}
+              for name in runs if not name.endswith("zmq")}
     print("\nanswers other than 200: " + ", ".join(f"{name} {count}" for name, count in failed.items()))
     return 0
 

@@ -54,12 +54,15 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the raw figures here")
 
 
-def rounds_arguments(doc: str | None, *, rounds: int, seconds: float) -> argparse.Namespace:
+def rounds_arguments(doc: str | None, *, rounds: int, seconds: float, baseline: bool = False) -> argparse.Namespace:
     """The command line of a benchmark that alternates servers over ``--rounds``, ``--seconds``
-    per figure."""
+    per figure; ``baseline``: it can also serve another workerpool tree (``--baseline TREE``)."""
     parser = parser_for(doc)
     add_count(parser, "--rounds", rounds, "alternating rounds")
     parser.add_argument("--seconds", type=float, default=seconds, help=f"per figure (default: {seconds:g})")
+    if baseline:
+        parser.add_argument("--baseline", metavar="TREE", help="another workerpool checkout (a git worktree of "
+                            "an earlier commit, say), served beside this one in every round")
     return parser.parse_args()
 
 

@@ -54,11 +54,12 @@ def warmed_pool(model: str | list[str], workers: int, directory: str, name: str,
 
 
 @contextlib.contextmanager
-def http_pool(load: Load, port: int, *options: str) -> Iterator[WarmPool]:
+def http_pool(load: Load, port: int, *options: str, tree: str | None = None) -> Iterator[WarmPool]:
     """A warmed pool on ``load`` with its HTTP front door open on ``port``, the model named
-    ``mlp``, and ``options``."""
+    ``mlp``, and ``options``; ``tree``: run the workerpool of that checkout instead of this one."""
     frames = protocol.encode_request(0, load.row)
-    with warmed_pool(load.model, load.workers, load.directory, "workerpool", frames, "--http",
-                     f"127.0.0.1:{port}", "--model-name", "mlp",
-                     "--threads-per-worker", str(load.blas_threads), *options) as pool:
+    env = None if tree is None else {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+    with warmed_pool(load.model, load.workers, load.directory, "baseline" if tree else "workerpool", frames,
+                     "--http", f"127.0.0.1:{port}", "--model-name", "mlp",
+                     "--threads-per-worker", str(load.blas_threads), *options, env=env) as pool:
         yield pool

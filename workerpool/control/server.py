@@ -34,7 +34,7 @@ OWNER_ONLY_UMASK = 0o177  # sockets created while it is set are rw for this user
 class ControlServer:
     """Binds the control endpoint and dispatches each command to its handler."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, handlers: Mapping[str, Handler]) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str) -> None:
         path = runtime.ipc_path(endpoint)
         if path is None:
             raise StartupError(f"the control endpoint {endpoint} must be ipc://PATH: control is not "
@@ -42,7 +42,7 @@ class ControlServer:
                                "do (an abstract ipc://@name is open to every user)")
         _check_private(os.path.dirname(os.path.abspath(path)))
         self.endpoint = endpoint
-        self.handlers = dict(handlers)
+        self.handlers: dict[str, Handler] = {}  # given when bound: commands may need this server to answer
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
 
@@ -65,8 +65,10 @@ class ControlServer:
                            "give this one its own --control ipc://DIR/control.sock (DIR a folder of "
                            "yours, mode 0700) and --bind")
 
-    def bind(self, loop: Loop, cleanup: ExitStack) -> None:
-        """Bind the endpoint (after ``claim``) and read it from ``loop``; unlink it at exit."""
+    def bind(self, loop: Loop, cleanup: ExitStack, handlers: Mapping[str, Handler]) -> None:
+        """Bind the endpoint (after ``claim``) and answer each command from ``loop`` with its
+        handler; unlink it at exit."""
+        self.handlers = dict(handlers)
         old_umask = os.umask(OWNER_ONLY_UMASK)
         try:
             self.socket.bind(self.endpoint)

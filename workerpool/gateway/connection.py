@@ -21,7 +21,8 @@ from typing import Any, Protocol
 from ..codecs.http_call import KSERVE
 from ..events.loop import Loop
 from ..router.core import Router
-from .http11 import CONTINUE, Request, RequestReader, response
+from .http11 import CONTINUE, Request, RequestReader, response_head
+from .output import Output
 from .routes import Forward, Reply, Routes, error_reply, errors_of
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Front(Protocol):
     connections: dict[bytes, Connection]
     buffered: int
     would_block: tuple[type[Exception], ...]
+    receive_buffer: memoryview  # every connection reads here first: what it reads is parsed at once
 
     @property
     def draining(self) -> bool: ...
@@ -91,7 +93,7 @@ class Connection:
         self.server = server
         self.key = key
         self.reader = RequestReader(server.settings.max_body, server.reserve, server.grow)
-        self.output = bytearray()
+        self.output = Output()
         self.current: Request | None = None  # being answered
         self.forwarded: Forward | None = None  # its inference, at the router
         self.closing = False  # close once the output is written
@@ -137,10 +139,11 @@ class Connection:
         pending = getattr(self.socket, "pending", None)
         return pending is not None and pending() > 0
 
-    def _receive(self) -> bytes | None:
-        """Bytes the client sent, b"" when it is done sending, None when none are waiting."""
+    def _receive(self) -> memoryview | bytes | None:
+        """Bytes the client sent, empty when it is done sending, None when none are waiting."""
+        buffer = self.server.receive_buffer
         try:
-            return self.socket.recv(RECEIVE_BYTES)
+            return buffer[:self.socket.recv_into(buffer)]  # read before the next connection's bytes replace them
         except self.server.would_block:
             return None
         except OSError:  # reset, or a TLS record that does not decrypt
@@ -224,9 +227,12 @@ class Connection:
             or self.server.draining
         if request is not None:
             self._release(request)
-        self.output += response(reply.status, reply.body, content_type=reply.content_type, headers=reply.headers,
-                                close=close, head_only=request is not None and request.method == "HEAD",
-                                keep_alive_said=request is not None and request.http10)
+        head = response_head(reply.status, len(reply.body), content_type=reply.content_type, headers=reply.headers,
+                             close=close, keep_alive_said=request is not None and request.http10)
+        if request is not None and request.method == "HEAD":
+            self.output.add(head)
+        else:
+            self.output.add(head, reply.body)
         self.closing = self.closing or close
         self.deadline = time.monotonic() + self.server.settings.client_timeout  # for the next head
 
@@ -242,16 +248,15 @@ class Connection:
             return
         if self.reader.continue_wanted and self.current is None and not self.reader.ready:
             self.reader.continue_wanted = False  # owed once every earlier request is answered
-            self.output += CONTINUE
+            self.output.add(CONTINUE)
         while self.output:
             try:
-                sent = self.socket.send(self.output)
+                self.output.write(self.socket)
             except self.server.would_block:
                 break
             except OSError:
                 self.close()
                 return
-            del self.output[:sent]
             self.deadline = None if self.forwarded else time.monotonic() + self.server.settings.client_timeout
         if self.output or (self.reader.ready and self.current is None and not self.closing):
             self.server.loop.write(self.socket, self.on_writable)  # more to write, or to answer next turn

@@ -102,8 +102,9 @@ class RequestReader:
         self._partial = _Partial()
         self._parser = httptools.HttpRequestParser(self)
 
-    def feed(self, data: bytes) -> None:
-        """Parse ``data``; whole requests go to ``ready``, a refusal to ``refusal``."""
+    def feed(self, data: bytes | memoryview) -> None:
+        """Parse ``data`` (kept by nothing once this returns: the caller reuses its buffer);
+        whole requests go to ``ready``, a refusal to ``refusal``."""
         if self._upgrading is not None:
             self._upgrade_body(data)
             return
@@ -125,7 +126,7 @@ class RequestReader:
         if self.refusal is None and self._partial.request is None and self.head_bytes > MAX_HEAD_BYTES:
             self.refusal = Refusal(400, f"the request's head is over {MAX_HEAD_BYTES} bytes")
 
-    def _upgrade(self, rest: bytes) -> None:
+    def _upgrade(self, rest: bytes | memoryview) -> None:
         """llhttp stops at an upgrade request's head, its body unread: read it from ``rest``."""
         self.upgraded = True
         request = self.ready.pop()  # llhttp completed it without its body
@@ -136,7 +137,7 @@ class RequestReader:
         self._upgrading = request
         self._upgrade_body(rest)
 
-    def _upgrade_body(self, data: bytes) -> None:
+    def _upgrade_body(self, data: bytes | memoryview) -> None:
         request = self._upgrading
         assert request is not None
         wanted = (request.content_length or 0) - len(request.body)
@@ -237,19 +238,24 @@ def _framing_refusal(exc: Exception) -> Refusal:
 
 
 def response(status: int, body: bytes, *, content_type: str = "application/json",
-             headers: dict[str, str] | None = None, close: bool = False, head_only: bool = False,
-             keep_alive_said: bool = False) -> bytes:
-    """A whole HTTP/1.1 response; ``head_only`` (HEAD) leaves the body out but not its length;
-    ``keep_alive_said``: an HTTP/1.0 client that asked to keep the connection is told it is kept."""
-    lines = [f"HTTP/1.1 {status} {_reason(status)}", f"Content-Type: {content_type}",
-             f"Content-Length: {len(body)}"]
+             headers: dict[str, str] | None = None, close: bool = False) -> bytes:
+    """A whole HTTP/1.1 response, head and body joined (a refusal written once)."""
+    return response_head(status, len(body), content_type=content_type, headers=headers, close=close) + body
+
+
+def response_head(status: int, length: int, *, content_type: str = "application/json",
+                  headers: dict[str, str] | None = None, close: bool = False,
+                  keep_alive_said: bool = False) -> bytes:
+    """The head of an HTTP/1.1 response whose body is ``length`` bytes (a HEAD request's too,
+    whose body is not sent); ``keep_alive_said``: an HTTP/1.0 client that asked to keep the
+    connection is told it is kept."""
+    lines = [f"HTTP/1.1 {status} {_reason(status)}", f"Content-Type: {content_type}", f"Content-Length: {length}"]
     lines.extend(f"{name}: {value}" for name, value in (headers or {}).items() if name != "Connection")
     if close:
         lines.append("Connection: close")
     elif keep_alive_said:
         lines.append("Connection: keep-alive")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def _reason(status: int) -> str:

@@ -62,6 +62,7 @@ class HttpServer:
         self.connections: dict[bytes, Connection] = {}
         self.refused: dict[socket.socket, float] = {}  # lingering refused connections, until when
         self.buffered = 0
+        self.receive_buffer = memoryview(bytearray(RECEIVE_BYTES))
         self.turned_away = 0
         self._numbers = itertools.count(1)
         self._next_sweep = 0.0

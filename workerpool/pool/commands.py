@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .. import models
 from ..config.models import ModelsError, list_models
@@ -23,40 +23,19 @@ from ..control.status import ModelStatus, Status, model_unready
 from ..ops import metrics
 from ..ops.worker_rows import worker_rows
 from ..weights import reload
+from .serving_parts import ServingParts
 
 if TYPE_CHECKING:
-    from ..config.pool import ServeConfig
-    from ..control.server import ControlServer
-    from ..router.connections import ConnectionLimit
-    from ..router.core import Router
-    from ..router.links import RouterLinks
-    from ..supervisor.role import Pool
     from ..weights.served import ServedModel
 
 log = logging.getLogger(__name__)
 
 
-class Serving(Protocol):
-    """What the control commands read of the serving role (``serving.ServingRole``): its
-    settings and pool, its router and the sockets around it, and why a worker could not switch."""
-
-    config: ServeConfig
-    pool: Pool
-    control_server: ControlServer
-    links: RouterLinks
-    connections: ConnectionLimit
-    switch_failures: dict[str, str]
-    http_url: str | None
-
-    @property
-    def router(self) -> Router: ...
-
-
 class ControlCommands:
-    """What the control socket of one ``serve`` answers, read from its role, pool and router."""
+    """What the control socket of one ``serve`` answers, read from its parts: pool, router, sockets."""
 
-    def __init__(self, role: Serving) -> None:
-        self.role = role
+    def __init__(self, parts: ServingParts) -> None:
+        self.parts = parts
         self.reload_waiters: list[tuple[bytes, dict[str, int], float]] = []
         self.status_waiters: list[tuple[bytes, Future[metrics.PoolMemory]]] = []
         self._memory_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
@@ -73,14 +52,14 @@ class ControlCommands:
         self._answer_statuses()
 
     def _reply(self, client: bytes, answer: dict[str, Any]) -> None:
-        self.role.control_server.reply(client, answer)
+        self.parts.control_server.reply(client, answer)
 
     def _status(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
         if not request.get("memory", True):
             return dict(self.status())
         # Reading every worker's smaps takes tens of milliseconds: do it beside the loop,
         # which keeps routing meanwhile, and answer when it is done.
-        pool = self.role.pool
+        pool = self.parts.pool
         try:
             memory = self._memory_reader.submit(metrics.pool_memory, list(pool.children),
                                                 [served.entry.path for served in pool.models],
@@ -98,7 +77,7 @@ class ControlCommands:
         return {"modules": sorted(sys.modules)}
 
     def _reload(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
-        pool = self.role.pool
+        pool = self.parts.pool
         if pool.stopping:
             return {"error": "the server is shutting down"}
         pool.changes.read_folders()
@@ -106,13 +85,13 @@ class ControlCommands:
         refused = [pool.models[name].watcher.problem for name, outcome in outcomes.items() if outcome == "refused"]
         if refused:
             return {"error": "; ".join(str(problem) for problem in refused)}
-        if all(outcome == "unchanged" for outcome in outcomes.values()) and self.role.router.reload_complete():
+        if all(outcome == "unchanged" for outcome in outcomes.values()) and self.parts.router.reload_complete():
             return {"result": "unchanged", **_generations(pool.models.generations())}
         self._wait_for_generations(client, pool.models.generations())
         return None
 
     def _wait_for_generations(self, client: bytes, generations: dict[str, int]) -> None:
-        self.reload_waiters.append((client, generations, time.monotonic() + self.role.config.reload_timeout))
+        self.reload_waiters.append((client, generations, time.monotonic() + self.parts.config.reload_timeout))
 
     def _check(self, client: bytes, request: dict[str, Any]) -> dict[str, Any]:
         """Whether a file could be published over a served one (``model``: which, unless one
@@ -129,7 +108,7 @@ class ControlCommands:
             return {"error": f"check only looks at files in {served_dir}, the served file's directory"}
         current = served.current
         try:
-            name, _, signature = reload.validate_new(path, current.model, self.role.config.cache_dir)
+            name, _, signature = reload.validate_new(path, current.model, self.parts.config.cache_dir)
         except reload.WeightsRefused as exc:
             return {"error": str(exc)}
         mismatch = models.signature_mismatch(current.signature, signature)
@@ -139,7 +118,7 @@ class ControlCommands:
 
     def _named(self, model: Any) -> ServedModel | str:
         """The served model ``model`` names (the only one when None), or why there is none."""
-        served = self.role.pool.models
+        served = self.parts.pool.models
         if model is None and len(served) == 1:
             return next(iter(served))
         if isinstance(model, str) and model in served:
@@ -149,7 +128,7 @@ class ControlCommands:
     def _models(self, client: bytes, request: dict[str, Any]) -> dict[str, Any] | None:
         """List the served models, add one (``add``: NAME=FILE or FILE, answered once every
         worker serves it) or remove one (``remove``: its name)."""
-        pool = self.role.pool
+        pool = self.parts.pool
         if pool.stopping:
             return {"error": "the server is shutting down"}
         add, remove = request.get("add"), request.get("remove")
@@ -159,7 +138,7 @@ class ControlCommands:
                 if found.folders or len(found.named) != 1:
                     return {"error": "add one weight file at a time: NAME=FILE or FILE"}
                 name, path, _ = found.named[0]
-                served = pool.changes.add(self.role.config.entry(name, os.path.abspath(path)))
+                served = pool.changes.add(self.parts.config.entry(name, os.path.abspath(path)))
                 self._wait_for_generations(client, {name: served.current.generation})
                 return None
             if isinstance(remove, str) and remove:
@@ -176,7 +155,7 @@ class ControlCommands:
         if not self.reload_waiters:
             return
         now = time.monotonic()
-        pool, router, failures = self.role.pool, self.role.router, self.role.switch_failures
+        pool, router, failures = self.parts.pool, self.parts.router, self.parts.switch_failures
         starting = any(not child.ready for child in pool.children.values())
         current = pool.models.generations()
         waiting = []
@@ -196,7 +175,7 @@ class ControlCommands:
                                  if 0 < w.models.get(name, 0) < generation})
                 self._reply(client, {
                     "error": f"not every worker reached {_listed(wanted)} within "
-                    f"{self.role.config.reload_timeout:g}s (still behind: {behind or 'workers starting'})"
+                    f"{self.parts.config.reload_timeout:g}s (still behind: {behind or 'workers starting'})"
                 })
             else:
                 waiting.append((client, wanted, deadline))
@@ -213,8 +192,8 @@ class ControlCommands:
 
     def status(self, memory: metrics.PoolMemory | None = None) -> Status:
         """The pool's state; per-worker ``memory`` and ``totals`` are None unless ``memory`` is given."""
-        pool, router, config = self.role.pool, self.role.router, self.role.config
-        connections = self.role.connections
+        pool, router, config = self.parts.pool, self.parts.router, self.parts.config
+        connections = self.parts.connections
         helpers: dict[int, Any] = memory.helpers if memory else {}
         workers = worker_rows(pool.children.values(), router.workers, memory.workers if memory else None)
         served = {served.name: self._model_status(served, workers) for served in pool.models}
@@ -226,8 +205,8 @@ class ControlCommands:
                                   for name, why in degraded.items()) or None,
             "supervisor_memory": helpers.get(os.getpid()),
             "template": pool.starter.status(helpers),
-            "endpoint": self.role.links.endpoint,
-            "http": self.role.http_url,
+            "endpoint": self.parts.links.endpoint,
+            "http": self.parts.http_url,
             "threads_per_worker": pool.threads_per_worker,
             "model": next(iter(served.values())) if len(served) == 1 else None,
             "models": served,
@@ -240,7 +219,7 @@ class ControlCommands:
         }
 
     def _model_status(self, served: ServedModel, workers: list[Any]) -> ModelStatus:
-        current, config, router = served.current, self.role.config, self.role.router
+        current, config, router = served.current, self.parts.config, self.parts.router
         record = router.scheduler.models.get(served.name)
         return {
             "name": current.model,
@@ -256,7 +235,7 @@ class ControlCommands:
             "workers": sum(1 for row in workers if served.name in row["models"]),
             "queue": router.queue.depth(served.name),
             "in_flight": sum(1 for w in router.workers for part in w.inflight if part.request.model == served.name),
-            "switch_failure": self.role.switch_failures.get(served.name),
+            "switch_failure": self.parts.switch_failures.get(served.name),
             "reloading": bool(record and record.rollout.active),
         }
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import ExitStack
 from dataclasses import replace
 
 import zmq
@@ -35,18 +34,16 @@ class HostRole:
 
     requests = None  # requests wait in the remote router, not here
 
-    def __init__(self, config: HostConfig) -> None:
+    def __init__(self, config: HostConfig, pool: Pool) -> None:
+        """Check the CURVE keys (StartupError), or warn that the link to the router has none."""
         self.config = config
-        self.leave_timeout = config.graceful_timeout  # workers finish their request, then leave
-
-    def open(self, pool: Pool, cleanup: ExitStack) -> None:
         self.pool = pool
-        keys = self.config.keys
-        if keys is not None:
-            _check_keys(keys)
-        elif not runtime.is_local(self.config.connect):
+        self.leave_timeout = config.graceful_timeout  # workers finish their request, then leave
+        if config.keys is not None:
+            _check_keys(config.keys)
+        elif not runtime.is_local(config.connect):
             log.warning("connecting to %s without CURVE keys: the traffic is neither authenticated nor "
-                        "encrypted (see --curve-key)", self.config.connect)
+                        "encrypted (see --curve-key)", config.connect)
 
     @property
     def backend(self) -> str:

@@ -28,7 +28,7 @@ from .headcount import Correction, correct
 from .model_changes import ModelChanges
 from .process import Backoff, Child, Process, describe_exit
 from .ready_line import worker_count
-from .role import Role
+from .role import OpenRole, Role
 from .signals import Signals
 from .starters import SpawnStarter, Starter, StartOrder
 from .systemd import Notifier
@@ -45,9 +45,10 @@ class Supervisor:
     which reads model folders again too), adds and removes models, and shuts down gracefully on
     TERM/INT."""
 
-    def __init__(self, config: PoolConfig, role: Role) -> None:
+    def __init__(self, config: PoolConfig, open_role: OpenRole) -> None:
         self.config = config
-        self.role = role
+        self.open_role = open_role
+        self.role: Role  # made in run(), over the models it loads
         self.target = config.workers  # what TTIN/TTOU move; the role may ask for more (surge)
         self.children: dict[int, Child] = {}
         self.spawn_at: list[float] = []  # monotonic times of restarts waiting out a back-off
@@ -79,8 +80,6 @@ class Supervisor:
             self.models = ServedModels(self.config.models, self.config.cache_dir if self.config.load == "mmap" else None)
         except WeightsRefused as exc:
             raise StartupError(str(exc)) from exc
-        self.changes = ModelChanges(self.models, self.config, self.role, self.notifier, self.starter,
-                                    self.refusals, self._tell_status)
         _check_memory_limit(self.config, max(served.current.identity.size for served in self.models))
         if (crowded := self.config.crowding()) is not None:
             log.warning("%s", crowded)
@@ -90,7 +89,9 @@ class Supervisor:
             self.signals.defer()
             self.starter.open(self.loop)  # first: a template is forked before any thread
             cleanup.callback(self.starter.close)  # in case the role cannot open; else _kill_all
-            self.role.open(self, cleanup)
+            self.role = self.open_role(self, cleanup)
+            self.changes = ModelChanges(self.models, self.config, self.role, self.notifier, self.starter,
+                                        self.refusals, self._tell_status)
             gc.collect()
             gc.freeze()  # what starting made lives on: collections in the loop never traverse it again
             cleanup.callback(self._kill_all)  # runs before the role's own clean-up

@@ -4,6 +4,7 @@ uplink): the one seam between supervising processes and serving requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Protocol
 
@@ -74,9 +75,6 @@ class Role(Protocol):
     def backend(self) -> str | None:
         """Where this role's workers connect to their router; None: each has a link to it."""
 
-    def open(self, pool: Pool, cleanup: ExitStack) -> None:
-        """Bind or check endpoints and register readers; push undo steps on ``cleanup``."""
-
     @property
     def ready_pipe(self) -> bool:
         """Whether workers report a built model through a pipe (else the router hears of it)."""
@@ -105,3 +103,8 @@ class Role(Protocol):
 
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
         """The one line printed on stdout once every worker is ready (see ``ready_line.py``)."""
+
+
+OpenRole = Callable[[Pool, ExitStack], Role]
+"""Makes the role for a pool once the supervisor has loaded its models and opened its starter:
+binds or checks endpoints, registers readers, pushes undo steps on the ``ExitStack``."""

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from workerpool.gateway.http11 import MAX_HEAD_BYTES, Refusal, Request, RequestReader, response
+from workerpool.gateway.http11 import (
+    MAX_HEAD_BYTES,
+    Refusal,
+    Request,
+    RequestReader,
+    response,
+    response_head,
+)
 
 MAX_BODY = 1000
 
@@ -167,7 +174,7 @@ def test_responses_carry_their_length_and_a_head_answer_no_body() -> None:
     whole = response(429, b'{"e":1}', headers={"Retry-After": "1", "Connection": "keep-alive"}, close=True)
     assert whole == (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: 7\r\n"
                      b"Retry-After: 1\r\nConnection: close\r\n\r\n{\"e\":1}")
-    assert response(200, b"abc", head_only=True).endswith(b"Content-Length: 3\r\n\r\n")
+    assert response_head(200, 3).endswith(b"Content-Length: 3\r\n\r\n")
 
 
 def test_a_refusal_after_the_head_names_the_path_it_answers():

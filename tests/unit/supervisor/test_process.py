@@ -64,9 +64,6 @@ class IdleRole:
     backend = "ipc:///nonexistent"
     ready_pipe = False
 
-    def open(self, pool, cleanup):
-        pass
-
     def prepare(self, spec):
         return spec
 
@@ -101,7 +98,8 @@ def starved(tmp_path):
     path = tmp_path / "m.bpk"
     models.generate_mlp(path, 64 * 1024, width=16)
     entries = [ModelEntry("m", str(path))]
-    supervisor = Supervisor(PoolConfig(models=entries, workers=2, start="spawn"), IdleRole())
+    supervisor = Supervisor(PoolConfig(models=entries, workers=2, start="spawn"), lambda pool, cleanup: IdleRole())
+    supervisor.role = IdleRole()  # as run() makes it
     supervisor.starter = OutOfDescriptors(supervisor._started)
     supervisor.models = ServedModels(entries, None)
     return supervisor
