@@ -27,7 +27,7 @@ MAX_MODEL_NAME = 128
 _NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_MODEL_NAME - 1}}}")
 NAME_RULE = (f"letters, digits, '.', '_' and '-', starting with a letter or a digit, at most "
              f"{MAX_MODEL_NAME} characters")
-PER_MODEL = ("model", "max_batch", "batch_wait", "workers")  # the settings NAME=VALUE gives one model
+PER_MODEL = ("model", "max_batch", "batch_wait", "pass_budget", "workers")  # the settings NAME=VALUE gives one model
 
 
 def is_model_name(text: str) -> bool:
@@ -62,6 +62,7 @@ class ModelEntry:
     factory: str | None = None  # --model: a built-in model or package.module:factory; None: the file says
     max_batch: int = 32
     batch_wait: float = 0.0
+    pass_budget: float = 0.025  # seconds one message of texts may run (--pass-budget); 0: no bound
     workers: int | None = None  # workers that map it; None: every worker
     folder: str | None = None  # the folder it was found in, when it came from one
     truncate: bool = False  # --truncate: texts over the limit are cut, not refused
@@ -170,7 +171,7 @@ def entry_for(name: str, path: str, folder: str | None, everyone: Mapping[str, A
     """The entry of one model: its own settings where given, else every model's."""
     own = {setting: single.get(setting, {}).get(name, everyone.get(setting)) for setting in PER_MODEL}
     workers = own.pop("workers")
-    return ModelEntry(name, path, own["model"], own["max_batch"], own["batch_wait"],
+    return ModelEntry(name, path, own["model"], own["max_batch"], own["batch_wait"], own["pass_budget"],
                       workers if name in single.get("workers", {}) else None, folder,
                       bool(everyone.get("truncate")))
 

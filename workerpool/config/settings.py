@@ -234,6 +234,16 @@ _SERVE_SETTINGS = _for(SERVE_ONLY,
             "than --max-batch rows are queued; NAME=MS for one model (default: 0, never wait)",
             doc="how long a request may wait for others to share its forward pass while fewer than "
             "`--max-batch` requests wait; 0 never delays a request; `NAME=MS` for one model"),
+    Setting("--pass-budget", parse=values.milliseconds, default=0.025, per_model=True,
+            metavar="MS", file_value=lambda seconds: seconds * MS_PER_SECOND,
+            help="milliseconds of work one message to a worker may hold for a model of texts: "
+            "waiting texts stop joining a pass once the model's measured time per text says the "
+            "pass would run longer, so a request waits less behind passes it is not in; 0: only "
+            "--max-batch bounds a pass; NAME=MS for one model (default: 25)",
+            doc="how long one message to a worker may run, for a model of texts: waiting texts stop "
+            "joining it once the model's measured time per text says it would run longer (at least "
+            "one request goes), so a request waits less behind passes it is not in; `0`: only "
+            "`--max-batch` bounds it; `NAME=MS` for one model (see [Batching](benchmarks.md#batching))"),
     Setting("--max-connections", parse=values.positive_count, metavar="N",
             help="client connections served at once, each from its first request on; requests on "
             "more are answered overloaded until one closes (default: 7/8 of what the open file "

@@ -87,4 +87,4 @@ def serve_model(router: Router, served: ServedModel) -> None:
     """Have ``router`` serve ``served`` with its own settings."""
     entry = served.entry
     router.add_model(served.name, served.current.signature, max_rows=entry.max_batch, wait=entry.batch_wait,
-                     limit=entry.workers)
+                     budget=entry.pass_budget, limit=entry.workers)

@@ -106,20 +106,20 @@ class Backlog:
         worker batches: the parts, and their rows."""
         part = self.queue.take(model, policy.max_rows)
         batch, rows = [part], part.rows
-        shape = part.request.shape
-        if shape is None or part.solo or not batching or rows >= policy.max_rows:
+        shape, most = part.request.shape, policy.batch_rows
+        if shape is None or part.solo or not batching or rows >= most:
             return batch, rows
         frames = len(part.request.frames)
-        while rows < policy.max_rows:
+        while rows < most:
             candidate = self.head(model, fits)
             if candidate is None or (isinstance(candidate, Part) and candidate.solo):
                 return batch, rows
             request = _request_of(candidate)
-            more = candidate.rows if isinstance(candidate, Part) else candidate.next_rows(policy.max_rows - rows)
+            more = candidate.rows if isinstance(candidate, Part) else candidate.next_rows(most - rows)
             if request.shape is None or request.shape.key != shape.key or len(request.frames) != frames \
-                    or rows + more > policy.max_rows:
+                    or rows + more > most:
                 return batch, rows
-            part = self.queue.take(model, policy.max_rows - rows)
+            part = self.queue.take(model, most - rows)
             batch.append(part)
             rows += part.rows
         return batch, rows

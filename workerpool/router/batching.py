@@ -6,6 +6,11 @@ along the requests queued behind it that fit with it, up to ``max_rows`` rows (t
 batch axis, ``--max-batch``). Nothing waits for company unless the operator asks
 (``--batch-wait``), so an idle server answers a lone request at once.
 
+For a model of texts a pass's time grows with its texts, and a request that arrives while a
+worker runs one waits for all of it. So texts join a message only while the model's measured
+time per text (a moving average, from batches answered) says it would run within ``budget``
+(``--pass-budget``); the head of the queue always goes, whatever its size.
+
 Batches only grow if requests queue. With more local workers than cores, handing every idle
 worker whatever is queued at that instant keeps the queue empty and the batches small while
 the CPU is already saturated. So at most ``running_cap`` local workers run at once (the cores
@@ -48,11 +53,13 @@ class BatchPolicy:
 
     max_rows: int = 1
     wait: float = 0.0  # seconds the first request of a batch may wait for more (--batch-wait)
+    budget: float = 0.0  # seconds one message of texts may run (--pass-budget); 0: max_rows alone
     running_cap: int | None = None  # local workers that can run at once; None: no cap
     rank: int | None = None  # axes of the model's declared input with its batch axis; None: none
     text: bool = False  # the model takes texts, which batch as one list
     splits: bool = False  # a request's rows or texts may run apart (the model stacks them)
     service: float = 0.0  # moving average of a worker's time from sending a batch to its last reply
+    row_seconds: float = 0.0  # moving average of that time per row (per text)
 
     @property
     def on(self) -> bool:
@@ -95,9 +102,18 @@ class BatchPolicy:
             hold = max(hold, self.wait)
         return received + hold if hold else None
 
-    def finished(self, seconds: float) -> None:
-        """A worker answered the last request of what it was sent, ``seconds`` after."""
+    def finished(self, seconds: float, rows: int) -> None:
+        """A worker answered the last request of what it was sent (``rows`` rows), ``seconds`` after."""
         self.service = smoothed(self.service, seconds)
+        self.row_seconds = smoothed(self.row_seconds, seconds / max(rows, 1))
+
+    @property
+    def batch_rows(self) -> int:
+        """The rows the requests joining a message may bring it to: ``max_rows``, or for texts
+        what the budget leaves room for at the measured time per text (at least one)."""
+        if not (self.text and self.budget and self.row_seconds):
+            return self.max_rows
+        return max(1, min(self.max_rows, int(self.budget / self.row_seconds)))
 
 
 def smoothed(average: float, seconds: float) -> float:

@@ -94,10 +94,11 @@ class Router:
     # Models.
 
     def add_model(self, name: str, signature: dict[str, Any], *, max_rows: int, wait: float = 0.0,
-                  limit: int | None = None) -> None:
-        """Serve ``name``, whose model has ``signature`` (what ``info`` lists); ``max_rows``
-        and ``wait`` are its --max-batch and --batch-wait; ``limit``: the workers serving it."""
-        policy = BatchPolicy(max_rows=max_rows, wait=wait, running_cap=self.running_cap)
+                  budget: float = 0.0, limit: int | None = None) -> None:
+        """Serve ``name``, whose model has ``signature`` (what ``info`` lists); ``max_rows``,
+        ``wait`` and ``budget`` are its --max-batch, --batch-wait and --pass-budget; ``limit``:
+        the workers serving it."""
+        policy = BatchPolicy(max_rows=max_rows, wait=wait, budget=budget, running_cap=self.running_cap)
         self.scheduler.add_model(name, dict(signature), _batching_for(signature, policy), limit)
         self.policies[name] = policy
 

@@ -45,6 +45,7 @@ class WorkerRecord:
     inflight: list[Part] = field(default_factory=list)  # answered in this order
     running: str = ""  # the model of what it runs
     sent: int = 0  # parts in the last message it was sent: a batch stays one as it is answered
+    sent_rows: int = 0  # rows in that message
     busy_since: float = 0.0
     batchable: bool = False  # what it runs now could have shared a pass
     charged: float = 0.0  # the worker-seconds its model was charged in advance for what it runs
@@ -58,7 +59,7 @@ class WorkerRecord:
         self.state = WorkerState.BUSY
         self.busy_since = now
         self.inflight = batch
-        self.sent = len(batch)
+        self.sent, self.sent_rows = len(batch), rows
         self.batches += 1
         bucket = size_bucket(rows)
         self.batch_sizes[bucket] = self.batch_sizes.get(bucket, 0) + 1

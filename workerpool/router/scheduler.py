@@ -293,7 +293,7 @@ class Scheduler:
             self.running_here.discard(worker.key)
             model = self.models.get(worker.running)
             if worker.batchable and model is not None:
-                model.policy.finished(now - worker.busy_since)
+                model.policy.finished(now - worker.busy_since, worker.sent_rows)
         self.worker_free(worker)
 
     def tick(self, now: float) -> None:

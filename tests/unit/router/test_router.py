@@ -22,6 +22,7 @@ from workerpool.events.loop import Loop
 from workerpool.protocol import link
 from workerpool.protocol import messages as protocol
 from workerpool.protocol.link import Link
+from workerpool.router.batching import BatchPolicy
 from workerpool.router.core import Router
 from workerpool.router.links import RouterLinks
 from workerpool.router.local_links import LocalLinks
@@ -51,9 +52,10 @@ class Pool:
         sockets = bind_sockets(context, frontend=f"inproc://front-{n}", remote_backend=f"inproc://remote-{n}",
                                max_message_size=1 << 20)
         self.signature = options.pop("signature", SIGNATURE)
-        policy = {key: options.pop(key) for key in ("max_rows", "wait") if key in options}
+        policy = {key: options.pop(key) for key in ("max_rows", "wait", "budget") if key in options}
         self.router = Router(self, max_queue=options.pop("max_queue", 8), max_message_size=1 << 20, **options)
-        self.router.add_model("m", self.signature, max_rows=policy.get("max_rows", 1), wait=policy.get("wait", 0.0))
+        self.router.add_model("m", self.signature, max_rows=policy.get("max_rows", 1), wait=policy.get("wait", 0.0),
+                              budget=policy.get("budget", 0.0))
         self.loop = Loop(idle_timeout=0.01)
         self.ends: list[LinkWorker] = []  # the workers' ends of the links, closed after the test
         _pools.append(self)
@@ -576,3 +578,35 @@ def test_texts_batch_as_one_list_of_texts(context):
     assert frames[:3] == [protocol.BATCH, b"m", b"5"] and len(frames) == 13  # client, part, route, header, texts
     assert [bytes(frames[i]) for i in (7, 12)] == [b"ab", b"c"]
     assert sum(part.rows for part in record.inflight) == 3  # three texts; ["d", "e"] would make five
+
+
+def test_texts_join_a_message_only_while_the_pass_budget_has_room(context):
+    pool = Pool(context, max_queue=64, signature={"inputs": [{"name": None, "dtype": "text", "shape": [None]}]},
+                max_rows=32, budget=0.03)
+    policy = pool.router.policies["m"]
+    policy.row_seconds = 0.01  # as measured: a text takes 10 ms, so 3 fit in 30 ms
+    client = pool.client()
+    worker = busy_with_one(pool, client)
+    for request_id, texts in ((1, ["a", "b", "c", "d"]), *((n, [str(n)]) for n in range(2, 6))):
+        client.send_multipart(protocol.encode_request(request_id, texts))
+    pool.pump(queued(pool, 5))
+    record = pool.router.workers[0]
+    worker.send_multipart([protocol.REPLY, record.inflight[0].request.client, b"ok", *protocol.encode_reply(0)])
+    next_message(pool, worker)
+    assert [part.rows for part in record.inflight] == [4]  # the head goes whole, over the budget, alone
+    worker.send_multipart([protocol.REPLY, record.inflight[0].request.client, b"ok", *protocol.encode_reply(1)])
+    next_message(pool, worker)  # that pass taught the policy a text takes a little less: still 3 fit
+    assert 0.0075 < policy.row_seconds <= 0.01
+    assert [part.rows for part in record.inflight] == [1, 1, 1]  # the fourth waits for the next pass
+
+
+def test_the_pass_budget_bounds_texts_only_and_by_the_measured_time_per_text():
+    texts = BatchPolicy(max_rows=32, budget=0.025, text=True)
+    assert texts.batch_rows == 32  # nothing measured yet
+    texts.finished(0.05, 5)
+    assert texts.row_seconds == 0.01 and texts.batch_rows == 2
+    texts.budget = 0.0
+    assert texts.batch_rows == 32
+    arrays = BatchPolicy(max_rows=32, budget=0.025, rank=2)
+    arrays.finished(0.05, 5)
+    assert arrays.batch_rows == 32
