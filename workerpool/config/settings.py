@@ -281,9 +281,9 @@ _SERVE_SETTINGS = _for(SERVE_ONLY,
             help="the private key of --http-cert (PEM)", doc="HTTPS: the private key, PEM"),
     Setting("--backend", parse=values.bind_endpoint, metavar="ENDPOINT",
             help="a TCP endpoint such as tcp://0.0.0.0:5556 where 'workerpool workers' on other hosts "
-            "join (default: none; local workers always use a private ipc socket)",
+            "join (default: none; local workers always have a socket pair of their own)",
             doc="a TCP endpoint where worker hosts join (see [Scaling out](operations.md#scaling-out)); "
-            "local workers always use a private ipc socket"),
+            "local workers always have a socket pair of their own"),
     # One flag per meaning: --curve-server-key is the server's public key, on clients and hosts.
     Setting("--curve-secret-key", metavar="FILE",
             help="this server's secret key file (from 'workerpool keys generate'): authenticate and "
