@@ -47,6 +47,9 @@ class Owner:
     def started_here(self, token: str | None) -> bool:
         return True
 
+    def stopped(self, worker: WorkerRecord) -> bool:
+        return False
+
     def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None: ...
 
     def models_changed(self, worker: WorkerRecord) -> None: ...

@@ -485,8 +485,8 @@ def test_frozen_idle_worker_is_declared_lost_and_replaced(small_model, local_mod
 
 @pytest.mark.xdist_group("timing")  # asserts how long it takes
 def test_frozen_busy_worker_is_lost_and_the_request_is_retried(small_model):
-    """A busy local worker still beats, from a thread of its own; frozen, it stops, and after
-    heartbeat 1 s x liveness 5 the router loses it and retries its request."""
+    """A busy local worker does not beat; once silent past heartbeat 1 s x liveness 5, the
+    router looks at its process: stopped (SIGSTOP), it is lost and its request retried."""
     with Server(small_model, *SLOW, workers=2) as server:
         slow = slow_request(server.endpoint, 1.0, timeout=20)
         status = server.wait_for(busy_pids)
@@ -501,9 +501,22 @@ def test_frozen_busy_worker_is_lost_and_the_request_is_retried(small_model):
             server.wait_for(pool_ready(2, without=(victim,)))
         log = server.log()
         assert re.search(
-            rf"worker {victim} lost \(no heartbeat for [\d.]+s\) with a request in flight; retrying it",
+            rf"worker {victim} lost \(no heartbeat for [\d.]+s, its process stopped\) with a request in flight; "
+            r"retrying it",
             log,
         ), log
+
+
+@pytest.mark.xdist_group("timing")  # holds a worker 7 s
+def test_a_model_that_holds_the_gil_past_the_heartbeats_is_busy_not_frozen(small_model):
+    """A busy worker does not beat; one whose model holds the GIL for 7 s (past heartbeat 1 s
+    x liveness 5) is running, not stopped, and its request is answered."""
+    with Server(small_model, "--model", "slow_model:holds_gil", workers=2) as server:
+        x = np.full((1, 2), -7.0, np.float32)
+        with workerpool.Client(server.endpoint, timeout=30, retries=0) as c:
+            result = c.request(x)
+        assert np.array_equal(result.outputs, x * 2)
+        assert " lost " not in server.log() and "killing worker" not in server.log()
 
 
 # 7. Clients that go away or stop reading.

@@ -104,7 +104,7 @@ class ServeConfig(PoolConfig):
     request_timeout: float = field("request_timeout")
     max_message_size: int | None = None  # None: sized to the models' inputs
     reload_timeout: float = RELOAD_TIMEOUT_SECONDS
-    backend: str | None = None  # None: a private ipc socket
+    backend: str | None = None  # where worker hosts join; None: no worker hosts (local workers have links)
     http: str | None = None  # HOST:PORT of the HTTP front door; None: none
     http_timeout: float = field("http_timeout")
     http_token_file: str | None = None

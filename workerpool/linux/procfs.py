@@ -145,6 +145,17 @@ def _listed_children() -> set[int] | None:
     return pids
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger): its state in ``/proc/<pid>/stat``
+    is ``T`` or ``t``. One that is gone is not stopped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]  # after the name, which may hold anything
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
 def _children_by_parent() -> set[int]:
     """The processes whose ``/proc/<pid>/stat`` names this one as their parent."""
     me = os.getpid()

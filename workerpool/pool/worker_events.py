@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from ..linux import procfs
 from ..router.registry import WorkerRecord
 from ..supervisor.process import Child
 from ..supervisor.role import Pool
@@ -35,6 +36,10 @@ class WorkerEvents:
 
     def started_here(self, token: str | None) -> bool:
         return self._child_with(token) is not None or token in self.pool.starter.tokens()
+
+    def stopped(self, worker: WorkerRecord) -> bool:
+        child = self._local_child(worker)
+        return child is not None and procfs.stopped(child.pid)
 
     def worker_ready(self, worker: WorkerRecord) -> None:
         child = self._local_child(worker)

@@ -14,6 +14,7 @@ beats while the model runs): a message's records are written under one lock.
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 from collections import deque
@@ -51,7 +52,7 @@ class Link:
         self.max_frames = max_frames
         self._buffer = receive_buffer if receive_buffer is not None else memoryview(bytearray(RECORD_BYTES))
         self._out: deque[list[Any]] = deque()  # records the socket had no room for yet
-        self._partial: tuple[list[int], memoryview, int] | None = None  # lengths, message, bytes read
+        self._partial: tuple[list[int], bytearray, int] | None = None  # lengths, what came, bytes to come
         self._lock = threading.Lock()
 
     def fileno(self) -> int:
@@ -94,21 +95,17 @@ class Link:
                 return frames_of(memoryview(record[start:].tobytes()), lengths)
             if carried > total:
                 raise LinkError(f"a record of {size} bytes, more than its table's {start + total}")
-            try:
-                whole = memoryview(bytearray(total))
-            except MemoryError:
-                raise LinkError(f"a message of {total} bytes cannot be held") from None
-            whole[:carried] = record[start:]
-            self._partial = (lengths, whole, carried)
-        lengths, whole, filled = self._partial
-        while filled < whole.nbytes:
-            size = self._read(whole[filled:])
+            self._partial = (lengths, bytearray(record[start:]), total)
+        lengths, came, total = self._partial
+        while len(came) < total:  # each record kept as it comes: a read that fails loses nothing
+            size = self._read(self._buffer)
             if size is None:
-                self._partial = (lengths, whole, filled)
                 return None
-            filled += size
+            if len(came) + size > total:
+                raise LinkError(f"records past the {total} bytes their message's table declares")
+            came += self._buffer[:size]
         self._partial = None
-        return frames_of(whole, lengths)
+        return frames_of(memoryview(came), lengths)
 
     def _read(self, into: memoryview) -> int | None:
         try:
@@ -117,8 +114,10 @@ class Link:
             return None
         except ConnectionResetError:
             raise LinkClosed from None
-        if size == 0:
-            raise LinkClosed
+        if size == 0:  # the other end closed, or an empty record, which no message is
+            if select.select([self.sock], [], [], 0)[0] and not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                raise LinkClosed
+            raise LinkError("an empty record")
         if flags & socket.MSG_TRUNC:
             raise LinkError(f"a record longer than the {into.nbytes} bytes it may carry")
         return size

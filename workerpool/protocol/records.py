@@ -4,8 +4,8 @@ A message is the list of frames ZeroMQ would carry as one multipart message. It 
 one record: a table (the frame count, then each frame's length, little-endian uint32s) and
 the frames after it, gathered by one ``sendmsg`` from where they lie. A message longer than
 a record may be (the socket's send buffer bounds it) goes on in the records that follow: the
-table says how many bytes are to come, so no record needs a flag and a reader allocates the
-whole message once, before reading the rest into it.
+table says how many bytes are to come, so no record needs a flag. A reader keeps what arrives,
+never what the table claims: a message's buffer grows with the records that really came.
 
 Nothing here touches a socket: the link's tests and the router's run the codec on its own.
 """
@@ -93,6 +93,8 @@ def read_table(record: memoryview, max_frames: int | None = None) -> tuple[list[
     if record.nbytes < COUNT.size:
         raise LinkError(f"a record of {record.nbytes} bytes is shorter than a frame count")
     (count,) = COUNT.unpack_from(record)
+    if not count:
+        raise LinkError("a message of no frames")
     if max_frames is not None and count > max_frames:
         raise LinkError(f"a message of {count} frames, over the {max_frames} taken")
     start = COUNT.size + LENGTH_BYTES * count

@@ -53,6 +53,9 @@ class RouterEvents(SchedulerEvents, Protocol):
     def started_here(self, token: str | None) -> bool:
         """Whether this pool started (or is starting) the local worker that holds ``token``."""
 
+    def stopped(self, worker: WorkerRecord) -> bool:
+        """Whether a local worker's process is stopped (SIGSTOP): frozen, not busy."""
+
 
 class Router:
     """Routes client requests to free workers; knows nothing of processes or sockets.
@@ -244,12 +247,15 @@ class Router:
         deadline = self.heartbeat * self.liveness
         scheduler = self.scheduler
         for key, worker in list(scheduler.workers.items()):
-            # A local worker beats from a thread of its own, busy or not. A busy worker host's
-            # runs the model instead; libzmq's transport heartbeats still close its connection
-            # if it dies or freezes, and then this send fails.
-            if (worker.local or not worker.inflight) and worker.state != WorkerState.RELOADING \
-                    and now - worker.last_seen > deadline:
-                self.lose(key, f"no heartbeat for {now - worker.last_seen:.1f}s")
+            # A busy worker runs the model instead of beating, for as long as the model takes
+            # (one holding the GIL included). A local one is lost if its process is stopped; a
+            # worker host's, once libzmq's transport heartbeats close its connection (it died
+            # or froze) and this send fails. A dead local one is reaped (pidfd).
+            silent = now - worker.last_seen
+            if silent > deadline and worker.state != WorkerState.RELOADING and not worker.inflight:
+                self.lose(key, f"no heartbeat for {silent:.1f}s")
+            elif silent > deadline and worker.local and worker.inflight and self.events.stopped(worker):
+                self.lose(key, f"no heartbeat for {silent:.1f}s, its process stopped")
             elif recovery.overdue(worker, now, scheduler.request_timeout):
                 scheduler.time_out(worker)
             else:

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class WorkerRecord:
-    """One registered worker. ``address`` is its ZeroMQ routing id on the backend socket it
-    registered on; ``local`` is true only on the private ipc backend, whatever the worker says.
+    """One registered worker. ``address`` is its local link's (``local_links.py``) or its ZeroMQ
+    routing id on the worker hosts' backend; ``local`` is true only for a worker on a local
+    link, whatever the worker says.
     ``pid`` and ``host`` are what it says: shown, never acted on. Only the scheduler changes
     its state."""
 

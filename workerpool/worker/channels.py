@@ -1,37 +1,30 @@
 """How a worker reaches its router: a local worker over the link it inherited, a worker host's
 over ZeroMQ (TCP, CURVE when keys are given). The worker's loop sees one interface.
 
-A busy worker runs the model instead of reading. Over ZeroMQ, libzmq's I/O thread keeps
-answering the router's transport heartbeats meanwhile; over a link, a thread of the worker's
-own beats every heartbeat interval, busy or not, so the router tells a busy worker from a
-frozen or stopped one the same way as an idle one. (The thread needs the GIL for a moment
-each beat: numpy, onnxruntime and tokenizers release it while they compute.)
+A busy worker runs the model instead of reading or beating. Over ZeroMQ, libzmq's I/O thread
+keeps answering the router's transport heartbeats meanwhile, so a worker host's frozen worker
+loses its connection; the supervisor sees a local worker's process itself (stopped, or gone).
 """
 
 from __future__ import annotations
 
-import logging
+import os
 import socket
-import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import zmq
 
 from .. import security
-from ..protocol import messages as protocol
 from ..protocol.link import Link, LinkClosed
 from ..protocol.transport import NOBLOCK, send_parts, transport_heartbeats
 from .spec import InvalidSpec, WorkerSpec
-
-log = logging.getLogger(__name__)
 
 
 class RouterChannel(Protocol):
     """What a worker's loop needs of the way to its router."""
 
     source: Any  # what the loop's poller watches for the router's messages
-    beats_itself: bool  # heartbeats go out without the loop
 
     def send(self, frames: Sequence[Any]) -> bool:
         """Send a message; False when no router takes it now (it is dropped)."""
@@ -45,19 +38,17 @@ class RouterChannel(Protocol):
 class LinkChannel:
     """A local worker's link, inherited from its supervisor."""
 
-    beats_itself = True
-
-    def __init__(self, fd: int, heartbeat: float) -> None:
-        self._link = Link(socket.socket(fileno=fd))
+    def __init__(self, fd: int) -> None:
+        try:
+            os.set_inheritable(fd, False)  # a process the model starts must not hold it open
+            sock = socket.socket(fileno=fd)
+        except OSError as exc:
+            raise InvalidSpec(f"--link-fd {fd}: {exc.strerror or exc}") from None
+        if sock.type != socket.SOCK_SEQPACKET:
+            sock.detach()
+            raise InvalidSpec(f"--link-fd {fd} is not the end of a link")
+        self._link = Link(sock)
         self.source = fd
-        self._stop = threading.Event()
-        self._beat = threading.Thread(target=self._beats, args=(heartbeat,), name="heartbeat", daemon=True)
-        self._beat.start()
-
-    def _beats(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            if not self.send([protocol.HEARTBEAT]):
-                return
 
     def send(self, frames: Sequence[Any]) -> bool:
         try:
@@ -72,15 +63,11 @@ class LinkChannel:
             return None
 
     def close(self) -> None:
-        self._stop.set()
-        self._beat.join(timeout=1.0)  # it may be stuck sending to a router that stopped reading
         self._link.close()
 
 
 class ZmqChannel:
     """A worker host's DEALER, connected to the router's backend."""
-
-    beats_itself = False
 
     def __init__(self, spec: WorkerSpec, identity: bytes) -> None:
         if spec.backend is None:

@@ -94,7 +94,7 @@ class Worker:
             finally:
                 os.close(spec.ready_fd)
         router: RouterChannel = ZmqChannel(spec, self.identity) if spec.link_fd is None \
-            else LinkChannel(spec.link_fd, spec.heartbeat)
+            else LinkChannel(spec.link_fd)
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
@@ -184,7 +184,7 @@ class Worker:
                     return self.exit_code
             if self.stopping or (leave_by is not None and (now >= leave_by or not registered)):
                 return self.exit_code
-            if now - last_beat >= interval and not router.beats_itself:
+            if now - last_beat >= interval:
                 router.send([protocol.HEARTBEAT])
                 last_beat = now
             if not self._router_alive(now - router_seen, patience):

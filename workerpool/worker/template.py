@@ -156,6 +156,8 @@ def _checked(order: dict[str, Any], fds: list[int], truncated: bool) -> tuple[Wo
     if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:
         raise BadOrder(f"its token is not a string of 1 to {MAX_TOKEN} characters")
     spec = WorkerSpec.from_data(order["spec"])
+    if spec.link_fd is not None and spec.ready_fd is not None:
+        raise BadOrder("its spec names two descriptors, a link's and a ready pipe's")
     if (spec.link_fd is not None or spec.ready_fd is not None) != bool(fds):
         raise BadOrder("the descriptor its spec names did not come with it" if not fds
                        else "a descriptor came that its spec does not name")

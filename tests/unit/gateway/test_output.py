@@ -55,3 +55,10 @@ def test_a_closed_peer_is_an_error_not_a_silent_loss(pair):
     with pytest.raises(OSError):
         output.write(ours)
     assert len(output) == 4
+
+
+def test_tls_is_written_the_first_chunk_at_a_time_the_same_bytes_on_every_try():
+    output = Output()
+    output.add(b"ab", memoryview(b"cdef"), bytearray(b"g"))
+    assert output._first(5) == b"abcde"
+    assert output._first(100) == b"abcdefg"

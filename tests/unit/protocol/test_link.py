@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import select
 import struct
 import threading
@@ -65,6 +66,7 @@ def test_a_long_message_is_cut_into_records_that_join_into_it():
 
 @pytest.mark.parametrize(("record", "reason"), [
     (b"\x01\x00", "shorter than a frame count"),
+    (struct.pack("<I", 0), "a message of no frames"),
     (struct.pack("<I", 5), "a table of 5 frames is longer than its record"),
     (struct.pack("<3I", 9, 1, 1), "a message of 9 frames, over the 8 taken"),
 ])
@@ -152,3 +154,29 @@ def test_a_record_longer_than_its_table_declares_is_refused():
         worker.send(struct.pack("<2I", 1, 2) + b"abc")
         with pytest.raises(LinkError, match="more than its table's"):
             Link(router).receive()
+
+
+def test_a_table_that_declares_gigabytes_allocates_only_what_came(ends):
+    router, worker = ends
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    worker.sock.send(struct.pack("<2I", 1, 0xFFFFFFFF) + b"12345678")
+    assert router.receive() is None  # the rest never comes: nothing is waited for, nothing held
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 * 1024  # KiB: not 4 GiB
+
+
+def test_records_past_what_their_table_declares_are_refused(ends):
+    router, worker = ends
+    worker.sock.send(struct.pack("<2I", 1, 300 * 1024) + b"x" * (200 * 1024))
+    worker.sock.send(b"y" * (200 * 1024))
+    with pytest.raises(LinkError, match="records past the 307200 bytes"):
+        while router.receive() is None:
+            pass
+
+
+def test_an_empty_record_is_refused_and_not_taken_for_the_end_of_the_link(ends):
+    router, worker = ends
+    worker.sock.send(b"")
+    with pytest.raises(LinkError, match="an empty record"):
+        router.receive()
+    worker.send([b"HB"])
+    assert router.receive()[0].bytes == b"HB"

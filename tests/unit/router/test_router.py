@@ -49,6 +49,7 @@ class Pool:
         n = next(_endpoints)
         self.context = context
         self.events: list[tuple[str, int]] = []
+        self.stopped_pids: set[int] = set()  # what /proc would say is stopped
         sockets = bind_sockets(context, frontend=f"inproc://front-{n}", remote_backend=f"inproc://remote-{n}",
                                max_message_size=1 << 20)
         self.signature = options.pop("signature", SIGNATURE)
@@ -79,6 +80,9 @@ class Pool:
 
     def started_here(self, token: str | None) -> bool:
         return token != "forged"
+
+    def stopped(self, worker: WorkerRecord) -> bool:
+        return worker.pid in self.stopped_pids
 
     def pump(self, until: Callable[[], bool], timeout: float = 2.0) -> None:
         deadline = time.monotonic() + timeout

@@ -64,6 +64,9 @@ class Pool:
     def started_here(self, token: str | None) -> bool:
         return True
 
+    def stopped(self, worker: WorkerRecord) -> bool:
+        return False
+
     def reload_failed(self, worker: WorkerRecord, model: str, why: str) -> None:
         self.failed.append((worker.pid, model))
 

@@ -65,7 +65,11 @@ def forked(tmp_path) -> Iterator[Template]:
     ({"id": 4, "spec": SPEC, "token": 7}, "its token is not a string"),
     ({"id": 5, "spec": SPEC, "token": "t" * (template.MAX_TOKEN + 1)}, "its token is not a string"),
     ({"id": 6, "argv": ["/m.bpk"], "token": "t"}, "its keys are ['argv', 'id', 'token']"),
-], ids=["load", "generation", "spec", "token type", "token size", "keys"])
+    ({"id": 7, "spec": {**SPEC, "backend": None, "link_fd": 5, "ready_fd": 6}, "token": "t"},
+     "its spec names two descriptors"),
+    ({"id": 8, "spec": {**SPEC, "backend": None, "link_fd": 5}, "token": "t"},
+     "the descriptor its spec names did not come with it"),
+], ids=["load", "generation", "spec", "token type", "token size", "keys", "two descriptors", "no link"])
 def test_an_order_that_is_no_worker_is_refused_with_the_reason(forked, order, reason):
     reply = forked.ask(order)
     assert isinstance(reply, dict) and set(reply) == {"id", "error"} and reply["id"] == order["id"]
