@@ -11,7 +11,7 @@ lone request pays twice) and 32 in flight (the cost under load).
 
 Large messages (``--payload``, 16 MiB by default): the router sends one message of that many
 bytes and the worker answers a few bytes once it holds them whole, one at a time. Over the
-link the message goes as records of at most 256 KiB, which the worker appends as they come;
+link the message goes as records of at most 256 KiB, read in place into the message's buffer;
 over shared memory the router copies the payload into a region both processes map (a memfd
 made before the fork) and sends a small record saying so, and the worker reads the region in
 place. The worker sums one byte per page either way, so both touch what they received.

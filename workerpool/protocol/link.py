@@ -25,6 +25,7 @@ from ..units import MiB
 from .records import RECORD_BYTES, Frame, LinkError, frames_of, read_table, records
 
 SEND_BUFFER = 4 * MiB  # asked for; the kernel grants at most net.core.wmem_max (doubled)
+WHOLE_AT_ONCE = 16 * MiB  # a longer message's buffer grows as its records come, never past what came
 
 
 class LinkClosed(Exception):
@@ -52,7 +53,7 @@ class Link:
         self.max_frames = max_frames
         self._buffer = receive_buffer if receive_buffer is not None else memoryview(bytearray(RECORD_BYTES))
         self._out: deque[list[Any]] = deque()  # records the socket had no room for yet
-        self._partial: tuple[list[int], bytearray, int] | None = None  # lengths, what came, bytes to come
+        self._partial: tuple[list[int], bytearray, int] | None = None  # lengths, its buffer, bytes read
         self._lock = threading.Lock()
 
     def fileno(self) -> int:
@@ -95,17 +96,22 @@ class Link:
                 return frames_of(memoryview(record[start:].tobytes()), lengths)
             if carried > total:
                 raise LinkError(f"a record of {size} bytes, more than its table's {start + total}")
-            self._partial = (lengths, bytearray(record[start:]), total)
-        lengths, came, total = self._partial
-        while len(came) < total:  # each record kept as it comes: a read that fails loses nothing
-            size = self._read(self._buffer)
+            whole = bytearray(min(total, WHOLE_AT_ONCE))
+            whole[:carried] = record[start:]
+            self._partial = (lengths, whole, carried)
+        lengths, whole, filled = self._partial
+        total = sum(lengths)
+        while filled < total:  # the progress is kept after each read: one that fails loses nothing
+            wanted = min(total, filled + RECORD_BYTES)  # room for the next record
+            if len(whole) < wanted:  # doubling, never past the table's total
+                whole.extend(bytes(min(max(len(whole), wanted - len(whole)), total - len(whole))))
+            size = self._read(memoryview(whole)[filled:])
             if size is None:
                 return None
-            if len(came) + size > total:
-                raise LinkError(f"records past the {total} bytes their message's table declares")
-            came += self._buffer[:size]
+            filled += size
+            self._partial = (lengths, whole, filled)
         self._partial = None
-        return frames_of(memoryview(came), lengths)
+        return frames_of(memoryview(whole), lengths)
 
     def _read(self, into: memoryview) -> int | None:
         try:
@@ -119,7 +125,8 @@ class Link:
                 raise LinkClosed
             raise LinkError("an empty record")
         if flags & socket.MSG_TRUNC:
-            raise LinkError(f"a record longer than the {into.nbytes} bytes it may carry")
+            raise LinkError(f"a record longer than the {into.nbytes} bytes left to it (records past their "
+                            "table, or a record longer than one may be)")
         return size
 
     def close(self) -> None:

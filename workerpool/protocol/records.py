@@ -4,8 +4,9 @@ A message is the list of frames ZeroMQ would carry as one multipart message. It 
 one record: a table (the frame count, then each frame's length, little-endian uint32s) and
 the frames after it, gathered by one ``sendmsg`` from where they lie. A message longer than
 a record may be (the socket's send buffer bounds it) goes on in the records that follow: the
-table says how many bytes are to come, so no record needs a flag. A reader keeps what arrives,
-never what the table claims: a message's buffer grows with the records that really came.
+table says how many bytes are to come, so no record needs a flag. A reader allocates a
+message whole up to 16 MiB and reads its records in place; past that, its buffer grows with
+the records that really came, never with what a table claims.
 
 Nothing here touches a socket: the link's tests and the router's run the codec on its own.
 """
