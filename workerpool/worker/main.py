@@ -5,9 +5,9 @@ are shared mappings, so one more model costs a worker only the model's private s
 the process's loop: register with the router, take its messages (requests, each naming its
 model, are answered by ``requests.py``, inline), heartbeat, reload or add or drop a model,
 leave. A local worker talks over the link it inherited, a worker host's over ZeroMQ
-(``channels.py``); either way a busy worker is never mistaken for a dead one. A worker idle for :data:`IDLE_RELEASE` gives back the memory
-serving left free (:meth:`LoadedModel.release_memory`): under load it keeps its working set,
-at rest it holds little more than when it started.
+(``channels.py``). A worker idle for :data:`IDLE_RELEASE` gives back the memory serving left
+free (:meth:`LoadedModel.release_memory`): under load it keeps its working set, at rest it
+holds little more than when it started.
 """
 
 from __future__ import annotations
