@@ -48,8 +48,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     add/remove a worker; SIGHUP checks the weight files and reads model folders again. Exit 2
     when a file or model is invalid.
 
-    Settings that may differ by model (--model, --max-batch, --batch-wait, --workers) are given
-    once for every model, or as NAME=VALUE for one: --max-batch 32 --max-batch rerank=8.
+    Settings that may differ by model (--model, --max-batch, --batch-wait, --pass-budget,
+    --workers) are given once for every model, or as NAME=VALUE for one: --max-batch 32
+    --max-batch rerank=8.
     """
     if split_per_model(args.workers, None)[0] == 0 and not args.backend:
         raise CommandError("--workers 0 serves nothing unless worker hosts can join: give --backend",
