@@ -5,12 +5,9 @@ Local workers talk to the router over socket pairs, which leave nothing in it.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 import tempfile
-
-log = logging.getLogger(__name__)
 
 
 def runtime_dir() -> str:

@@ -34,7 +34,7 @@ class Output:
 
     def add(self, *buffers: Any) -> None:
         for buffer in buffers:
-            size = len(buffer) if isinstance(buffer, bytes) else memoryview(buffer).nbytes
+            size = _size(buffer)
             if size:
                 self._buffers.append(buffer)
                 self._size += size
@@ -71,9 +71,13 @@ class Output:
         buffers = self._buffers
         while sent:
             first = buffers[0]
-            size = len(first) if isinstance(first, bytes) else memoryview(first).nbytes
+            size = _size(first)
             if sent < size:
                 buffers[0] = memoryview(first)[sent:]
                 return
             buffers.popleft()
             sent -= size
+
+
+def _size(buffer: Any) -> int:
+    return len(buffer) if isinstance(buffer, bytes) else memoryview(buffer).nbytes

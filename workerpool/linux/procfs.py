@@ -150,7 +150,7 @@ def stopped(pid: int) -> bool:
     is ``T`` or ``t``. One that is gone is not stopped."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rpartition(b")")[2].split()[0]  # after the name, which may hold anything
+            state = _after_name(stat.read())[0]
     except (OSError, IndexError):
         return False
     return state in (b"T", b"t")
@@ -159,8 +159,13 @@ def stopped(pid: int) -> bool:
 def _children_by_parent() -> set[int]:
     """The processes whose ``/proc/<pid>/stat`` names this one as their parent."""
     me = os.getpid()
-    # After the name, which may hold anything: the state, then the parent's pid.
-    return {pid for pid, stat in _each_process("stat") if int(stat.rpartition(b")")[2].split()[1]) == me}
+    return {pid for pid, stat in _each_process("stat") if int(_after_name(stat)[1]) == me}
+
+
+def _after_name(stat: bytes) -> list[bytes]:
+    """The fields of a ``/proc/<pid>/stat`` after the name, which may hold anything: the
+    state, then the parent's pid, ..."""
+    return stat.rpartition(b")")[2].split()
 
 
 def _each_process(name: str) -> Iterator[tuple[int, bytes]]:

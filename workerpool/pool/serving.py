@@ -35,10 +35,6 @@ class ServingRole:
         self.commands = commands
 
     @property
-    def router(self) -> Router:
-        return self.parts.router
-
-    @property
     def requests(self) -> Router:
         """The router holds the requests: shutdown drains it."""
         return self.parts.router
@@ -57,7 +53,7 @@ class ServingRole:
         child.link = None
 
     def child_exited(self, child: Child, why: str) -> None:
-        self.router.worker_exited(child.token, why, asked=child.stopping,
+        self.parts.router.worker_exited(child.token, why, asked=child.stopping,
                                   killed=child.returncode == -signal.SIGKILL)
         if child.address is not None:
             self.parts.links.local.detach(child.address)
@@ -67,17 +63,17 @@ class ServingRole:
         served from now on, each worker loading it in turn)."""
         self.parts.switch_failures.pop(model, None)
         served = self.parts.pool.models[model]
-        if model not in self.router.policies:
-            serve_model(self.router, served)
+        if model not in self.parts.router.policies:
+            serve_model(self.parts.router, served)
         order = protocol.encode_header({"model": served.spec().to_data()})
-        self.router.begin_rollout(model, served.current.generation, order)
+        self.parts.router.begin_rollout(model, served.current.generation, order)
 
     def model_removed(self, model: str) -> None:
         self.parts.switch_failures.pop(model, None)
-        self.router.remove_model(model)
+        self.parts.router.remove_model(model)
 
     def reload_done(self) -> bool:
-        return self.router.reload_complete()
+        return self.parts.router.reload_complete()
 
     def ready_line(self, path: str, size: str, model: str, workers: int) -> str:
         return serve_line(path, size, model, workers, self.parts.links.endpoint)

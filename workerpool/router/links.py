@@ -61,7 +61,7 @@ class RouterLinks:
                 elif self.remote is not None:  # else no remote backend: no remote worker either
                     send_parts(self.remote, [address, *frames], NOBLOCK)
             except (zmq.ZMQError, OSError) as exc:
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                why = exc.strerror or str(exc)
                 if kind == WORKER:
                     self.router.lose(key, f"unreachable ({why})", unsent=carries_requests(frames))
                 else:  # a peer not registered: it is gone, or will say READY again

@@ -22,6 +22,7 @@ from ..events.loop import Loop
 from ..protocol.link import Link, LinkClosed
 from ..protocol.records import RECORD_BYTES, Frame, LinkError
 from ..protocol.transport import BATCH, MAX_FRAMES
+from .outbox import WorkerKey
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class Workers(Protocol):
 
     def from_worker(self, local: bool, address: bytes, frames: list[Any]) -> None: ...
 
-    def lose(self, key: tuple[bool, bytes], why: str, *, asked: bool = False, unsent: bool = False) -> None: ...
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, unsent: bool = False) -> None: ...
 
 
 class LocalLinks:
