@@ -125,6 +125,7 @@ def test_a_large_message_arrives_across_reads_of_a_non_blocking_end(ends):
     done.start()
     message = None
     while message is None:
+        assert select.select([router.sock], [], [], 10)[0], "the rest of the message never came"
         message = router.receive()
     done.join(10)
     assert message[1].bytes == payload
@@ -170,7 +171,7 @@ def test_records_past_what_their_table_declares_are_refused(ends):
     worker.sock.send(b"y" * (200 * 1024))
     with pytest.raises(LinkError, match="records past their table"):
         while router.receive() is None:
-            pass
+            assert select.select([router.sock], [], [], 10)[0], "no more records came"
 
 
 def test_an_empty_record_is_refused_and_not_taken_for_the_end_of_the_link(ends):
