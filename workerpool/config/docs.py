@@ -27,6 +27,8 @@ def _default(setting: Setting) -> str:
     if setting.doc_default is not None:
         return setting.doc_default
     value = setting.default
+    if setting.file_value is not None and value is not None:  # as a user writes it: 25 ms, not 0.025 s
+        value = setting.file_value(value)
     if setting.switch:
         return "off"
     if value is None:
