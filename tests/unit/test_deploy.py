@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from support import dockerfile
 from support.manifests import (
     CRD_SCHEMAS,
     CRDS,
@@ -128,7 +129,7 @@ def listening_port(address: str) -> int:
 
 def dockerfile_http() -> str:
     """The HTTP address the image serves on unless told otherwise."""
-    return re.search(r"WORKERPOOL_HTTP=(\S+)", (DEPLOY / "Dockerfile").read_text()).group(1)
+    return dockerfile.environment()["WORKERPOOL_HTTP"]
 
 
 def answered(path: str) -> bool:
