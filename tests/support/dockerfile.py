@@ -15,6 +15,7 @@ ARG = re.compile(r"^ARG (\w+)=(\S*)$", re.MULTILINE)
 INSTALL = re.compile(r"^RUN python3 -m pip install ([^&\n]+?)\s*(?:&&|$)", re.MULTILINE)
 ENV = re.compile(r"^ENV (.+)$", re.MULTILINE)
 COPY = re.compile(r"^COPY (.+)$", re.MULTILINE)
+ENTRYPOINT = re.compile(r"^ENTRYPOINT (\[.*\])$", re.MULTILINE)
 HEALTHCHECK = re.compile(r"^HEALTHCHECK .*?CMD (\[.*\])$", re.MULTILINE)
 
 
@@ -50,6 +51,12 @@ def copies() -> list[tuple[list[str], str]]:
 def environment() -> dict[str, str]:
     """The variables the image's ``ENV`` lines set."""
     return dict(word.split("=", 1) for line in ENV.findall(expanded()) for word in shlex.split(line))
+
+
+def entrypoint() -> list[str]:
+    """The command the image runs (exec form), before the arguments a container gives it."""
+    [command] = ENTRYPOINT.findall(DOCKERFILE.read_text())
+    return json.loads(command)
 
 
 def healthcheck() -> list[str]:
