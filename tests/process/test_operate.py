@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support import dockerfile
 from support.commands import cli
 from support.manifests import documents, every_document, serve_accepts, the, validated
 from support.models import SLOW
@@ -257,7 +258,7 @@ def test_deployment_examples_are_valid_kubernetes_and_use_whatserve_accepts():
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     parsed = serve_accepts(container["args"])
     assert spec["terminationGracePeriodSeconds"] > parsed.graceful_timeout
-    http_port = int(re.search(r"WORKERPOOL_HTTP=\S*:(\d+)", (deploy / "Dockerfile").read_text()).group(1))
+    http_port = int(dockerfile.environment()["WORKERPOOL_HTTP"].rpartition(":")[2])
     assert {"name": "http", "containerPort": http_port} in container["ports"]
     runtime = next(d for d in documents["kserve.yaml"] if d["kind"] == "ServingRuntime")
     assert runtime["spec"]["protocolVersions"] == ["v2"]
@@ -272,9 +273,9 @@ def test_deployment_examples_are_valid_kubernetes_and_use_whatserve_accepts():
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     unit = (deploy / "workerpool.service").read_text()
     assert "Type=notify" in unit and "ExecReload=/bin/kill -HUP $MAINPID" in unit
-    readme_install = "python3 -m pip install '.[http]'"
-    assert readme_install in (ROOT / "README.md").read_text()
-    assert f"RUN {readme_install}" in (deploy / "Dockerfile").read_text()
+    readme_installs = re.findall(r"python3 -m pip install '\.\[([\w,]+)\]'", (ROOT / "README.md").read_text())
+    readme_extras = {extra for extras in readme_installs for extra in extras.split(",")} - {"test"}
+    assert readme_extras == dockerfile.extras()  # the image serves what the README serves
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
