@@ -73,6 +73,16 @@ class Pool:
         return f"--load {self.load} --start {self.start}"
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How every pool is read: the requests each worker answers first, how long a server may
+    take to start or its workers to meet the criterion, and the servers' ``--cache-dir``."""
+
+    answered: int
+    timeout: float
+    cache_dir: str
+
+
 def pools(starts: list[str], baseline: bool) -> list[Pool]:
     """An mmap pool per start method; then the copy baseline, started as the first of them."""
     chosen = [Pool(start, "mmap", start) for start in starts]
@@ -146,24 +156,26 @@ def pool_tree(pid: int, model: str, status: dict[str, Any]) -> dict[str, Any]:
     return tree_memory(pid, model, {w["pid"] for w in status["workers"]})
 
 
-def measure(model: str, size: int, workers: int, pool: Pool, directory: str, answered: int,
-            timeout: float) -> dict[str, Any]:
+def measure(model: str, size: int, workers: int, pool: Pool, directory: str,
+            reading: Reading) -> dict[str, Any]:
     """One server: startup time, idle and loaded memory of every worker, and of every process
     of the pool (supervisor, template, workers); what each worker holds of the weights."""
     control_endpoint = f"ipc://{directory}/control-{pool.name}-{workers}"
     args = serve_args(model, workers, "--load", pool.load, "--start", pool.start,
-                      "--control", control_endpoint, "--log-level", "warning")
+                      "--control", control_endpoint, "--cache-dir", reading.cache_dir,
+                      "--log-level", "warning")
     log_path = os.path.join(directory, f"serve-{pool.name}-{workers}.log")
     started = time.monotonic()
-    with ServerProcess(args, log_path=log_path, timeout=timeout) as server:
+    with ServerProcess(args, log_path=log_path, timeout=reading.timeout) as server:
         startup = time.monotonic() - started  # to the ready line
         assert server.proc is not None
         idle = control.call(control_endpoint, "status", timeout=30)
         idle_tree = pool_tree(server.proc.pid, model, idle)
         loaded, requests, criterion = touch_all(control_endpoint, server.endpoint, workers,
-                                                pool.load, size, answered, timeout)
+                                                pool.load, size, reading.answered,
+                                                reading.timeout)
         loaded_tree = pool_tree(server.proc.pid, model, loaded)
-        resident = residency(loaded, model, default_cache_dir())
+        resident = residency(loaded, model, reading.cache_dir)
     return {
         "kind": criterion.kind,
         "criterion": criterion.describe(),
@@ -324,6 +336,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--answered", type=at_least_one, default=4, metavar="K",
                         help="requests each worker answers before its memory is read "
                         "(default: %(default)s)")
+    parser.add_argument("--cache-dir", default=default_cache_dir(), metavar="DIR",
+                        help="the servers' --cache-dir, where an onnx model's prepacked copy is "
+                        "made once and mapped by every worker (default: %(default)s)")
     parser.add_argument("--start", type=start_methods, default=list(START_METHODS),
                         metavar="fork,spawn", help="comma-separated start methods of the mmap "
                         "pools; the copy baseline is started with the first (default: fork,spawn)")
@@ -394,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         pyplot()  # fail before measuring, not after
     stop_servers_on_sigterm()  # run the clean-up below
     chosen = pools(args.start, not args.no_baseline)
+    reading = Reading(args.answered, args.timeout, args.cache_dir)
     try:
         with tempfile.TemporaryDirectory(prefix="wp-rss-") as directory:
             model = args.model or os.path.join(directory, "model.bpk")
@@ -402,8 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             model_size = os.path.getsize(model)
             runs = []
             for pool, n in itertools.product(chosen, args.workers):
-                repeats = [measure(model, model_size, n, pool, directory, args.answered,
-                                   args.timeout) for _ in range(args.repeat)]
+                repeats = [measure(model, model_size, n, pool, directory, reading)
+                           for _ in range(args.repeat)]
                 startups = [r["startup_s"] for r in repeats]
                 runs.append({**repeats[-1], "startup_s": median(startups), "startups": startups})
                 print(f"  measured N={n} {pool.name} ({pool.label})", file=sys.stderr, flush=True)
