@@ -2,7 +2,7 @@
 
 ``text`` is for people; ``json`` is one JSON object per line for log collectors, with the time,
 level, logger, message, pid and, where the event knows them, ``worker``, ``generation`` and
-``request_id`` (passed as ``extra``); an access line's fields are keys of its own. The format
+``request_id`` (passed as ``extra``). The format
 travels to the template and the workers in the environment (``WORKERPOOL_LOG_FORMAT``), which
 is also how an operator may set it.
 
@@ -10,11 +10,12 @@ The access log (:class:`AccessLog`) is one line per answered request, from which
 answered it: the router writes the ZeroMQ door's as it answers (``router/replies.py``), the
 HTTP door's connection writes its own with the status and what the router measured of a
 request it ran (:class:`Ran`). A line names the door, the route (HTTP) or method (ZeroMQ), the
-model, the status and error code, the bytes in and out, the time the request waited and ran,
-the worker that answered and the request's id. Lines go to ``workerpool.access`` at INFO
-whatever ``--log-level`` says. Errors (an HTTP status of 400 or more, a ZeroMQ error code) are
-always written; of the requests answered well, one in every ``1 / sample``
-(``--access-log-sample``), counted, not drawn at random.
+model, the status (a ZeroMQ answer's as HTTP would give it) and error code, the bytes in and
+out, the time the request waited and ran, the worker that answered and the request's id; in
+JSON each is a key too. Lines are written in the log format of the rest, as from the logger
+``workerpool.access`` at INFO, whatever ``--log-level`` says. Errors (an HTTP status of 400 or
+more, a ZeroMQ error code) are always written; of the requests answered well, the share
+``--access-log-sample``, counted, not drawn at random.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from typing import TextIO
 
 from .units import MS_PER_SECOND
 
@@ -34,7 +36,7 @@ LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 FORMAT_ENV = "WORKERPOOL_LOG_FORMAT"
 FIELDS = ("worker", "generation", "request_id")  # extras a log call may name
-ACCESS_LOGGER = "workerpool.access"  # the access log's lines: at INFO whatever --log-level says
+ACCESS_LOGGER = "workerpool.access"  # the name the access log's lines go by, whatever --log-level says
 
 
 class JsonFormatter(logging.Formatter):
@@ -42,18 +44,21 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "time": utc_time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
             "pid": record.process,
         }
         entry.update({name: getattr(record, name) for name in FIELDS if hasattr(record, name)})
-        entry.update(getattr(record, "access", ()))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+def utc_time(seconds: float) -> str:
+    """A JSON line's time: UTC, to the millisecond."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds % 1 * 1000):03d}Z"
 
 
 def setup_logging(level: str, log_format: str | None = None) -> None:
@@ -72,7 +77,6 @@ def setup_logging(level: str, log_format: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
-    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
     logging.captureWarnings(True)  # a model's warnings, in the same format
     warnings = logging.getLogger("py.warnings")
     warnings.handlers[:] = [handler]
@@ -97,7 +101,6 @@ class Throttle:
         return True
 
 
-access_log = logging.getLogger(ACCESS_LOGGER)
 REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # what a request id may be: visible ASCII, at most 128
 
 
@@ -130,37 +133,62 @@ class RequestIds:
 
 
 class AccessLog:
-    """Writes access lines: every error, and one success in every ``1 / sample`` (none with
-    ``on`` false, errors included)."""
+    """Access lines: every error, and of the successes a share ``sample`` of them, counted
+    (with ``on`` false, none at all, errors included). Lines are held until :meth:`flush`,
+    which the supervisor's loop calls after each turn: one write for the lines of a turn, not
+    a call into ``logging`` and a write for each. ``log_format``: as the other lines (default:
+    the environment's, which :func:`setup_logging` set); ``stream``: default stderr."""
 
-    def __init__(self, *, on: bool = True, sample: float = 1.0) -> None:
+    def __init__(self, *, on: bool = True, sample: float = 1.0, log_format: str | None = None,
+                 stream: TextIO | None = None) -> None:
         self.on = on
-        self._every = round(1 / sample) if sample > 0 else 0
-        self._successes = 0
+        self.sample = sample
+        self.json = (log_format or os.environ.get(FORMAT_ENV)) == "json"
+        self._credit = 0.0  # a success gets a line once a whole one is earned
+        self._lines: list[str] = []
+        self._stream = stream
+        self._pid = os.getpid()
 
     def wanted(self, error: bool) -> bool:
-        """Whether the next answer gets a line (a success is counted toward the sample)."""
+        """Whether the next answer gets a line (a success earns ``sample`` of one)."""
         if not self.on:
             return False
         if error:
             return True
-        if not self._every:
+        self._credit += self.sample
+        if self._credit < 1.0 - 1e-9:  # sums of tenths fall short of 1 by a rounding
             return False
-        self._successes += 1
-        if self._successes < self._every:
-            return False
-        self._successes = 0
+        self._credit -= 1.0
         return True
 
-    def write(self, door: str, route: str, *, model: str, status: int | str, ran: Ran, size_in: int,
+    def write(self, door: str, route: str, *, model: str, status: int, ran: Ran, size_in: int,
               size_out: int, request_id: str) -> None:
         """One line, for a request :meth:`wanted` chose."""
-        fields = {"door": door, "route": route, "model": model or "-", "status": status, "code": ran.outcome,
-                  "bytes_in": size_in, "bytes_out": size_out, "queue_ms": _ms(ran.queued),
-                  "run_ms": _ms(ran.ran), "worker": ran.worker, "request_id": request_id}
-        access_log.info("%s %s %s model=%s code=%s in=%d out=%d queue_ms=%s run_ms=%s worker=%s id=%s", door, route,
-                 status, fields["model"], ran.outcome, size_in, size_out, _text(fields["queue_ms"]),
-                 _text(fields["run_ms"]), _text(ran.worker), request_id, extra={"access": fields})
+        queued, run, now = _ms(ran.queued), _ms(ran.ran), time.time()
+        message = (f"{door} {route} {status} model={model or '-'} code={ran.outcome} in={size_in} out={size_out} "
+                   f"queue_ms={_text(queued)} run_ms={_text(run)} worker={_text(ran.worker)} id={request_id}")
+        if self.json:
+            self._lines.append(json.dumps({
+                "time": utc_time(now), "level": "info", "logger": ACCESS_LOGGER, "message": message,
+                "pid": self._pid, "door": door, "route": route, "model": model or None, "status": status,
+                "code": ran.outcome, "bytes_in": size_in, "bytes_out": size_out, "queue_ms": queued,
+                "run_ms": run, "worker": ran.worker, "request_id": request_id}))
+        else:
+            local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+            self._lines.append(f"{local},{int(now % 1 * 1000):03d} [{self._pid}] INFO {ACCESS_LOGGER}: {message}")
+
+    def flush(self) -> None:
+        """Write the lines held; lost when stderr is gone (serving goes on)."""
+        if not self._lines:
+            return
+        text = "\n".join(self._lines) + "\n"
+        self._lines.clear()
+        stream = self._stream or sys.stderr
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import urllib.error
 import urllib.request
 
@@ -67,7 +68,7 @@ def test_each_answer_gets_a_line_and_each_http_request_an_id_it_gets_back(small_
         ("http", "POST /v2/models/small/infer", "200", "ok"),
         ("http", "POST /v2/models/small/infer", "400", "bad_request"),
         ("http", "POST /v1/embeddings", "404", "model_not_found"),
-        ("zmq", "infer", "ok", "ok"),
+        ("zmq", "infer", "200", "ok"),  # a ZeroMQ answer's status as HTTP would give it
     ]
     good, bad, refused, zmq = lines
     assert good["id"] == "trace-1" and bad["id"] == made and refused["id"] == unknown["request_id"]
@@ -121,14 +122,49 @@ def test_metrics_count_a_models_texts_and_tokens_as_its_answers_report_them(tmp_
         url = server.status(memory=False)["http"]
         status, answer, _ = post(url + "/v1/embeddings", {"input": texts})
         assert status == 200
-        client.infer(texts[:2])
+        ran = client.infer(texts[:2])
+        assert post(url + "/v1/embeddings", {"input": ["hi", "word " * 5000]})[0] == 400  # over the limit
         with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
             families = {family.name: family for family in text_string_to_metric_families(reply.read().decode())}
     def value(name: str, **labels: str) -> float:
         return next(sample.value for sample in families[name].samples if sample.labels == labels)
-    assert value("workerpool_texts", model="embed") == 5
-    tokens = value("workerpool_input_tokens", model="embed")
-    assert tokens > answer["usage"]["prompt_tokens"] > 0  # the ZeroMQ request's texts counted too
+    assert value("workerpool_texts", model="embed") == 5  # what ran: the refused request's texts never did
+    assert value("workerpool_input_tokens", model="embed") == answer["usage"]["prompt_tokens"] + ran["tokens"].sum()
     assert value("workerpool_tokenize_seconds", model="embed") > 0
     assert value("workerpool_requests", model="embed", route="embeddings", code="ok") == 1
     assert value("workerpool_requests", model="embed", route="zmq", code="ok") == 1
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send ``request`` on a connection of its own; what the server answered before closing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_refusals_before_a_request_is_read_keep_its_id_and_get_a_line(small_model, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    port = free_port()
+    with Server(small_model, "--http", f"127.0.0.1:{port}", "--http-token-file", str(token),
+                "--max-connections", "1", workers=1) as server:
+        unauthorized = raw_exchange(port, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Request-Id: client-401\r\n"
+                                          b"Content-Length: 2\r\n\r\n{}")
+        too_large = raw_exchange(port, b"POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                       b"s3cret\r\nX-Request-Id: client-413\r\nContent-Length: 99999999999\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as held:  # the one connection allowed
+            held.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert held.recv(65536).startswith(b"HTTP/1.1 200")
+            turned_away = raw_exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert unauthorized.startswith(b"HTTP/1.1 401") and b"X-Request-Id: client-401\r\n" in unauthorized
+    assert b'"request_id": "client-401"' in unauthorized
+    assert too_large.startswith(b"HTTP/1.1 413") and b"X-Request-Id: client-413\r\n" in too_large
+    made = re.search(rb"X-Request-Id: (\S+)\r\n", turned_away).group(1).decode()
+    assert turned_away.startswith(b"HTTP/1.1 503") and f'"request_id": "{made}"'.encode() in turned_away
+    lines = {line["id"]: line for line in access_lines(server.log())}
+    assert (lines["client-401"]["route"], lines["client-401"]["status"]) == ("POST /v1/embeddings", "401")
+    assert (lines["client-413"]["route"], lines["client-413"]["status"]) == ("POST /v2/models/small/infer", "413")
+    assert (lines[made]["status"], lines[made]["code"]) == ("503", "overloaded")

@@ -190,10 +190,11 @@ class Connection:
                     self._answer(reader.ready.popleft())
                 elif reader.refusal is not None:
                     refusal = reader.refusal
-                    self.request_id = self.server.request_ids.make()
+                    head = refusal.head
+                    self.request_id = self.server.request_ids.chosen(head.headers.get("x-request-id") if head else None)
                     self._respond(error_reply(refusal.status, refusal.message, errors_of(refusal.path or ""),
                                               refusal.headers, self.request_id),
-                                  close=True)
+                                  close=True, head=head)
                 elif self.ended or reader.upgraded:
                     self.closing = True
                 else:
@@ -229,21 +230,21 @@ class Connection:
         self._respond(self.server.routes.answer_forwarded(forwarded, frames), ran=ran, model=forwarded.model)
         self._progress()
 
-    def _respond(self, reply: Reply, *, close: bool = False, ran: Ran | None = None, model: str = "") -> None:
-        """Queue ``reply`` to the current request (None: one refused unread), with its request
-        id, and write its access line (``ran``: what the router measured of an inference)."""
+    def _respond(self, reply: Reply, *, close: bool = False, ran: Ran | None = None, model: str = "",
+                 head: Request | None = None) -> None:
+        """Queue ``reply`` to the current request (None: one refused unread, of which ``head``
+        may have been read), with its request id, and write its access line (``ran``: what the
+        router measured of an inference)."""
         request, self.current = self.current, None
         close = close or reply.close or request is None or not request.keep_alive or self.reader.upgraded \
             or self.server.draining
         if request is not None:
             self._release(request)
-        head = response_head(reply.status, len(reply.body), content_type=reply.content_type,
-                             headers={**reply.headers, "X-Request-Id": self.request_id},
-                             close=close, keep_alive_said=request is not None and request.http10)
-        if request is not None and request.method == "HEAD":
-            self.output.add(head)
-        else:
-            self.output.add(head, reply.body)
+        response = response_head(reply.status, len(reply.body), content_type=reply.content_type,
+                                 headers={**reply.headers, "X-Request-Id": self.request_id},
+                                 close=close, keep_alive_said=request is not None and request.http10)
+        body = b"" if request is not None and request.method == "HEAD" else reply.body
+        self.output.add(response, body)
         self.closing = self.closing or close
         self.deadline = time.monotonic() + self.server.settings.client_timeout  # for the next head
         access = self.server.access
@@ -251,8 +252,10 @@ class Connection:
             ran = ran or Ran(outcome_of(reply))
             if not model and reply.refused is not None:
                 model = reply.refused[0]
-            access.write("http", _shown(request), model=model, status=reply.status, ran=ran, size_in=len(request.body) if request is not None else 0,
-                         size_out=len(reply.body), request_id=self.request_id)
+            shown = request or head
+            access.write("http", _shown(shown), model=model, status=reply.status, ran=ran,
+                         size_in=len(request.body) if request is not None else 0, size_out=len(body),
+                         request_id=self.request_id)
 
     def _release(self, request: Request) -> None:
         self.server.buffered -= request.reserved

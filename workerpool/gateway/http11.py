@@ -32,7 +32,11 @@ class Refusal(Exception):
         self.status = status
         self.message = message
         self.headers = headers or {}
-        self.path: str | None = None  # the refused request's path, once its head is read
+        self.head: Request | None = None  # the refused request, once its head is read
+
+    @property
+    def path(self) -> str | None:
+        return None if self.head is None else self.head.path
 
 
 @dataclass
@@ -119,10 +123,10 @@ class RequestReader:
         except httptools.HttpParserCallbackError as exc:
             context = exc.__context__
             self.refusal = context if isinstance(context, Refusal) else Refusal(400, f"a malformed request: {context}")
-            if self.refusal.path is None and self._partial.request is not None:
-                self.refusal.path = self._partial.request.path
         except httptools.HttpParserError as exc:
             self.refusal = _framing_refusal(exc)
+        if self.refusal is not None and self.refusal.head is None:
+            self.refusal.head = self._partial.request
         if self.refusal is None and self._partial.request is None and self.head_bytes > MAX_HEAD_BYTES:
             self.refusal = Refusal(400, f"the request's head is over {MAX_HEAD_BYTES} bytes")
 
@@ -132,7 +136,7 @@ class RequestReader:
         request = self.ready.pop()  # llhttp completed it without its body
         if request.chunked:
             self.refusal = Refusal(400, "an Upgrade request with a chunked body is not served")
-            self.refusal.path = request.path
+            self.refusal.head = request
             return
         self._upgrading = request
         self._upgrade_body(rest)
@@ -191,7 +195,7 @@ class RequestReader:
                 raise _too_large(request.content_length, self.max_body)
             request.reserved = self.admit(request)
         except Refusal as exc:
-            exc.path = request.path
+            exc.head = request
             raise
         partial.request = request
         self.continue_wanted = request.has_body and request.headers.get("expect", "").lower() == "100-continue"

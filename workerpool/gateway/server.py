@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..codecs.http_call import KSERVE
+from ..errors import ErrorCode
 from ..events.loop import Loop
 from ..logs import AccessLog, Ran, RequestIds, Throttle
 from ..router.core import Router
@@ -104,7 +105,11 @@ class HttpServer:
             return
         message = (f"{len(self.connections)} HTTP connections are open, at the server's "
                    f"--max-connections {self.settings.max_connections}")
-        answer = error_reply(503, message, KSERVE, {"Retry-After": "1"})
+        request_id = self.request_ids.make()
+        answer = error_reply(503, message, KSERVE, {"Retry-After": "1", "X-Request-Id": request_id}, request_id)
+        if self.access.wanted(True):
+            self.access.write("http", "-", model="", status=503, ran=Ran(ErrorCode.OVERLOADED), size_in=0,
+                              size_out=len(answer.body), request_id=request_id)
         try:
             sock.send(response(answer.status, answer.body, headers=answer.headers, close=True))
         except OSError:

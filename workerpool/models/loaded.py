@@ -292,10 +292,10 @@ class LoadedModel:
         return {**self.contract.info(), "batching": self.batching, **texts}
 
     def take_usage(self) -> tuple[int, int, float] | None:
-        """The texts tokenized since the last call, their tokens and the seconds it took; None
-        for a model of no texts, or when none were."""
+        """The texts run since the last call, their tokens and the seconds spent tokenizing;
+        None for a model of no texts, or when it did nothing."""
         encoder = getattr(self.model, "text_encoder", None)
-        if not isinstance(encoder, TextEncoder) or not encoder.counted.texts:
+        if not isinstance(encoder, TextEncoder) or not (encoder.counted.texts or encoder.counted.seconds):
             return None
         return encoder.counted.take()
 

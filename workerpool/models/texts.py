@@ -161,7 +161,8 @@ class Tokenized:
 
 @dataclass
 class TokenCount:
-    """What a worker's tokenizer did since it was last asked: texts, their tokens, seconds."""
+    """What a worker's model of texts did since it was last asked: the texts it ran (not those
+    refused), their tokens, and the seconds spent tokenizing."""
 
     texts: int = 0
     tokens: int = 0
@@ -226,12 +227,8 @@ class TextEncoder:
             encodings = self.tokenizer.encode_batch([item for item, _ in cut], add_special_tokens=special)
         except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
             raise ModelInputError(f"{self.model}: the tokenizer cannot read these texts: {exc}") from None
-        lengths = [len(e.ids) for e in encodings]
-        counted = self.counted
-        counted.texts += len(lengths)
-        counted.tokens += sum(lengths)
-        counted.seconds += time.perf_counter() - began
-        return Tokenized(encodings, lengths,
+        self.counted.seconds += time.perf_counter() - began
+        return Tokenized(encodings, [len(e.ids) for e in encodings],
                          [bool(e.overflowing) or forced for e, (_, forced) in zip(encodings, cut, strict=True)])
 
     def refuse_over(self, texts: Sequence[Item], tokenized: Tokenized, indices: Iterable[int], *,
@@ -260,7 +257,10 @@ class TextEncoder:
         for positions in plan:
             run = [chosen[k] for k in positions]
             ids, mask, types = _padded([tokenized.encodings[i] for i in run])
-            yield run, self.head(self.encode(ids, mask, types), mask)
+            outputs = self.head(self.encode(ids, mask, types), mask)
+            self.counted.texts += len(run)
+            self.counted.tokens += sum(tokenized.lengths[i] for i in run)
+            yield run, outputs
 
     def _prefix(self, item: Item) -> tuple[Item, bool]:
         """``item`` as it is tokenized, and whether it was cut short where its whole could not

@@ -134,8 +134,8 @@ class PoolCollector:
 
 Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)
 TOKENIZER_COUNTERS = (  # a model of texts: what its workers' tokenizers did (0 for a model of arrays)
-    ("workerpool_texts", "Texts (or pairs) tokenized, by model.", "texts"),
-    ("workerpool_input_tokens", "Tokens of the texts tokenized, after the cut at the model's limit.", "tokens"),
+    ("workerpool_texts", "Texts (or pairs) the model ran, by model (not those refused).", "texts"),
+    ("workerpool_input_tokens", "Tokens of the texts run, after the cut at the model's limit.", "tokens"),
     ("workerpool_tokenize_seconds", "Seconds the workers spent tokenizing, by model.", "tokenizing"),
 )
 

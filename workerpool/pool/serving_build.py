@@ -70,7 +70,9 @@ def open_serving(config: ServeConfig, pool: Pool, cleanup: ExitStack) -> Serving
     control_server = ControlServer(context, control_endpoint)
     control_server.claim()
     events = WorkerEvents(pool)
-    router, links = _bind_router(config, pool, events, context, _secure(config, context, cleanup))
+    access = AccessLog(on=not config.no_access_log, sample=config.access_log_sample)
+    cleanup.callback(access.flush)  # the lines of the last answers, once every other step is undone
+    router, links = _bind_router(config, pool, events, context, _secure(config, context, cleanup), access)
     cleanup.callback(links.local.close)
     cleanup.callback(_answer_stragglers, pool, router, links)
     connections = ConnectionLimit(links.frontend, *_connection_caps(config))
@@ -89,7 +91,7 @@ def open_serving(config: ServeConfig, pool: Pool, cleanup: ExitStack) -> Serving
 
 
 def _bind_router(config: ServeConfig, pool: Pool, events: WorkerEvents, context: zmq.Context,
-                 secure: Callable[[zmq.Socket, str], None] | None) -> tuple[Router, RouterLinks]:
+                 secure: Callable[[zmq.Socket, str], None] | None, access: AccessLog) -> tuple[Router, RouterLinks]:
     max_message_size = config.max_message_size or max(
         default_max_message_size(served.current.signature) for served in pool.models)
     if max_message_size < protocol.MIN_MESSAGE_SIZE:
@@ -113,7 +115,7 @@ def _bind_router(config: ServeConfig, pool: Pool, events: WorkerEvents, context:
         max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
         request_timeout=config.request_timeout,
         running_cap=max(1, len(os.sched_getaffinity(0)) // pool.threads_per_worker),  # cores / a worker's share
-        access=AccessLog(on=not config.no_access_log, sample=config.access_log_sample),
+        access=access,
     )
     for served in pool.models:
         serve_model(router, served)
@@ -162,6 +164,7 @@ def _read_sockets(loop: Loop, parts: ServingParts, commands: ControlCommands) ->
     if links.remote is not None:
         loop.read(links.remote, links.on_remote_backend)
     loop.after_each_turn(links.flush)
+    loop.after_each_turn(router.replies.access.flush)
     loop.after_each_turn(router.count_held)
 
     def duties() -> None:

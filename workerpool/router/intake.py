@@ -68,7 +68,7 @@ class Intake:
         self.read += 1
         client = frames[0].bytes
         if len(frames) < 3 or frames[1].bytes != b"":
-            self.replies.error(client, frames[2:] if len(frames) > 2 and frames[1].bytes == b"" else [],
+            self.replies.error(client, frames[2:] if len(frames) > 2 and frames[1].bytes == b"" else frames[1:],
                                ErrorCode.BAD_REQUEST,
                                "a request is an empty delimiter frame, a route frame, a JSON header "
                                "frame, then array frames")

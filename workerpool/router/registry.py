@@ -60,6 +60,8 @@ class WorkerRecord:
         self.state = WorkerState.BUSY
         self.busy_since = now
         self.inflight = batch
+        for part in batch:
+            part.request.worker = self.pid  # the last it went to, for its access line
         self.sent, self.sent_rows = len(batch), rows
         self.batches += 1
         bucket = size_bucket(rows)

@@ -73,12 +73,15 @@ class Replies:
             shown = request_id
         else:  # a number, an object, or a string a log line must not carry as it is
             shown = ascii(request_id)[:128]
-        self.access.write(ZMQ, method if method in protocol.METHODS else "-", model=model, status=outcome,
+        status = 200 if outcome == OK else ErrorCode.read(outcome.encode()).http_status  # as HTTP would answer
+        self.access.write(ZMQ, method if method in protocol.METHODS else "-", model=model, status=status,
                           ran=_ran(outcome, request, now), size_in=sum(len(frame) for frame in sent),
                           size_out=sum(len(frame) for frame in frames), request_id=shown)
 
 
 def _ran(outcome: str, request: Request | None, now: float) -> Ran:
-    if request is None or request.started is None:
+    if request is None:
         return Ran(outcome)
+    if request.started is None:  # it never left the queue
+        return Ran(outcome, now - request.received)
     return Ran(outcome, request.started - request.received, now - request.started, request.worker)

@@ -56,7 +56,7 @@ class Request:
     split: bool = False  # runs in parts
     api: str = ZMQ  # the door and route it came by, for the counts and the access log
     started: float | None = None  # when its first part was taken for a worker
-    worker: int | None = None  # the pid of the worker that answered its last part
+    worker: int | None = None  # the pid of the worker its last part went to
     _offsets: list[int] | None = None
 
     @property

@@ -273,7 +273,6 @@ class Scheduler:
             log.debug("late reply from worker %d dropped", worker.pid)
             return
         part = inflight.pop(0)
-        part.request.worker = worker.pid
         worker.answered(part.rows, ok=status == b"ok")
         now = self.clock()
         self.stats.of(worker.running).run_times.observe(now - worker.busy_since)

@@ -225,10 +225,7 @@ class Worker:
             loaded = self.models.get(work[0])
             if loaded is None and len(self.models) == 1:  # a host's one model, by the router's name for it
                 loaded = next(iter(self.models.values()))
-            self._answer_all(router, loaded, work[1])
-            usage = loaded.take_usage() if loaded is not None else None
-            if usage is not None:
-                router.send(protocol.usage_message(work[0], *usage))
+            self._answer_all(router, work[0], loaded, work[1])
             self._settle(loaded)
             return True
         if command == protocol.RELOAD and len(frames) >= 2:
@@ -245,13 +242,18 @@ class Worker:
             raise Refused(reason)
         return False
 
-    def _answer_all(self, router: RouterChannel, loaded: LoadedModel | None, batch: list[Any]) -> None:
+    def _answer_all(self, router: RouterChannel, model: str, loaded: LoadedModel | None, batch: list[Any]) -> None:
         """Answer the requests of a message (client, part, frames each), each as soon as it and
-        those before it are: the router takes a batch's replies in its order."""
+        those before it are: the router takes a batch's replies in its order. What the model's
+        tokenizer did goes just before the last reply, so that the pool's metrics hold it once
+        the last client has its answer."""
         requests = [(request[2:], read_part(request[1])) for request in batch]
         answered: set[int] = set()
         try:
             for index, answer in in_batch_order(handle_batch(loaded, requests)):
+                usage = loaded.take_usage() if loaded is not None and index == len(batch) - 1 else None
+                if usage is not None:
+                    router.send(protocol.usage_message(model, *usage))
                 self._answer(router, batch[index][0], answer)
                 answered.add(index)
         except Exception as exc:  # noqa: BLE001 - what no check caught: those not answered fail, the worker stays
