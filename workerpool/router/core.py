@@ -220,10 +220,11 @@ class Router:
 
     def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
-        ``asked``: it had been told to stop; ``killed``: by SIGKILL, which blames no request."""
+        ``asked``: it had been told to stop; ``killed``: by SIGKILL, which blames no request.
+        Any other death of a local worker is a crash: the one loss that can blame a request."""
         for key, worker in list(self.scheduler.workers.items()):
             if worker.local and worker.token == token:
-                self.scheduler.lose(key, why, asked=asked, killed=killed)
+                self.scheduler.lose(key, why, asked=asked, crashed=not killed)
 
     def stop_worker(self, key: WorkerKey) -> None:
         """Ask a worker to exit once its current request is done."""

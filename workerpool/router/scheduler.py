@@ -210,11 +210,12 @@ class Scheduler:
         if not worker.inflight and not switching:
             self.worker_free(worker)
 
-    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False,
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, crashed: bool = False,
              unsent: bool = False) -> None:
         """Forget a worker: its parts are retried or answered (``recovery.py``). ``asked``: it
-        left because it was told to (the supervisor logs that, not a loss); ``killed``: by
-        SIGKILL, which blames no request; ``unsent``: the message that failed to reach it
+        left because it was told to (the supervisor logs that, not a loss); ``crashed``: its
+        process died of itself (not SIGKILLed), the one loss that blames a request; ``unsent``:
+        the message that failed to reach it
         handed it what it holds. Those, like messages still waiting in the outbox to be sent
         to it, never ran there."""
         worker = self.workers.pop(key, None)
@@ -227,7 +228,7 @@ class Scheduler:
         for model in self.models.values():
             model.rollout.forget(key)
         unsent = self.outbox.withdraw(key) or unsent
-        self.backlog.settle(recovery.after_loss(worker, self.take_inflight(worker), why, killed=killed,
+        self.backlog.settle(recovery.after_loss(worker, self.take_inflight(worker), why, crashed=crashed,
                                                 unsent=unsent, asked=asked), self.models)
         self.events.worker_lost(worker, why)
         self.reload_next()

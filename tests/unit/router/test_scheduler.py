@@ -354,17 +354,55 @@ def test_a_remote_worker_is_never_held_for_a_batch():
 # Recovery.
 
 
-def test_a_lost_request_is_retried_once_alone_then_fails():
+def test_a_lost_request_is_retried_once_alone_then_fails_and_a_crash_proves_it_a_killer():
     pool = Pool()
-    second, first = pool.worker(2), pool.worker(1)  # the request goes to the last one freed
+    pool.worker(2, token="b")
+    pool.worker(1, token="a")  # the request goes to the last one freed
     request = pool.request(9)
-    pool.lose(first)
+    pool.exited("a", "was killed by SIGSEGV")
     part = pool.part(9)
     assert pool.sends_to(2) == [[9]] and part.solo and part.attempts == MAX_ATTEMPTS
-    pool.lose(second)
+    pool.exited("b", "was killed by SIGABRT")
     assert pool.errors() == {9: "worker_failed"}
     assert pool.lost == [1, 2] and pool.workers == {}
     assert pool.quarantine.refusal(b"other", request.frames) is not None  # proven: it killed twice
+
+
+@pytest.mark.parametrize("second", ["sigkill", "link", "silent"])
+def test_a_second_loss_with_a_cause_of_its_own_fails_the_request_but_blames_it_for_nothing(second):
+    """The second worker went for a visible reason of its own (SIGKILLed from outside; a worker
+    host's link closed, as when the host goes away with all its workers, the retry's too; given
+    up by the router): nothing shows the request killed it, whatever the first loss was."""
+    pool = Pool()
+    pool.worker(3, token="c")  # where an identical request goes afterwards
+    sibling = pool.worker(2, local=second != "link", token="b")
+    first = pool.worker(1, local=second != "link", token="a")
+    request = pool.request(9)
+    if first.local:
+        pool.exited("a", "was killed by SIGSEGV")  # even after a crash
+    else:
+        pool.lose(first, "unreachable (Host unreachable)")
+    assert pool.sends_to(2) == [[9]]
+    if second == "sigkill":
+        pool.exited("b", "was killed by SIGKILL", killed=True)
+    elif second == "link":
+        pool.lose(sibling, "unreachable (Host unreachable)")
+    else:
+        pool.lose(sibling, "no heartbeat for 6.0s, its process stopped")
+    assert pool.errors() == {9: "worker_failed"} and not pool.quarantine
+    pool.request(10, client=b"other", payload=np.zeros((1, 4), np.float32))
+    assert pool.quarantine.refusal(b"other", request.frames) is None and pool.sends_to(3) == [[10]]
+
+
+def test_a_killer_crashing_a_local_worker_after_a_remote_one_is_still_a_killer():
+    pool = Pool()
+    pool.worker(2, token="b")
+    remote = pool.worker(1, local=False)
+    request = pool.request(9)
+    pool.lose(remote, "unreachable (Host unreachable)")
+    pool.exited("b", "exited with code 134")
+    assert pool.errors() == {9: "worker_failed"}
+    assert pool.quarantine.refusal(b"other", request.frames) is not None
 
 
 def test_a_request_whose_workers_were_both_sigkilled_fails_but_is_not_quarantined():
