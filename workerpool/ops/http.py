@@ -89,8 +89,8 @@ class PoolCollector:
         yield reloads
         yield CounterMetricFamily("workerpool_worker_restarts", "Serving workers that died and were replaced.",
                                   value=snapshot["replacements"])
-        yield _histograms("workerpool_batch_rows", "Rows (or texts) per message to a worker, one or more "
-                          "forward passes.", histograms, "batch_rows")
+        yield _histograms("workerpool_batch_rows", "Rows (or texts) a worker ran of a message to it, one "
+                          "or more forward passes.", histograms, "batch_rows")
         yield from self._memory(status, snapshot)
 
     def _read_memory(self, snapshot: Snapshot) -> metrics.PoolMemory:

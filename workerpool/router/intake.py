@@ -94,6 +94,12 @@ class Intake:
         self.read += 1
         return self.admit(lane, frames, size)
 
+    def refused_at_door(self, model: str, outcome: str) -> None:
+        """An inference the HTTP front door answered itself (a body it could not read, a model
+        it does not serve): read and answered, like every request counted here."""
+        self.read += 1
+        self.replies.count(model, outcome)
+
     def admit(self, client: bytes, frames: list[Any], size: int) -> Request | None:
         """The request of ``size`` bytes (route frame, header frame, then array frames) from
         ``client`` to hold, or None when it was answered."""

@@ -246,8 +246,30 @@ def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch():
     assert pool.sends_to(1) == [[0], [1, 2]]  # request 3 would make five rows
     assert (worker.batches, worker.rows, len(pool.queue)) == (2, 1, 1)  # rows it answered so far
     stats = pool.router.stats.of("m")
-    assert stats.batch_rows.counts[:3] == [1, 0, 1]  # a batch of 1 row, one of 3 (bucket 4)
+    assert stats.batch_rows.counts[:3] == [1, 0, 0]  # what it ran: one batch of 1 row
     assert sum(stats.queue_waits.counts) == 3
+    pool.answer(worker)
+    assert stats.batch_rows.counts[:3] == [1, 0, 1] and worker.rows == 4  # then one of 3 (bucket 4)
+    assert worker.batch_sizes == {1: 1, 4: 1}
+
+
+def test_rows_a_route_frame_claims_are_counted_only_once_run():
+    """A route frame that lies about its rows is refused by the worker: the lie is counted
+    nowhere; the rows a worker ran are."""
+    unsplit = {**SIGNATURE, "batching": False}  # the router never cuts its requests: it checks no bytes
+    pool = Pool(max_rows=4, models={"m": unsplit})
+    worker = pool.worker(1, models={"m": unsplit})
+    frames = protocol.encode_request(1, np.zeros((1, 4), np.float32))[1:]
+    route = bytearray(frames[0])
+    route[-16:-8] = (2**64 - 1).to_bytes(8, "little")  # the one array's first axis (it has no name)
+    pool.send(b"liar", [bytes(route), *frames[1:]])
+    assert pool.sends_to(1) == [[1]] and pool.part(1).rows == 2**64 - 1
+    pool.answer(worker, b"bad_request")
+    pool.request(2, rows=3)
+    pool.answer(worker)
+    stats = pool.router.stats.of("m")
+    assert (worker.served, worker.errors, worker.rows, worker.batch_sizes) == (2, 1, 3, {4: 1})
+    assert stats.batch_rows.counts[:3] == [0, 0, 1] and stats.batch_rows.total == 3
 
 
 def test_a_worker_told_to_stop_is_sent_stop_and_never_a_request():
