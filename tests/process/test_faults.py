@@ -116,6 +116,9 @@ def test_kill_9_workers_under_load_blames_no_client(small_model, local_model):
         log = server.log()
         for victim in victims:
             assert f"worker {victim} was killed by SIGKILL; starting a replacement" in log
+        server.stop()
+    read = re.search(r"(\d+) requests read, (\d+) answered", server.log())
+    assert read is not None and read[1] == read[2] == str(len(outcomes)), read  # a retry is not answered twice
 
 
 def test_request_on_a_killed_worker_is_retried_on_another(small_model):
@@ -132,6 +135,8 @@ def test_request_on_a_killed_worker_is_retried_on_another(small_model):
             rf"worker {victim} lost \(.*\) with a request in flight; retrying it", server.log()
         )
         server.wait_for(pool_ready(2, without=(victim,)))
+        server.stop()
+    assert "1 requests read, 1 answered" in server.log()  # the retry is no second answer
 
 
 def test_request_whose_retry_also_dies_gets_worker_failed(small_model):
