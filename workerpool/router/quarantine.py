@@ -4,13 +4,13 @@ A request in flight on a worker that dies is retried once, alone (inference is i
 the worker may have died of something else: an operator's ``kill``, the OOM killer, its host
 going away). A death alone blames nobody. A request is a killer only on evidence
 (``recovery.py``): a second worker running it alone crashed (a local worker's process died of
-itself: SIGKILL, which operators, the OOM killer and kill sweeps send, is no evidence, nor is a
-worker host's link closing, which is how its host going away looks), or it ran past
-``--request-timeout``. Identical requests (same model, method, arrays or texts, whatever their
-id) are then refused at once for ``REQUEST_TTL`` seconds, and a client connection
-``CLIENT_KILLS`` of whose distinct requests were killers within ``CLIENT_WINDOW`` seconds is
-refused for that window. New weights for a model forgive what killed its workers. Both tables
-are bounded, oldest entries dropped first.
+itself: SIGKILL, which operators, the OOM killer and kill sweeps send, is no evidence, nor is
+SIGBUS, a weight file cut short, nor a worker host's link closing, which is how its host going
+away looks), or it ran past ``--request-timeout``. Identical requests (same model, method,
+arrays or texts, whatever their id) are then refused at once for ``REQUEST_TTL`` seconds, and a
+client connection ``CLIENT_KILLS`` of whose distinct requests were killers within
+``CLIENT_WINDOW`` seconds is refused for that window. New weights for a model forgive what
+killed its workers. Both tables are bounded, oldest entries dropped first.
 """
 
 from __future__ import annotations

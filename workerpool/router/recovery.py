@@ -6,11 +6,12 @@ idempotent); one that fails twice answers its request ``worker_failed``. The req
 (quarantine.py) only on evidence that it killed the second worker: a local worker's process
 that died of itself while running it alone (reaping tells: a crash, an abort, an exit). Losses
 with another visible cause blame no request: a SIGKILL (an operator's kill, the OOM killer, a
-kill sweep that takes a retry's worker as well as the first), a worker given up by the router
-(silent, stopped, malformed), and a worker host's worker whose link closed, which is all the
-router sees of its host going away (its workers go at once, a retry's included). A batch that dies
-tells nothing about which of its parts is to blame: each is retried alone. Parts a worker never
-received (the message to it could not be sent) go to another worker as they were.
+kill sweep that takes a retry's worker as well as the first), a SIGBUS (a weight file cut short
+under the workers that map it), a worker given up by the router (silent, stopped, malformed),
+and a worker host's worker whose link closed, which is all the router sees of its host going
+away (its workers go at once, a retry's included). A batch that dies tells nothing about which
+of its parts is to blame: each is retried alone. Parts a worker never received (the message to
+it could not be sent) go to another worker as they were.
 
 A part that runs past ``--request-timeout`` alone answers its request ``request_timeout`` and
 the request is a killer; the parts of a batch that ran out of time are retried alone (none of

@@ -390,10 +390,10 @@ def test_a_lost_request_is_retried_once_alone_then_fails_and_a_crash_proves_it_a
     assert pool.quarantine.refusal(b"other", request.frames) is not None  # proven: it killed twice
 
 
-@pytest.mark.parametrize("second", ["sigkill", "link", "silent"])
+@pytest.mark.parametrize("second", ["sigkill", "sigbus", "link", "silent"])
 def test_a_second_loss_with_a_cause_of_its_own_fails_the_request_but_blames_it_for_nothing(second):
-    """The second worker went for a visible reason of its own (SIGKILLed from outside; a worker
-    host's link closed, as when the host goes away with all its workers, the retry's too; given
+    """The second worker went for a visible reason of its own (SIGKILLed from outside; SIGBUS, its
+    weight file cut short; a worker host's link closed, as when the host goes away with all its workers, the retry's too; given
     up by the router): nothing shows the request killed it, whatever the first loss was."""
     pool = Pool()
     pool.worker(3, token="c")  # where an identical request goes afterwards
@@ -405,8 +405,8 @@ def test_a_second_loss_with_a_cause_of_its_own_fails_the_request_but_blames_it_f
     else:
         pool.lose(first, "unreachable (Host unreachable)")
     assert pool.sends_to(2) == [[9]]
-    if second == "sigkill":
-        pool.exited("b", "was killed by SIGKILL", killed=True)
+    if second in ("sigkill", "sigbus"):
+        pool.exited("b", f"was killed by {second.upper()}", outside=True)
     elif second == "link":
         pool.lose(sibling, "unreachable (Host unreachable)")
     else:
@@ -432,9 +432,9 @@ def test_a_request_whose_workers_were_both_sigkilled_fails_but_is_not_quarantine
     pool.worker(2, token="b")
     pool.worker(1, token="a")  # freed last: the request goes to it
     request = pool.request(9)
-    pool.exited("a", "was killed by SIGKILL", killed=True)
+    pool.exited("a", "was killed by SIGKILL", outside=True)
     assert pool.sends_to(2) == [[9]]
-    pool.exited("b", "was killed by SIGKILL", killed=True)
+    pool.exited("b", "was killed by SIGKILL", outside=True)
     assert pool.errors() == {9: "worker_failed"}
     assert not pool.quarantine and pool.quarantine.refusal(b"other", request.frames) is None
 
