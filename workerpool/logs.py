@@ -2,22 +2,39 @@
 
 ``text`` is for people; ``json`` is one JSON object per line for log collectors, with the time,
 level, logger, message, pid and, where the event knows them, ``worker``, ``generation`` and
-``request_id`` (passed as ``extra``). The format travels to the template and the workers in
-the environment (``WORKERPOOL_LOG_FORMAT``), which is also how an operator may set it.
+``request_id`` (passed as ``extra``); an access line's fields are keys of its own. The format
+travels to the template and the workers in the environment (``WORKERPOOL_LOG_FORMAT``), which
+is also how an operator may set it.
+
+The access log (:class:`AccessLog`) is one line per answered request, from whichever door
+answered it: the router writes the ZeroMQ door's as it answers (``router/replies.py``), the
+HTTP door's connection writes its own with the status and what the router measured of a
+request it ran (:class:`Ran`). A line names the door, the route (HTTP) or method (ZeroMQ), the
+model, the status and error code, the bytes in and out, the time the request waited and ran,
+the worker that answered and the request's id. Lines go to ``workerpool.access`` at INFO
+whatever ``--log-level`` says. Errors (an HTTP status of 400 or more, a ZeroMQ error code) are
+always written; of the requests answered well, one in every ``1 / sample``
+(``--access-log-sample``), counted, not drawn at random.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import re
 import sys
 import time
+from dataclasses import dataclass
+
+from .units import MS_PER_SECOND
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 FORMAT_ENV = "WORKERPOOL_LOG_FORMAT"
 FIELDS = ("worker", "generation", "request_id")  # extras a log call may name
+ACCESS_LOGGER = "workerpool.access"  # the access log's lines: at INFO whatever --log-level says
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,6 +50,7 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
         }
         entry.update({name: getattr(record, name) for name in FIELDS if hasattr(record, name)})
+        entry.update(getattr(record, "access", ()))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -54,6 +72,7 @@ def setup_logging(level: str, log_format: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
     logging.captureWarnings(True)  # a model's warnings, in the same format
     warnings = logging.getLogger("py.warnings")
     warnings.handlers[:] = [handler]
@@ -76,3 +95,77 @@ class Throttle:
             return False
         self._last[kind] = now
         return True
+
+
+access_log = logging.getLogger(ACCESS_LOGGER)
+REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # what a request id may be: visible ASCII, at most 128
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """What the router measured of a request it answered: its outcome (``ok`` or the error
+    code), seconds waiting for a worker and running (None: it never reached one) and the
+    worker that answered (its pid, None: none did)."""
+
+    outcome: str
+    queued: float | None = None
+    ran: float | None = None
+    worker: int | None = None
+
+
+class RequestIds:
+    """Ids for requests that bring none: this process's random prefix and a count, unique
+    without a system call per request."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(6).hex()
+        self._count = itertools.count(1)
+
+    def make(self) -> str:
+        return f"{self._prefix}-{next(self._count):x}"
+
+    def chosen(self, given: str | None) -> str:
+        """``given`` (a client's ``X-Request-Id``) when it is a fit id, else a new one."""
+        return given if given is not None and REQUEST_ID.fullmatch(given) else self.make()
+
+
+class AccessLog:
+    """Writes access lines: every error, and one success in every ``1 / sample`` (none with
+    ``on`` false, errors included)."""
+
+    def __init__(self, *, on: bool = True, sample: float = 1.0) -> None:
+        self.on = on
+        self._every = round(1 / sample) if sample > 0 else 0
+        self._successes = 0
+
+    def wanted(self, error: bool) -> bool:
+        """Whether the next answer gets a line (a success is counted toward the sample)."""
+        if not self.on:
+            return False
+        if error:
+            return True
+        if not self._every:
+            return False
+        self._successes += 1
+        if self._successes < self._every:
+            return False
+        self._successes = 0
+        return True
+
+    def write(self, door: str, route: str, *, model: str, status: int | str, ran: Ran, size_in: int,
+              size_out: int, request_id: str) -> None:
+        """One line, for a request :meth:`wanted` chose."""
+        fields = {"door": door, "route": route, "model": model or "-", "status": status, "code": ran.outcome,
+                  "bytes_in": size_in, "bytes_out": size_out, "queue_ms": _ms(ran.queued),
+                  "run_ms": _ms(ran.ran), "worker": ran.worker, "request_id": request_id}
+        access_log.info("%s %s %s model=%s code=%s in=%d out=%d queue_ms=%s run_ms=%s worker=%s id=%s", door, route,
+                 status, fields["model"], ran.outcome, size_in, size_out, _text(fields["queue_ms"]),
+                 _text(fields["run_ms"]), _text(ran.worker), request_id, extra={"access": fields})
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * MS_PER_SECOND, 3)
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else str(value)

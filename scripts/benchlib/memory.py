@@ -1,4 +1,5 @@
-"""The memory of a whole server, every process of it, as the benchmarks report it.
+"""The memory of a whole server, every process of it, as the benchmarks report it, and how much
+of a model's files its workers hold.
 
 A server is a root process (workerpool's supervisor, gunicorn's arbiter) and its descendants:
 the workers, and for ``workerpool --start fork`` the template the workers are forked from.
@@ -6,6 +7,8 @@ the workers, and for ``workerpool --start fork`` the template the workers are fo
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from typing import Any
 
 import psutil
@@ -66,3 +69,50 @@ def smaps_figures(pid: int, model: str | list[str]) -> dict[str, int]:
         raise RuntimeError(f"process {pid} exited while its memory was read") from exc
     return {"private_dirty": rollup.get("Private_Dirty", 0), "pss_anon": rollup.get("Pss_Anon", 0),
             "weights_pss": mapped.get("Pss", 0)}
+
+
+def files_mapped_under(pids: Iterable[int], folder: str) -> list[str]:
+    """The files under ``folder`` that any of ``pids`` maps: for an onnx model, the prepacked
+    copy in the pool's ``--cache-dir``, which its sessions map instead of the weight file's
+    tensors."""
+    prefix = os.path.join(os.path.realpath(folder), "")
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            found.update(m.path for m in psutil.Process(pid).memory_maps(grouped=True)
+                         if m.path.startswith(prefix))
+        except psutil.Error as exc:
+            raise RuntimeError(f"process {pid} exited while its mappings were read") from exc
+    return sorted(found)
+
+
+def resident_in(pid: int, paths: list[str]) -> int:
+    """Bytes of the files at ``paths`` resident in the mappings of ``pid`` (procfs's rule)."""
+    files = [found for found in map(procfs.MappedFile.of, paths) if found is not None]
+    try:
+        return procfs.file_figures(pid, files).get("Rss", 0) if files else 0
+    except OSError as exc:
+        raise RuntimeError(f"process {pid} exited while its memory was read") from exc
+
+
+def residency(status: dict[str, Any], model: str, cache_dir: str) -> dict[str, Any]:
+    """How much of the weight file ``model`` each worker ``status`` lists holds resident, and
+    of the files under the pool's ``cache_dir`` the workers map (an onnx model's prepacked
+    copy): fractions of the pages the files span, as residency is counted in pages."""
+    pids = [w["pid"] for w in status["workers"]]
+    prepacked = files_mapped_under(pids, cache_dir)
+    prepacked_pages = sum(map(in_pages, prepacked))
+    return {
+        "file": [(w["memory"] or {}).get("weights_resident", 0) / in_pages(model)
+                 for w in status["workers"]],
+        "prepacked_files": prepacked,
+        "prepacked_size": sum(map(os.path.getsize, prepacked)),
+        "prepacked": [resident_in(pid, prepacked) / prepacked_pages for pid in pids]
+        if prepacked_pages else [],
+    }
+
+
+def in_pages(path: str) -> int:
+    """The bytes of the pages the file at ``path`` spans."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return max(1, -(-os.path.getsize(path) // page)) * page

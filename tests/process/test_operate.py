@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support import dockerfile
 from support.commands import cli
 from support.manifests import documents, every_document, serve_accepts, the, validated
 from support.models import SLOW
@@ -67,8 +68,11 @@ def test_metrics_move_with_traffic_and_memory_matches_status(small_model, local_
         samples = scrape(url)
         status = server.status()
     model = (("model", "small"),)
-    assert samples["workerpool_requests_total"][(("code", "ok"), *model)] == 5
-    assert samples["workerpool_requests_total"][(("code", "bad_request"), *model)] == 1
+    zmq = (("route", "zmq"),)
+    assert samples["workerpool_requests_total"][(("code", "ok"), *model, *zmq)] == 5
+    assert samples["workerpool_requests_total"][(("code", "bad_request"), *model, *zmq)] == 1
+    assert samples["workerpool_request_duration_seconds_count"][(*model, *zmq)] == 6
+    assert samples["workerpool_texts_total"][model] == 0  # a model of arrays
     assert samples["workerpool_run_seconds_count"][model] == 6
     assert samples["workerpool_queue_wait_seconds_count"][model] == 6
     assert samples["workerpool_workers"][(("state", "ready"),)] == 2
@@ -109,13 +113,16 @@ def test_the_autoscalers_metric_is_one_the_pool_exports_and_every_metric_is_docu
     with http_server(small_model, workers=1) as server:
         status, text = get(server.status(memory=False)["http"] + "/metrics")
     assert status == 200
-    families = {family.name for family in text_string_to_metric_families(text)}
-    served = {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    served = {sample.name for family in families.values() for sample in family.samples}
     assert read == {"workerpool_request_seconds_total"} and read <= served
     operations = (ROOT / "docs" / "operations.md").read_text()
     table = operations.split("\n## Health, readiness and metrics\n", 1)[1].split("\n## ", 1)[0]
-    documented = {name.removesuffix("_total") for name in re.findall(r"`(workerpool_\w+)", table)}
-    assert families <= documented, families - documented
+    documented = {name.removesuffix("_total"): set(labels.split(",")) - {""}
+                  for name, labels in re.findall(r"`(workerpool_\w+)(?:\{([\w,]*)\})?`", table)}
+    assert set(families) == set(documented)
+    for name, family in families.items():  # the labels each sample has are those the table lists
+        assert {label for sample in family.samples for label in sample.labels} - {"le"} <= documented[name], name
 
 
 def test_readyz_follows_the_pool_and_status_ready_says_the_same(small_model):
@@ -251,7 +258,7 @@ def test_deployment_examples_are_valid_kubernetes_and_use_whatserve_accepts():
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     parsed = serve_accepts(container["args"])
     assert spec["terminationGracePeriodSeconds"] > parsed.graceful_timeout
-    http_port = int(re.search(r"WORKERPOOL_HTTP=\S*:(\d+)", (deploy / "Dockerfile").read_text()).group(1))
+    http_port = int(dockerfile.environment()["WORKERPOOL_HTTP"].rpartition(":")[2])
     assert {"name": "http", "containerPort": http_port} in container["ports"]
     runtime = next(d for d in documents["kserve.yaml"] if d["kind"] == "ServingRuntime")
     assert runtime["spec"]["protocolVersions"] == ["v2"]
@@ -266,9 +273,9 @@ def test_deployment_examples_are_valid_kubernetes_and_use_whatserve_accepts():
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     unit = (deploy / "workerpool.service").read_text()
     assert "Type=notify" in unit and "ExecReload=/bin/kill -HUP $MAINPID" in unit
-    readme_install = "python3 -m pip install '.[http]'"
-    assert readme_install in (ROOT / "README.md").read_text()
-    assert f"RUN {readme_install}" in (deploy / "Dockerfile").read_text()
+    readme_installs = re.findall(r"python3 -m pip install '\.\[([\w,]+)\]'", (ROOT / "README.md").read_text())
+    readme_extras = {extra for extras in readme_installs for extra in extras.split(",")} - {"test"}
+    assert readme_extras == dockerfile.extras()  # the image serves what the README serves
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,

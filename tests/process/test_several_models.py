@@ -98,8 +98,10 @@ def test_every_worker_serves_every_model_through_both_doors(served):
     assert all(set(worker["models"]) == {"narrow", "wide", "embed"} for worker in status["workers"])
     assert {name: model["workers"] for name, model in status["models"].items()} == {
         "narrow": 2, "wide": 2, "embed": 2}
-    assert 'workerpool_requests_total{code="ok",model="wide"} 3.0' in metrics  # and its info
-    assert 'workerpool_requests_total{code="model_not_found",model=""} 2.0' in metrics
+    assert 'workerpool_requests_total{code="ok",model="wide",route="zmq"} 2.0' in metrics  # and its info
+    assert 'workerpool_requests_total{code="ok",model="wide",route="infer"} 1.0' in metrics
+    assert 'workerpool_requests_total{code="bad_request",model="narrow",route="embeddings"} 1.0' in metrics
+    assert 'workerpool_requests_total{code="model_not_found",model="",route="zmq"} 2.0' in metrics
     assert 'workerpool_generation{model="embed"} 1.0' in metrics
 
 

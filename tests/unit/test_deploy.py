@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from support import dockerfile
 from support.manifests import (
     CRD_SCHEMAS,
     CRDS,
@@ -26,6 +27,8 @@ from support.manifests import (
 )
 from support.paths import ROOT
 
+from workerpool.cli.main import build_parser
+from workerpool.config.sources import unknown_variables
 from workerpool.gateway.routes import ROUTES
 
 DEPLOY = ROOT / "deploy"
@@ -128,7 +131,7 @@ def listening_port(address: str) -> int:
 
 def dockerfile_http() -> str:
     """The HTTP address the image serves on unless told otherwise."""
-    return re.search(r"WORKERPOOL_HTTP=(\S+)", (DEPLOY / "Dockerfile").read_text()).group(1)
+    return dockerfile.environment()["WORKERPOOL_HTTP"]
 
 
 def answered(path: str) -> bool:
@@ -150,6 +153,24 @@ def replicas() -> tuple[dict[str, Any], dict[str, Any]]:
     deployment = the(documents("replicas.yaml"), "Deployment")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     return deployment, container
+
+
+def test_every_container_of_the_image_takes_its_arguments_and_its_environment():
+    """Each container of the image runs, with the image's ``ENV`` and its own, a command that
+    parses its arguments and names no variable it ignores: the image's defaults are ``serve``'s,
+    so the worker hosts (``workers``) unset those it has no option for."""
+    image = dockerfile.entrypoint()
+    pods = {"Deployment": lambda d: d["spec"]["template"]["spec"], "ServingRuntime": lambda d: d["spec"]}
+    containers = [(name, container) for name, found in every_document().items() for document in found
+                  if document["kind"] in pods for container in pods[document["kind"]](document)["containers"]]
+    assert len(containers) == 5  # kserve, pool, replicas, and the router and hosts of scale-out
+    for name, container in containers:
+        assert container["image"] == "workerpool:latest", name
+        command = container.get("command", image)
+        assert command[0] == "workerpool", name
+        parsed = build_parser().parse_args([*command[1:], *(a.replace("{{.Name}}", "model") for a in container["args"])])
+        environ = dockerfile.environment() | {v["name"]: v["value"] for v in container.get("env", [])}
+        assert unknown_variables(parsed.command_parser, environ) == [], (name, container["name"])
 
 
 def test_replicas_yaml_runs_whole_pools_that_drain_before_they_are_killed():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from support import dockerfile
 from support.paths import ROOT
 
 from workerpool.units import MiB
@@ -68,11 +69,11 @@ def test_operations_md_names_the_probes_pool_yaml_has():
     assert set(re.findall(r"`(/[\w/]+)`", about_pool)) == probes
 
 
-def test_operations_md_names_the_install_the_dockerfile_runs():
-    run = re.search(r"^RUN (python3 -m pip install \S+)", (ROOT / "deploy/Dockerfile").read_text(),
-                    re.MULTILINE)
-    assert run and f"`{run.group(1)}`" in section(ROOT / "docs" / "operations.md",
-                                                  "## Containers and Kubernetes")
+def test_operations_md_names_the_extras_and_the_health_check_of_the_image():
+    text = section(ROOT / "docs" / "operations.md", "## Containers and Kubernetes")
+    assert f"`EXTRAS` (default `{dockerfile.arguments()['EXTRAS']}`" in text
+    assert "--build-arg EXTRAS=" in text
+    assert f"`{' '.join(dockerfile.healthcheck()[:3])}`" in text
 
 
 def test_operations_md_gives_the_load_balancer_files_the_tests_run_as_they_are():

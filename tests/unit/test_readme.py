@@ -120,5 +120,5 @@ def test_every_relative_link_in_the_docs_points_at_something_that_exists():
 def test_the_openai_example_follows_the_model_it_calls():
     """The OpenAI snippet embeds with the text model, so it comes once that model is served."""
     readme = (ROOT / "README.md").read_text()
-    served = readme.index("workerpool serve --workers 8 --http :8000 minilm.bpk")
+    served = readme.index("workerpool serve --http :8000 minilm.bpk")
     assert readme.index("client.embeddings.create(") > served

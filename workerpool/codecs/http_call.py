@@ -36,7 +36,7 @@ JSON = "application/json"
 BINARY = "application/octet-stream"
 
 
-def _header(request_id: int, api: str, model: str, deadline: float | None, **http: Any) -> dict[str, Any]:
+def _header(request_id: Any, api: str, model: str, deadline: float | None, **http: Any) -> dict[str, Any]:
     header: dict[str, Any] = {"v": protocol.VERSION, "id": request_id, "method": protocol.METHOD_INFER,
                               "model": model, "http": {"api": api, "model": model, "at": time.time(), **http}}
     if deadline is not None:
@@ -44,7 +44,7 @@ def _header(request_id: int, api: str, model: str, deadline: float | None, **htt
     return header
 
 
-def request_frames(request_id: int, api: str, model: str, body: Any, *, head: int | None,
+def request_frames(request_id: Any, api: str, model: str, body: Any, *, head: int | None,
                    deadline: float | None) -> list[Any]:
     """The frames of one HTTP request for the router: the route frame, the header, then the
     body as received. ``head`` is KServe's Inference-Header-Content-Length; ``deadline``
@@ -53,7 +53,7 @@ def request_frames(request_id: int, api: str, model: str, body: Any, *, head: in
     return [route_for(header), protocol.encode_header(header), body]
 
 
-def text_request_frames(request_id: int, api: str, model: str, texts: list[str], *,
+def text_request_frames(request_id: Any, api: str, model: str, texts: list[str], *,
                         deadline: float | None, **options: Any) -> list[Any]:
     """The frames of a text API's request for the router, its texts read by the front door:
     a request of texts, with what the API's answer needs (``options``) in its header. Raises

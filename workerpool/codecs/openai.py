@@ -104,6 +104,6 @@ def _encoded(row: np.ndarray, encoding: str) -> Any:
     return row.tolist()
 
 
-def error_body(message: str, kind: str, code: str | None = None) -> bytes:
+def error_object(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
     """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

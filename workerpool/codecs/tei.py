@@ -4,7 +4,7 @@
 The front door reads a request (``read_*``: a :class:`~.text_calls.TextRequest`); each part's
 worker writes its share of the answer (:func:`write`, by the ``op`` option); the door joins
 the shares (the request's ``finish``). Errors are TEI's ``{"error", "error_type"}``
-(:func:`error_body`). As TEI does without ``--auto-truncate``, a text over the model's limit
+(:func:`error_object`). As TEI does without ``--auto-truncate``, a text over the model's limit
 is refused unless ``truncate`` is true (here, unless the pool runs with ``--truncate``).
 """
 
@@ -40,9 +40,9 @@ ERROR_TYPES = {400: "Validation", 404: "Validation", 405: "Validation", 408: "Va
                503: "Unhealthy"}  # others: Backend
 
 
-def error_body(message: str, status: int) -> bytes:
+def error_object(message: str, status: int) -> dict[str, Any]:
     """TEI's error object."""
-    return json.dumps({"error": message, "error_type": ERROR_TYPES.get(status, "Backend")}).encode()
+    return {"error": message, "error_type": ERROR_TYPES.get(status, "Backend")}
 
 
 def info(view: ModelView, max_texts: int) -> dict[str, Any]:

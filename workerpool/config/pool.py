@@ -111,6 +111,8 @@ class ServeConfig(PoolConfig):
     http_cert: str | None = None
     http_key: str | None = None
     server_keys: security.ServerKeys | None = None
+    access_log_sample: float = field("access_log_sample")
+    no_access_log: bool = field("no_access_log")
 
 
 @dataclass(kw_only=True)

@@ -244,6 +244,15 @@ _SERVE_SETTINGS = _for(SERVE_ONLY,
             "joining it once the model's measured time per text says it would run longer (at least "
             "one request goes), so a request waits less behind passes it is not in; `0`: only "
             "`--max-batch` bounds it; `NAME=MS` for one model (see [Batching](benchmarks.md#batching))"),
+    Setting("--access-log-sample", parse=values.fraction, default=1.0, metavar="FRACTION",
+            help="the share of requests answered well that get an access line (one in every "
+            "1/FRACTION, counted); errors always get one; 0: errors alone (default: %(default)s, every one)",
+            doc="the share of the requests answered well that get an [access line](operations.md#access-log) "
+            "(one in every 1/FRACTION, counted); requests answered with an error (4xx, 5xx, an error "
+            "code) always get one; `0`: errors alone"),
+    Setting("--no-access-log", switch=True, default=False,
+            help="write no access line at all, errors included (default: one line per answered request)",
+            doc="write no [access line](operations.md#access-log), errors included"),
     Setting("--max-connections", parse=values.positive_count, metavar="N",
             help="client connections served at once, each from its first request on; requests on "
             "more are answered overloaded until one closes (default: 7/8 of what the open file "

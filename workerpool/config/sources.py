@@ -88,11 +88,13 @@ def models(config: str | None, environ: Mapping[str, str]) -> list[str]:
 
 def unknown_variables(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
     """A line for each ``WORKERPOOL_`` variable that names no option of ``parser``: a misspelt
-    one would otherwise be ignored without a word."""
+    one would otherwise be ignored without a word. An empty one is unset, so it is not one:
+    an environment made for ``serve`` (a container image's) unsets for ``workers`` what only
+    ``serve`` takes."""
     known = {ENV_PREFIX + dest.upper() for dest in options_of(parser)}
     return [f"{name} names no option of '{parser.prog}' and is ignored{closest(name, known)}"
-            for name in sorted(environ) if name.startswith(ENV_PREFIX) and name not in known
-            and name not in OTHER_VARIABLES]
+            for name in sorted(environ) if name.startswith(ENV_PREFIX) and environ[name]
+            and name not in known and name not in OTHER_VARIABLES]
 
 
 def closest(word: str, choices: Iterable[str]) -> str:

@@ -56,6 +56,14 @@ def _amount(text: str, unit: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share from 0 to 1."""
+    value = _number(text, float, f"invalid fraction {text!r}")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction from 0 to 1")
+    return value
+
+
 def _above_zero(parse: Callable[[str], Number], message: str) -> Callable[[str], Number]:
     """``parse``, refusing 0 with ``message``: a limit of nothing is a typo, not a setting."""
 

@@ -20,10 +20,11 @@ from typing import Any, Protocol
 
 from ..codecs.http_call import KSERVE
 from ..events.loop import Loop
+from ..logs import AccessLog, Ran, RequestIds
 from ..router.core import Router
 from .http11 import CONTINUE, Request, RequestReader, response_head
 from .output import Output
-from .routes import Forward, Reply, Routes, error_reply, errors_of
+from .routes import Forward, Reply, Routes, error_reply, errors_of, outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class Front(Protocol):
     buffered: int
     would_block: tuple[type[Exception], ...]
     receive_buffer: memoryview  # every connection reads here first: what it reads is parsed at once
+    request_ids: RequestIds  # for requests that bring no X-Request-Id
+    access: AccessLog
 
     @property
     def draining(self) -> bool: ...
@@ -96,6 +99,7 @@ class Connection:
         self.output = Output()
         self.current: Request | None = None  # being answered
         self.forwarded: Forward | None = None  # its inference, at the router
+        self.request_id = ""  # the current request's (its X-Request-Id, else made)
         self.closing = False  # close once the output is written
         self.ended = False  # the client sent all it will send
         self.closed = False
@@ -186,8 +190,9 @@ class Connection:
                     self._answer(reader.ready.popleft())
                 elif reader.refusal is not None:
                     refusal = reader.refusal
+                    self.request_id = self.server.request_ids.make()
                     self._respond(error_reply(refusal.status, refusal.message, errors_of(refusal.path or ""),
-                                              refusal.headers),
+                                              refusal.headers, self.request_id),
                                   close=True)
                 elif self.ended or reader.upgraded:
                     self.closing = True
@@ -202,32 +207,38 @@ class Connection:
     def _answer(self, request: Request) -> None:
         self.current = request
         self.deadline = None
-        decision = self.server.routes.answer(request)
+        self.request_id = self.server.request_ids.chosen(request.headers.get("x-request-id"))
+        decision = self.server.routes.answer(request, self.request_id)
         if isinstance(decision, Reply):
             if decision.refused is not None:
                 self.server.router.intake.refused_at_door(*decision.refused)
             self._respond(decision)
             return
         self.forwarded = decision
-        self.server.router.admit_local(self.key, decision.frames, sum(len(frame) for frame in decision.frames))
+        self.server.router.admit_local(self.key, decision.frames, sum(len(frame) for frame in decision.frames),
+                                       decision.route)
 
     @_closing_on_failure
-    def replied(self, frames: list[Any]) -> None:
-        """The router's answer to the inference this connection forwarded."""
+    def replied(self, frames: list[Any], ran: Ran | None) -> None:
+        """The router's answer to the inference this connection forwarded, and what it
+        measured of it."""
         forwarded = self.forwarded
         if forwarded is None:
             return
         self.forwarded = None
-        self._respond(self.server.routes.answer_forwarded(forwarded, frames))
+        self._respond(self.server.routes.answer_forwarded(forwarded, frames), ran=ran, model=forwarded.model)
         self._progress()
 
-    def _respond(self, reply: Reply, *, close: bool = False) -> None:
+    def _respond(self, reply: Reply, *, close: bool = False, ran: Ran | None = None, model: str = "") -> None:
+        """Queue ``reply`` to the current request (None: one refused unread), with its request
+        id, and write its access line (``ran``: what the router measured of an inference)."""
         request, self.current = self.current, None
         close = close or reply.close or request is None or not request.keep_alive or self.reader.upgraded \
             or self.server.draining
         if request is not None:
             self._release(request)
-        head = response_head(reply.status, len(reply.body), content_type=reply.content_type, headers=reply.headers,
+        head = response_head(reply.status, len(reply.body), content_type=reply.content_type,
+                             headers={**reply.headers, "X-Request-Id": self.request_id},
                              close=close, keep_alive_said=request is not None and request.http10)
         if request is not None and request.method == "HEAD":
             self.output.add(head)
@@ -235,6 +246,13 @@ class Connection:
             self.output.add(head, reply.body)
         self.closing = self.closing or close
         self.deadline = time.monotonic() + self.server.settings.client_timeout  # for the next head
+        access = self.server.access
+        if access.wanted(reply.status >= 400):
+            ran = ran or Ran(outcome_of(reply))
+            if not model and reply.refused is not None:
+                model = reply.refused[0]
+            access.write("http", _shown(request), model=model, status=reply.status, ran=ran, size_in=len(request.body) if request is not None else 0,
+                         size_out=len(reply.body), request_id=self.request_id)
 
     def _release(self, request: Request) -> None:
         self.server.buffered -= request.reserved
@@ -286,8 +304,9 @@ class Connection:
     def timed_out(self) -> None:
         if self.reader.in_body and self.current is None and not self.output:
             timeout = self.server.settings.client_timeout
+            self.request_id = self.server.request_ids.make()
             self._respond(error_reply(408, f"the request body stopped arriving for {timeout:g}s "
-                                      "(--http-timeout)", KSERVE), close=True)
+                                      "(--http-timeout)", KSERVE, request_id=self.request_id), close=True)
             self.flush()
         if not self.closed:
             self.close()
@@ -310,6 +329,16 @@ class Connection:
             return
         _discard_input(self.socket)
         self.socket.close()
+
+
+def _shown(request: Request | None) -> str:
+    """A request's method and path as an access line shows them: at most 200 characters, any
+    that is not visible ASCII as ``?`` (a log line carries no byte a client chose to break it)."""
+    if request is None:
+        return "-"
+    text = f"{request.method} {request.path[:200]}"
+    return text if text.isascii() and text.isprintable() else "".join(
+        c if c.isascii() and c.isprintable() else "?" for c in text)
 
 
 def _discard_input(sock: socket.socket) -> None:

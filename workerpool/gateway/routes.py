@@ -89,18 +89,20 @@ class Reply:
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
     close: bool = False
-    refused: tuple[str, ErrorCode] | None = None  # an inference answered here: its model ("": unknown) and code
+    refused: tuple[str, ErrorCode, str] | None = None  # an inference answered here: model ("": unknown), code, route
 
 
 @dataclass(frozen=True)
 class Forward:
     """An inference for the router: the frames to hand it, the API its answer is written in, the
-    model it is for, the shape of its errors (:func:`error_reply`) and, for a text API, how its
-    response body is joined from the parts' shares."""
+    model it is for, its route's name, the shape of its errors (:func:`error_reply`) and, for a
+    text API, how its response body is joined from the parts' shares."""
 
     frames: list[Any]
     api: str
     model: str
+    route: str
+    request_id: str
     errors: str = KSERVE
     finish: Finish | None = None
 
@@ -116,7 +118,6 @@ class Routes:
         self._unready = unready
         self._ops = ops
         self._views: dict[str, ModelView] = {}
-        self._ids = 0
         self._routed: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}  # the paths seen, matched once
 
     def admit(self, request: Request) -> None:
@@ -138,19 +139,20 @@ class Routes:
         if encoding != "identity":
             raise Refusal(415, f"Content-Encoding {encoding[:100]} is not taken: send the body as it is")
 
-    def answer(self, request: Request) -> Reply | Forward:
-        """What to do with a whole request: a response to write, or an inference to forward. An
-        inference refused here carries its model and code, for the count of answers by code."""
+    def answer(self, request: Request, request_id: str) -> Reply | Forward:
+        """What to do with a whole request, known as ``request_id``: a response to write, or an
+        inference to forward. An inference refused here carries its model, code and route, for
+        the count of answers."""
         name = None
         try:
             name, match = self._route(request)
             if self.token is not None and name not in OPEN_ROUTES:
                 self._authenticate(request)
-            decision = self._handle(name, match, request)
+            decision = self._handle(name, match, request, request_id)
         except Refusal as exc:
-            decision = error_reply(exc.status, exc.message, errors_of(request.path), exc.headers)
+            decision = error_reply(exc.status, exc.message, errors_of(request.path), exc.headers, request_id)
             if name in BODY_ROUTES and exc.status != 401:
-                decision.refused = (UNKNOWN_MODEL, _code_of(exc.status))
+                decision.refused = (UNKNOWN_MODEL, _code_of(exc.status), name)
         return decision
 
     def answer_forwarded(self, forward: Forward, frames: list[Any]) -> Reply:
@@ -158,9 +160,10 @@ class Routes:
         try:
             reply = read_reply(frames)
         except protocol.ProtocolError as exc:
-            return error_reply(500, f"internal: a malformed reply from a worker: {exc}", forward.errors)
+            return error_reply(500, f"internal: a malformed reply from a worker: {exc}", forward.errors,
+                               request_id=forward.request_id)
         if reply.code is not None:
-            return code_reply(reply, forward.errors)
+            return code_reply(reply, forward.errors, forward.request_id)
         if forward.finish is not None:
             return Reply(200, forward.finish(reply.bodies, reply.tokens))
         headers = {} if reply.head is None else {"Inference-Header-Content-Length": str(reply.head)}
@@ -176,7 +179,7 @@ class Routes:
             self._routed[key] = found
         return found
 
-    def _handle(self, name: str, match: dict[str, str], request: Request) -> Reply | Forward:
+    def _handle(self, name: str, match: dict[str, str], request: Request, request_id: str) -> Reply | Forward:
         if name in OPS_PATHS or name == "ops":
             return _ops_reply(self._ops(OPS_PATHS.get(name, request.path)))
         if name == "server":
@@ -190,7 +193,7 @@ class Routes:
                            "state": "UNAVAILABLE" if self._unready(model) else "READY",
                            "reason": self._unready(model) or ""} for model, state in states.items()])
         if name in TEXT_ROUTES:
-            return self._texts(name, request, states)
+            return self._texts(name, request, states, request_id)
         if name == "health":
             return _ops_reply(self._ops("/readyz"))
         if name == "info":
@@ -204,12 +207,12 @@ class Routes:
             unready = self._unready(view.name)
             return _ops_reply((503, "text/plain; charset=utf-8", f"{unready}\n".encode()) if unready
                               else (200, "text/plain; charset=utf-8", b"ready\n"))
-        self._ids += 1
-        frames = request_frames(self._ids, KSERVE, view.name, request.body, head=_header_length(request),
+        frames = request_frames(request_id, KSERVE, view.name, request.body, head=_header_length(request),
                                 deadline=_timeout_header(request))
-        return Forward(frames, KSERVE, view.name)
+        return Forward(frames, KSERVE, view.name, name, request_id)
 
-    def _texts(self, route: str, request: Request, states: Mapping[str, ModelState]) -> Forward | Reply:
+    def _texts(self, route: str, request: Request, states: Mapping[str, ModelState],
+               request_id: str) -> Forward | Reply:
         """A text API's request: its body read here, its texts handed on as a request of texts."""
         deadline = _timeout_header(request)
         errors = errors_of(request.path)
@@ -221,14 +224,13 @@ class Routes:
             named = view.name
             texts = _read_texts(route, view, document)
             api = OPENAI if route == "embeddings" else TEXTS
-            self._ids += 1
-            frames = text_request_frames(self._ids, api, named, texts.texts, deadline=deadline, **texts.options)
+            frames = text_request_frames(request_id, api, named, texts.texts, deadline=deadline, **texts.options)
         except RemoteError as exc:
             code = ErrorCode.read(exc.code.encode())
-            refused = error_reply(_status_of(code, errors, door=True), exc.message, errors)
-            refused.refused = (named if isinstance(named, str) and named in states else UNKNOWN_MODEL, code)
+            refused = error_reply(_status_of(code, errors, door=True), exc.message, errors, request_id=request_id)
+            refused.refused = (named if isinstance(named, str) and named in states else UNKNOWN_MODEL, code, route)
             return refused
-        return Forward(frames, api, named, errors, texts.finish)
+        return Forward(frames, api, named, route, request_id, errors, texts.finish)
 
     def _chosen(self, states: Mapping[str, ModelState], named: Any, task: str | None, path: str) -> ModelView:
         """The model a text API's request is for: the one it names, else the only one served;
@@ -356,34 +358,45 @@ def _status_of(code: ErrorCode, errors: str, *, door: bool = False) -> int:
     return 422 if door else 413
 
 
+def outcome_of(reply: Reply) -> str:
+    """``ok`` or the error code of a response the front door gave itself."""
+    if reply.refused is not None:
+        return reply.refused[1]
+    return "ok" if reply.status < 400 else _code_of(reply.status)
+
+
 def _code_of(status: int) -> ErrorCode:
     """The error code of a refusal answered with ``status``, for the count of answers by code."""
     return ErrorCode.MODEL_NOT_FOUND if status == 404 else ErrorCode.BAD_REQUEST if status < 500 else ErrorCode.INTERNAL
 
 
-def code_reply(reply: HttpReply, errors: str) -> Reply:
+def code_reply(reply: HttpReply, errors: str, request_id: str | None = None) -> Reply:
     """The response to an error the router or a worker answered with, in the route's shape."""
     code = reply.code or ErrorCode.INTERNAL
     plain = code in (ErrorCode.BAD_REQUEST, ErrorCode.MODEL_NOT_FOUND)
     headers = {"Retry-After": RETRY_AFTER} if code.http_status in (429, 503) else {}
     message = reply.message if plain else f"{code}: {reply.message}"
-    answer = error_reply(_status_of(code, errors), message, errors, headers)
+    answer = error_reply(_status_of(code, errors), message, errors, headers, request_id)
     answer.close = code == ErrorCode.SHUTTING_DOWN  # nothing more on this connection: it races the exit
     return answer
 
 
-def error_reply(status: int, message: str, errors: str, headers: dict[str, str] | None = None) -> Reply:
-    """An error response in the shape of ``errors``: OpenAI's object, TEI's or KServe's. One
-    whose request body may be left unread closes the connection (a TEI 413 is a refusal of a
-    body read whole)."""
+def error_reply(status: int, message: str, errors: str, headers: dict[str, str] | None = None,
+                request_id: str | None = None) -> Reply:
+    """An error response in the shape of ``errors``: OpenAI's object, TEI's or KServe's, with
+    ``request_id`` beside the error, for a client to quote. One whose request body may be left
+    unread closes the connection (a TEI 413 is a refusal of a body read whole)."""
     if errors == OPENAI:
         kind = "invalid_request_error" if status < 500 else "server_error"
         code = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}.get(status)
-        body = openai.error_body(message, kind, code)
+        document = openai.error_object(message, kind, code)
     elif errors == TEI:
-        body = tei.error_body(message, status)
+        document = tei.error_object(message, status)
     else:
-        body = json.dumps({"error": message}).encode()
+        document = {"error": message}
+    if request_id is not None:
+        document["request_id"] = request_id
+    body = json.dumps(document).encode()
     unread = status in (408, 411, 415) or (status == 413 and errors != TEI)
     return Reply(status, body, headers=dict(headers or {}), close=unread or status >= 505)
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..codecs.http_call import KSERVE
 from ..events.loop import Loop
-from ..logs import Throttle
+from ..logs import AccessLog, Ran, RequestIds, Throttle
 from ..router.core import Router
 from .connection import RECEIVE_BYTES, Connection, FrontSettings
 from .http11 import Refusal, Request, response
@@ -53,8 +53,10 @@ class HttpServer:
     """Accepts connections on ``sock`` and serves them on ``loop``, inferences through ``router``."""
 
     def __init__(self, loop: Loop, sock: socket.socket, settings: FrontSettings, routes: Routes,
-                 router: Router) -> None:
+                 router: Router, access: AccessLog) -> None:
         self.loop = loop
+        self.access = access
+        self.request_ids = RequestIds()
         self.socket = sock
         self.settings = settings
         self.routes = routes
@@ -138,11 +140,12 @@ class HttpServer:
         self.refused.pop(sock, None)
         sock.close()
 
-    def deliver(self, client: bytes, frames: list[Any]) -> None:
-        """The router's reply for one of our lanes (dropped when its connection is gone)."""
+    def deliver(self, client: bytes, frames: list[Any], ran: Ran | None) -> None:
+        """The router's reply for one of our lanes, and what it measured of it (dropped when
+        its connection is gone)."""
         connection = self.connections.get(client)
         if connection is not None:
-            connection.replied(frames)
+            connection.replied(frames, ran)
 
     def reserve(self, request: Request) -> int:
         """The bytes ``request``'s body counts against the bound on bodies held at once, once

@@ -291,6 +291,14 @@ class LoadedModel:
         texts = encoder.describe() if isinstance(encoder, TextEncoder) else {}
         return {**self.contract.info(), "batching": self.batching, **texts}
 
+    def take_usage(self) -> tuple[int, int, float] | None:
+        """The texts tokenized since the last call, their tokens and the seconds it took; None
+        for a model of no texts, or when none were."""
+        encoder = getattr(self.model, "text_encoder", None)
+        if not isinstance(encoder, TextEncoder) or not encoder.counted.texts:
+            return None
+        return encoder.counted.take()
+
 
 def _split_along(outputs: Any, rows: int) -> bool:
     """Whether every output array has the batch axis of a ``rows``-row input."""

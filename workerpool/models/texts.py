@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -158,6 +159,21 @@ class Tokenized:
     over: list[bool]
 
 
+@dataclass
+class TokenCount:
+    """What a worker's tokenizer did since it was last asked: texts, their tokens, seconds."""
+
+    texts: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def take(self) -> tuple[int, int, float]:
+        """The counts so far, from zero again."""
+        counted = (self.texts, self.tokens, self.seconds)
+        self.texts, self.tokens, self.seconds = 0, 0, 0.0
+        return counted
+
+
 @dataclass(frozen=True)
 class TextEncoder:
     """How a model answers texts: its tokenizer, its encoder (what a pass of padded rows
@@ -173,6 +189,7 @@ class TextEncoder:
     limit: int
     output: str = "embedding"
     labels: tuple[str, ...] = ()
+    counted: TokenCount = field(default_factory=TokenCount, compare=False)  # for the pool's metrics
 
     def __call__(self, texts: Sequence[Any]) -> dict[str, np.ndarray]:
         """The output, ``[len(texts), ...]`` float32, and ``tokens``, ``[len(texts)]`` int32
@@ -203,12 +220,18 @@ class TextEncoder:
         cannot read."""
         if not texts or not all(map(is_item, texts)):
             raise ModelInputError(f"{self.model}: texts must be a non-empty list of strings")
+        began = time.perf_counter()
         cut = [self._prefix(text) for text in texts]
         try:
             encodings = self.tokenizer.encode_batch([item for item, _ in cut], add_special_tokens=special)
         except Exception as exc:  # noqa: BLE001 - what the tokenizer cannot read is the client's
             raise ModelInputError(f"{self.model}: the tokenizer cannot read these texts: {exc}") from None
-        return Tokenized(encodings, [len(e.ids) for e in encodings],
+        lengths = [len(e.ids) for e in encodings]
+        counted = self.counted
+        counted.texts += len(lengths)
+        counted.tokens += sum(lengths)
+        counted.seconds += time.perf_counter() - began
+        return Tokenized(encodings, lengths,
                          [bool(e.overflowing) or forced for e, (_, forced) in zip(encodings, cut, strict=True)])
 
     def refuse_over(self, texts: Sequence[Item], tokenized: Tokenized, indices: Iterable[int], *,

@@ -7,7 +7,8 @@
   503 with a one-line reason otherwise (the same test as ``workerpool status --ready``).
 
 The families about requests carry a ``model`` label, whose values are the names of the models
-served (never a name a client sent: a request for a model not served counts under ``""``).
+served (never a name a client sent: a request for a model not served counts under ``""``), and
+the answers a ``route`` label: ``zmq`` or the HTTP route's name, from the route table.
 
 They are answered on the supervisor's loop, between two events. Reading the processes' memory
 (parsing smaps) is the one part that costs: it is read again at most every ``MEMORY_MAX_AGE``
@@ -50,11 +51,18 @@ class PoolCollector:
         snapshot = self.snapshots()
         status = snapshot["status"]
         models = status["models"]
-        requests = CounterMetricFamily("workerpool_requests", "Requests answered, by model and result code "
-                                       "('ok' or the error code).", labels=["model", "code"])
-        for (model, code), count in sorted(snapshot["outcomes"].items()):
-            requests.add_metric([model, code], count)
+        requests = CounterMetricFamily("workerpool_requests", "Requests answered, by model, route ('zmq', or "
+                                       "the HTTP route's name) and result code ('ok' or the error code).",
+                                       labels=["model", "route", "code"])
+        for (model, route, code), count in sorted(snapshot["outcomes"].items()):
+            requests.add_metric([model, route, code], count)
         yield requests
+        durations = HistogramMetricFamily("workerpool_request_duration_seconds", "Time from a request's "
+                                          "arrival at the router to its answer, by model and route.",
+                                          labels=["model", "route"])
+        for (model, route), copied in sorted(snapshot["durations"].items()):
+            durations.add_metric([model, route], *_cumulative(copied))
+        yield durations
         histograms = snapshot["models"]
         yield _histograms("workerpool_queue_wait_seconds", "Time from a request's arrival to its dispatch "
                           "to a worker (each part's, for a request run in parts).", histograms, "queue_waits")
@@ -91,6 +99,8 @@ class PoolCollector:
                                   value=snapshot["replacements"])
         yield _histograms("workerpool_batch_rows", "Rows (or texts) a worker ran of a message to it, one "
                           "or more forward passes.", histograms, "batch_rows")
+        for name, text, which in TOKENIZER_COUNTERS:
+            yield _per_model(CounterMetricFamily, name, text, {model: copies[which] for model, copies in histograms.items()})
         yield from self._memory(status, snapshot)
 
     def _read_memory(self, snapshot: Snapshot) -> metrics.PoolMemory:
@@ -123,6 +133,11 @@ class PoolCollector:
 
 
 Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)
+TOKENIZER_COUNTERS = (  # a model of texts: what its workers' tokenizers did (0 for a model of arrays)
+    ("workerpool_texts", "Texts (or pairs) tokenized, by model.", "texts"),
+    ("workerpool_input_tokens", "Tokens of the texts tokenized, after the cut at the model's limit.", "tokens"),
+    ("workerpool_tokenize_seconds", "Seconds the workers spent tokenizing, by model.", "tokenizing"),
+)
 
 
 def _labelled(kind: type[Family], name: str, text: str, label: str, values: dict[str, int]) -> Family:
@@ -138,16 +153,21 @@ def _per_model(kind: type[Family], name: str, text: str, values: dict[str, int])
 
 
 def _histograms(name: str, text: str, models: dict[str, dict[str, Any]], which: str) -> HistogramMetricFamily:
-    """A histogram per model from :meth:`ModelStats.copy`: Prometheus wants cumulative buckets."""
+    """A histogram per model from :meth:`ModelStats.copy`."""
     family = HistogramMetricFamily(name, text, labels=["model"])
     for model, copies in sorted(models.items()):
-        bounds, counts, total = copies[which]
-        buckets, running = [], 0
-        for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
-            running += count
-            buckets.append((bound, running))
-        family.add_metric([model], buckets, sum_value=total)
+        family.add_metric([model], *_cumulative(copies[which]))
     return family
+
+
+def _cumulative(copied: tuple[tuple[float, ...], list[int], float]) -> tuple[list[tuple[str, int]], float]:
+    """A :meth:`Histogram.copy`'s buckets as Prometheus wants them, cumulative, and its sum."""
+    bounds, counts, total = copied
+    buckets, running = [], 0
+    for bound, count in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+        running += count
+        buckets.append((bound, running))
+    return buckets, total
 
 
 class OpsAnswers:

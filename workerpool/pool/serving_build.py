@@ -30,6 +30,7 @@ from ..codecs.view import ModelState
 from ..config.pool import ServeConfig, StartupError
 from ..control.server import ControlServer
 from ..events.loop import Loop
+from ..logs import AccessLog
 from ..protocol import messages as protocol
 from ..router.connections import ConnectionLimit
 from ..router.core import Router
@@ -112,6 +113,7 @@ def _bind_router(config: ServeConfig, pool: Pool, events: WorkerEvents, context:
         max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
         request_timeout=config.request_timeout,
         running_cap=max(1, len(os.sched_getaffinity(0)) // pool.threads_per_worker),  # cores / a worker's share
+        access=AccessLog(on=not config.no_access_log, sample=config.access_log_sample),
     )
     for served in pool.models:
         serve_model(router, served)
@@ -215,7 +217,7 @@ def _open_http(parts: ServingParts, commands: ControlCommands, door: HttpDoor, c
         client_timeout=config.http_timeout, tls=door.tls)
     routes = Routes(lambda: _describe(pool), commands.unready,
                     OpsAnswers(lambda: _snapshot(parts, commands)).answer, token=_token(config))
-    server = HttpServer(pool.loop, door.socket, settings, routes, parts.router)
+    server = HttpServer(pool.loop, door.socket, settings, routes, parts.router, parts.router.replies.access)
     links.deliver_local = server.deliver
     cleanup.callback(server.close, links.flush)
     cleanup.callback(links.flush)  # the answers of the last turn, before the connections close
@@ -238,6 +240,7 @@ def _snapshot(parts: ServingParts, commands: ControlCommands) -> dict[str, Any]:
     """What a scrape reads, taken between two events of the loop."""
     router, pool = parts.router, parts.pool
     return {"status": commands.status(), "outcomes": dict(router.replies.outcomes),
+            "durations": {key: histogram.copy() for key, histogram in router.replies.durations.items()},
             "models": {name: stats.copy() for name, stats in router.stats.models.items()},
             "request_seconds": router.stats.occupancy.seconds(time.monotonic()),
             "reloads": pool.models.outcomes(), "replacements": pool.replacements,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ RELOADED = b"RELOADED"
 BYE = b"BYE"  # worker: I am leaving; answered with STOP once nothing is in flight
 WHO = b"WHO"  # router: I do not know you (it restarted); answered with READY
 REFUSE = b"REFUSE"  # router: your model does not fit mine; the worker exits
+USAGE = b"USAGE"  # worker: after a message's replies, the texts it tokenized, their tokens and the seconds it took
+_USAGE = struct.Struct("<IQd")
 
 
 
@@ -105,6 +108,18 @@ def work_message(model: str, requests: Sequence[Sequence[Any]]) -> list[Any]:
     if len(requests) == 1:
         return [REQUEST, model.encode(), *requests[0]]
     return [BATCH, model.encode(), str(BATCH_STRIDE).encode(), *(frame for request in requests for frame in request)]
+
+
+def usage_message(model: str, texts: int, tokens: int, seconds: float) -> list[bytes]:
+    return [USAGE, model.encode(), _USAGE.pack(texts, tokens, seconds)]
+
+
+def read_usage(frames: Sequence[Any]) -> tuple[str, int, int, float] | None:
+    """The model, texts, tokens and seconds of a USAGE message; None when it is malformed."""
+    if len(frames) != 3 or buffer_of(frames[2]).nbytes != _USAGE.size:
+        return None
+    texts, tokens, seconds = _USAGE.unpack(buffer_of(frames[2]))
+    return bytes(buffer_of(frames[1])).decode("ascii", "replace"), texts, tokens, seconds
 
 
 def read_work(frames: Sequence[Any]) -> tuple[str, list[Sequence[Any]]] | None:

@@ -185,7 +185,7 @@ class Backlog:
         request.done = True
         self.held -= 1
         self.queue.remove(request)  # what was left of it waits no more
-        self.replies.send(request.client, frames, request.model, outcome)
+        self.replies.send(request.client, frames, request.model, outcome, api=request.api, request=request)
 
     def fail(self, request: Request, code: ErrorCode, message: str) -> None:
         """Answer ``request`` with an error (once: what is left of it is dropped)."""

@@ -28,6 +28,7 @@ from .. import models
 from ..config.pool import HEARTBEAT_SECONDS, LIVENESS_BEATS
 from ..control.status import WorkerState
 from ..errors import ErrorCode
+from ..logs import AccessLog
 from ..protocol import messages as protocol
 from . import recovery
 from .backlog import Backlog
@@ -43,6 +44,8 @@ from .scheduler import Scheduler, SchedulerEvents
 from .stats import RouterStats
 
 log = logging.getLogger(__name__)
+
+MAX_TOKENIZING_SECONDS = 3600.0  # more, for one message's texts, is a worker's lie
 
 
 class RouterEvents(SchedulerEvents, Protocol):
@@ -62,7 +65,8 @@ class Router:
 
     Models are served once added (:meth:`add_model`). It tells its owner about workers through
     ``events``; others read it through ``queue_depth``, ``in_flight``, ``unfinished``,
-    ``workers`` and ``reload_complete()``. What it sends waits in ``outbox``. ``clock`` is what
+    ``workers`` and ``reload_complete()``. What it sends waits in ``outbox``; ``access`` writes
+the ZeroMQ door's access lines (none without it). ``clock`` is what
     the scheduler measures the workers' time with (a test sets it).
     """
 
@@ -77,6 +81,7 @@ class Router:
         liveness: int = LIVENESS_BEATS,
         request_timeout: float | None = None,
         running_cap: int | None = None,
+        access: AccessLog | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.heartbeat = heartbeat
@@ -84,7 +89,7 @@ class Router:
         self.events = events
         self.running_cap = running_cap  # local workers that can run at once (batching.py)
         self.outbox = Outbox()
-        self.replies = Replies(self.outbox)
+        self.replies = Replies(self.outbox, access)
         self.stats = RouterStats()
         self.queue = RequestQueue(max_queue, max_queue_bytes)
         self.policies: dict[str, BatchPolicy] = {}  # by model: how its requests batch
@@ -159,9 +164,9 @@ class Router:
         if request is not None:
             self._take(request)
 
-    def admit_local(self, lane: bytes, frames: list[Any], size: int) -> None:
-        """A request from the HTTP front door (see :meth:`Intake.receive_local`)."""
-        request = self.intake.receive_local(lane, frames, size)
+    def admit_local(self, lane: bytes, frames: list[Any], size: int, api: str) -> None:
+        """A request from the HTTP front door by the route ``api`` (see :meth:`Intake.receive_local`)."""
+        request = self.intake.receive_local(lane, frames, size, api)
         if request is not None:
             self._take(request)
 
@@ -170,7 +175,7 @@ class Router:
             self.scheduler.add(request)
         except QueueFull as full:
             self.intake.refuse(request.client, request.frames, ErrorCode.OVERLOADED,
-                               self.intake.refusal(request, self.queue, full), request.model)
+                               self.intake.refusal(request, self.queue, full), request.model, request.api)
 
     # Worker side.
 
@@ -191,6 +196,8 @@ class Router:
             self.outbox.to_peer((local, address), [protocol.WHO])
         elif command == protocol.BYE:
             self.stop_worker(worker.key)
+        elif command == protocol.USAGE:
+            self._count_usage(worker, frames)
         elif command != protocol.HEARTBEAT:
             log.warning("unexpected %r message from worker %r ignored", command[:16], address)
 
@@ -211,6 +218,21 @@ class Router:
                  extra={"worker": worker.pid, "generation": worker.generation})
         self.events.worker_ready(worker)
         self.scheduler.register(worker)
+
+    def _count_usage(self, worker: WorkerRecord, frames: list[Any]) -> None:
+        """What a worker says its tokenizer did, counted for a model it serves when the model's
+        limit allows it (a worker host is outside: its word is bounded, never taken as is)."""
+        usage = protocol.read_usage(frames)
+        model = self.scheduler.models.get(usage[0]) if usage is not None else None
+        if usage is None or model is None or model.name not in worker.models:
+            log.debug("malformed or misplaced USAGE from worker %d ignored", worker.pid)
+            return
+        _, texts, tokens, seconds = usage
+        limit = model.signature.get("max_input_tokens")
+        if (type(limit) is int and tokens > texts * limit) or not 0 <= seconds <= MAX_TOKENIZING_SECONDS:
+            log.debug("USAGE from worker %d past the model's bounds ignored", worker.pid)
+            return
+        self.stats.of(model.name).tokenized(texts, tokens, seconds)
 
     def lose(self, key: WorkerKey, why: str, *, asked: bool = False, unsent: bool = False) -> None:
         """Forget a worker; retry its requests once elsewhere, else answer ``worker_failed``.

@@ -33,7 +33,7 @@ from ..protocol.route import read_route
 from .batching import BatchPolicy
 from .queue import COUNT, QueueFull, RequestQueue
 from .replies import UNKNOWN_MODEL, Replies
-from .requests import Request, request_id_of
+from .requests import ZMQ, Request
 
 if TYPE_CHECKING:
     import zmq
@@ -68,7 +68,8 @@ class Intake:
         self.read += 1
         client = frames[0].bytes
         if len(frames) < 3 or frames[1].bytes != b"":
-            self.replies.error(client, request_id_of(frames[1:]), ErrorCode.BAD_REQUEST,
+            self.replies.error(client, frames[2:] if len(frames) > 2 and frames[1].bytes == b"" else [],
+                               ErrorCode.BAD_REQUEST,
                                "a request is an empty delimiter frame, a route frame, a JSON header "
                                "frame, then array frames")
             return None
@@ -83,28 +84,27 @@ class Intake:
     def overlong(self, frames: list[zmq.Frame], count: int) -> None:
         """A message of more frames than any request has: answered, though never held whole."""
         self.read += 1
-        request_id = request_id_of(frames[2:]) if frames[1].bytes == b"" else None
-        self.replies.error(frames[0].bytes, request_id, ErrorCode.BAD_REQUEST,
+        self.replies.error(frames[0].bytes, frames[2:] if frames[1].bytes == b"" else [], ErrorCode.BAD_REQUEST,
                            f"a message of {count - 1} frames: a request is at most {protocol.MAX_ARRAYS + 3} "
                            f"(a delimiter, a route frame, a header and {protocol.MAX_ARRAYS} arrays)")
 
-    def receive_local(self, lane: bytes, frames: list[Any], size: int) -> Request | None:
+    def receive_local(self, lane: bytes, frames: list[Any], size: int, api: str) -> Request | None:
         """A request from the HTTP front door, in this process: ``lane`` (one HTTP connection,
-        which begins with :attr:`local_key`) is a client of its own."""
+        which begins with :attr:`local_key`) is a client of its own; ``api`` names its route."""
         self.read += 1
-        return self.admit(lane, frames, size)
+        return self.admit(lane, frames, size, api)
 
-    def refused_at_door(self, model: str, outcome: str) -> None:
-        """An inference the HTTP front door answered itself (a body it could not read, a model
-        it does not serve): read and answered, like every request counted here."""
+    def refused_at_door(self, model: str, outcome: str, api: str) -> None:
+        """An inference the HTTP front door answered itself by the route ``api`` (a body it could
+        not read, a model it does not serve): read and answered, like every request counted here."""
         self.read += 1
-        self.replies.count(model, outcome)
+        self.replies.count(model, outcome, api)
 
-    def admit(self, client: bytes, frames: list[Any], size: int) -> Request | None:
+    def admit(self, client: bytes, frames: list[Any], size: int, api: str = ZMQ) -> Request | None:
         """The request of ``size`` bytes (route frame, header frame, then array frames) from
-        ``client`` to hold, or None when it was answered."""
+        ``client`` to hold, or None when it was answered; ``api``: the door and route it came by."""
         if not self.accepting:
-            self.refuse(client, frames, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            self.refuse(client, frames, ErrorCode.SHUTTING_DOWN, "the server is shutting down", api=api)
             return None
         if size > self.max_message_size:  # libzmq's own limit is per frame
             self.too_large += 1
@@ -112,16 +112,16 @@ class Intake:
                 log.warning("refused a request of %d bytes, over --max-message-size %d (%d so far)",
                             size, self.max_message_size, self.too_large)
             self.refuse(client, frames, ErrorCode.BAD_REQUEST,
-                        f"the request is {size} bytes, over --max-message-size {self.max_message_size}")
+                        f"the request is {size} bytes, over --max-message-size {self.max_message_size}", api=api)
             return None
         try:
             route = read_route(frames[0])
             if len(frames) < 2:
                 raise protocol.ProtocolError("a route frame with no header frame after it")
         except protocol.ProtocolError as exc:
-            self.refuse(client, frames, ErrorCode.BAD_REQUEST, str(exc))
+            self.refuse(client, frames, ErrorCode.BAD_REQUEST, str(exc), api=api)
             return None
-        model = self._model(client, frames, route.model)
+        model = self._model(client, frames, route.model, api)
         if model is None:
             return None
         policy = self.policies[model]
@@ -131,16 +131,16 @@ class Intake:
             expected, held = route.data_bytes(), len(frames[2])
             if expected != held:
                 self.refuse(client, frames, ErrorCode.BAD_REQUEST, f"the route frame describes {expected} "
-                            f"bytes of data where the request holds {held}")
+                            f"bytes of data where the request holds {held}", model, api)
                 return None
             split = held > 0  # rows of no bytes are never cut: a header alone would make that many parts
         request = Request(client, frames, route, model, time.monotonic(), size, shape,
-                          shape.rows if shape else 1, split=split)
+                          shape.rows if shape else 1, split=split, api=api)
         if route.deadline is not None:
             request.expires = request.received + route.deadline
         return request
 
-    def _model(self, client: bytes, frames: list[Any], named: bytes) -> str | None:
+    def _model(self, client: bytes, frames: list[Any], named: bytes, api: str) -> str | None:
         """The served model a request names, or the only one when it names none; None (then it
         is answered) when it names one not served, or none of several."""
         if named:
@@ -153,7 +153,7 @@ class Intake:
         else:
             why = "this server serves several models: the request must name one"
         self.refuse(client, frames, ErrorCode.MODEL_NOT_FOUND,
-                    f"{why} (served: {', '.join(sorted(self.policies))})")
+                    f"{why} (served: {', '.join(sorted(self.policies))})", api=api)
         return None
 
     def refusal(self, request: Request, queue: RequestQueue, full: QueueFull) -> str:
@@ -171,6 +171,6 @@ class Intake:
         return why
 
     def refuse(self, client: bytes, frames: list[Any], code: ErrorCode, message: str,
-               model: str = UNKNOWN_MODEL) -> None:
+               model: str = UNKNOWN_MODEL, api: str = ZMQ) -> None:
         """Answer a request not taken in: ``frames`` are what it sent past the delimiter."""
-        self.replies.error(client, request_id_of(frames), code, message, model)
+        self.replies.error(client, frames, code, message, model, api=api)

@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from ..logs import Ran
 from ..protocol.transport import NOBLOCK, receive_batch, send_parts
 from .core import Router
 from .intake import LOCAL_KEY_BYTES
@@ -30,7 +31,7 @@ class RouterLinks:
         self.frontend, self.remote = sockets.frontend, sockets.remote
         self.local = local
         self.endpoint = sockets.endpoint
-        self.deliver_local: Callable[[bytes, list[Any]], None] | None = None  # set by the HTTP front door
+        self.deliver_local: Callable[[bytes, list[Any], Ran | None], None] | None = None  # the HTTP door's
 
     def on_frontend(self) -> None:
         receive_batch(self.frontend, self.router.receive, self.router.intake.overlong)
@@ -43,11 +44,11 @@ class RouterLinks:
         """Send everything in the outbox, what sending adds to it too."""
         outbox, local_key = self.router.outbox, self.router.intake.local_key
         while (send := outbox.take()) is not None:
-            kind, key, frames = send
+            kind, key, frames, ran = send
             if kind == CLIENT:
                 if key[:LOCAL_KEY_BYTES] == local_key:
                     if self.deliver_local is not None:
-                        self.deliver_local(key, frames)
+                        self.deliver_local(key, frames, ran)
                     continue
                 try:
                     send_parts(self.frontend, [key, b"", *frames], NOBLOCK)

@@ -21,6 +21,7 @@ its first row (``restart``): replies of parts run before come back stale, and ar
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from ..protocol import messages as protocol
 from ..protocol.route import Form, Route, is_json
 from .batching import BatchShape
 
+ZMQ = "zmq"  # the route of a request from the ZeroMQ door (the HTTP door's name their route)
 PART = struct.Struct("<II")  # the rows [start, stop) a message to a worker carries of its request
 WHOLE = b""  # the part frame of a message that carries its whole request
 
@@ -52,11 +54,15 @@ class Request:
     epoch: int = 0  # counts restarts: a part of an earlier epoch is stale
     done: bool = False  # answered, or given up
     split: bool = False  # runs in parts
+    api: str = ZMQ  # the door and route it came by, for the counts and the access log
+    started: float | None = None  # when its first part was taken for a worker
+    worker: int | None = None  # the pid of the worker that answered its last part
     _offsets: list[int] | None = None
 
     @property
     def id(self) -> Any:
-        """The request's id, for an error reply: the one time the router decodes its header."""
+        """The request's id, for an error reply or an access line: the router decodes its
+        header for nothing else."""
         return request_id_of(self.frames)
 
     def expired(self, now: float) -> bool:
@@ -74,7 +80,9 @@ class Request:
         return min(self.rows - self.taken, most) if self.split else self.rows
 
     def take(self, most: int) -> Part:
-        """Its next part: the next ``next_rows(most)`` rows."""
+        """Its next part: the next ``next_rows(most)`` rows (taken to be handed to a worker now)."""
+        if self.started is None:
+            self.started = time.monotonic()
         start = self.taken
         self.taken += self.next_rows(most)
         return Part(self, start, self.taken, self.epoch)
@@ -146,9 +154,17 @@ def message_for(model: str, batch: list[Part]) -> list[Any]:
 
 def request_id_of(frames: list[Any]) -> Any:
     """The id of a request (route frame, header, arrays), best effort: None when its header
-    cannot be read. A protocol version 1 request has its header where the route frame is."""
+    cannot be read."""
+    return header_of(frames).get("id")
+
+
+def header_of(frames: list[Any]) -> dict[str, Any]:
+    """The header of a request (route frame, header, arrays), best effort: empty when it cannot
+    be read. A protocol version 1 request has its header where the route frame is."""
     if not frames:
-        return None
-    if is_json(bytes(memoryview(frames[0])[:3])):
-        return protocol.request_id_of(frames[0])
-    return protocol.request_id_of(frames[1]) if len(frames) > 1 else None
+        return {}
+    frame = frames[0] if is_json(bytes(memoryview(frames[0])[:3])) else frames[1] if len(frames) > 1 else None
+    try:
+        return {} if frame is None else protocol.decode_header(frame)
+    except protocol.ProtocolError:
+        return {}

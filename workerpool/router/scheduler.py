@@ -273,6 +273,7 @@ class Scheduler:
             log.debug("late reply from worker %d dropped", worker.pid)
             return
         part = inflight.pop(0)
+        part.request.worker = worker.pid
         worker.answered(part.rows, ok=status == b"ok")
         now = self.clock()
         self.stats.of(worker.running).run_times.observe(now - worker.busy_since)
@@ -289,8 +290,7 @@ class Scheduler:
         counted the time it took and the rows it ran (never the rows requests claim), and a
         batch's run time teaches the batching policy how long a row takes."""
         self.shares.finished(worker.running, worker.charged, now - worker.busy_since)
-        ran = worker.finished()
-        self.stats.of(worker.running).ran(ran)
+        self.stats.of(worker.running).ran(ran := worker.finished())
         if worker.key in self.running_here:
             self.running_here.discard(worker.key)
             if worker.batchable and ran and (model := self.models.get(worker.running)) is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 BATCH_BUCKETS = tuple(2**i for i in range(11))  # 1, 2, 4 ... 1024 rows
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -58,11 +59,19 @@ def _latencies() -> Histogram:
 
 @dataclass
 class ModelStats:
-    """One model's three histograms, kept since it was first served."""
+    """One model's histograms and its tokenizers' counts, kept since it was first served."""
 
     queue_waits: Histogram = field(default_factory=_latencies)  # seconds from arrival to dispatch
     run_times: Histogram = field(default_factory=_latencies)  # seconds from dispatch to reply
     batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # run, per message to a worker
+    texts: int = 0  # texts its workers tokenized
+    tokens: int = 0  # their tokens, after the cut at the model's limit
+    tokenizing: float = 0.0  # seconds its workers spent tokenizing
+
+    def tokenized(self, texts: int, tokens: int, seconds: float) -> None:
+        self.texts += texts
+        self.tokens += tokens
+        self.tokenizing += seconds
 
     def handed(self, waits: list[float]) -> None:
         """A message went to a worker, its parts having waited ``waits``."""
@@ -74,9 +83,10 @@ class ModelStats:
         if rows:
             self.batch_rows.observe(rows)
 
-    def copy(self) -> dict[str, tuple[tuple[float, ...], list[int], float]]:
+    def copy(self) -> dict[str, Any]:
         return {"queue_waits": self.queue_waits.copy(), "run_times": self.run_times.copy(),
-                "batch_rows": self.batch_rows.copy()}
+                "batch_rows": self.batch_rows.copy(), "texts": self.texts, "tokens": self.tokens,
+                "tokenizing": self.tokenizing}
 
 
 @dataclass

@@ -226,6 +226,9 @@ class Worker:
             if loaded is None and len(self.models) == 1:  # a host's one model, by the router's name for it
                 loaded = next(iter(self.models.values()))
             self._answer_all(router, loaded, work[1])
+            usage = loaded.take_usage() if loaded is not None else None
+            if usage is not None:
+                router.send(protocol.usage_message(work[0], *usage))
             self._settle(loaded)
             return True
         if command == protocol.RELOAD and len(frames) >= 2:

@@ -109,6 +109,7 @@ def test_a_misspelt_variable_is_named_with_the_one_meant(cli, small_model, monke
     environment, so it warns, naming the variable it resembles, and the rest goes on."""
     monkeypatch.setenv("WORKERPOOL_WORKRES", "3")
     monkeypatch.setenv("WORKERPOOL_CONTROL", "")  # read by status and reload: no warning
+    monkeypatch.setenv("WORKERPOOL_CONNECT", "")  # workers', but empty, so unset: no warning
     done = cli("serve", small_model, "--print-config")
     assert done.returncode == 0 and "workers = " in done.stdout and "workers = 3" not in done.stdout
     assert done.stderr == ("workerpool: warning: WORKERPOOL_WORKRES names no option of 'workerpool "

@@ -40,25 +40,25 @@ def answered(decision: Reply | Forward) -> tuple[int, dict]:
 
 
 def test_description_and_probes_are_answered_here() -> None:
-    status, metadata = answered(routes().answer(request("GET", "/v2/models/mlp")))
+    status, metadata = answered(routes().answer(request("GET", "/v2/models/mlp"), "r-1"))
     assert status == 200 and metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 4]}]
     assert metadata["versions"] == ["2"]
-    assert answered(routes().answer(request("GET", "/v2/models/mlp/versions/1")))[0] == 404
-    assert answered(routes().answer(request("GET", "/v2/models/other")))[0] == 404
-    probe = routes().answer(request("GET", "/v2/health/ready"))
+    assert answered(routes().answer(request("GET", "/v2/models/mlp/versions/1"), "r-1"))[0] == 404
+    assert answered(routes().answer(request("GET", "/v2/models/other"), "r-1"))[0] == 404
+    probe = routes().answer(request("GET", "/v2/health/ready"), "r-1")
     assert isinstance(probe, Reply) and probe.body == b"/readyz"
-    wrong = routes().answer(request("GET", "/v2/models/mlp/infer"))
+    wrong = routes().answer(request("GET", "/v2/models/mlp/infer"), "r-1")
     assert isinstance(wrong, Reply) and wrong.status == 405 and wrong.headers == {"Allow": "POST"}
 
 
 def test_an_inference_goes_to_the_router_with_its_body_unread() -> None:
     decision = routes().answer(request("POST", "/v2/models/mlp/infer", b"{raw}", inference_header_content_length="3",
-                                       timeout="1.5"))
+                                       timeout="1.5"), "r-1")
     assert isinstance(decision, Forward) and decision.api == KSERVE
     header = protocol.decode_header(decision.frames[1])
     assert header["http"]["head"] == 3 and header["deadline_ms"] == 1500.0 and decision.frames[2] == b"{raw}"
     assert read_route(decision.frames[0]).deadline == 1.5
-    embeddings = routes(several=True).answer(request("POST", "/v1/embeddings", b'{"input": "hi", "model": "embed"}'))
+    embeddings = routes(several=True).answer(request("POST", "/v1/embeddings", b'{"input": "hi", "model": "embed"}'), "r-1")
     assert isinstance(embeddings, Forward) and embeddings.api == OPENAI and embeddings.model == "embed"
     assert read_route(embeddings.frames[0]).text_lengths() == (2,) and embeddings.frames[2] == b"hi"
 
@@ -74,18 +74,18 @@ def test_an_inference_goes_to_the_router_with_its_body_unread() -> None:
     ({"timeout": "1_0"}, "Timeout header"),
 ])
 def test_header_values_that_overflow_are_a_json_400(headers, words) -> None:
-    status, body = answered(routes().answer(request("POST", "/v2/models/mlp/infer", b"{}", **headers)))
+    status, body = answered(routes().answer(request("POST", "/v2/models/mlp/infer", b"{}", **headers), "r-1"))
     assert status == 400 and words in body["error"]
 
 
 def test_a_token_guards_all_but_the_probes_and_refuses_any_other_credential() -> None:
     guarded = routes(b"s3cret")
     for credential in ("Bearer s3creT", "Bearer s3cr\u00e9t", "Basic s3cret", "Bearer", ""):
-        decision = guarded.answer(request("GET", "/v2/models/mlp", authorization=credential))
+        decision = guarded.answer(request("GET", "/v2/models/mlp", authorization=credential), "r-1")
         assert isinstance(decision, Reply) and decision.status == 401, credential
         assert decision.headers == {"WWW-Authenticate": "Bearer"}
-    assert isinstance(guarded.answer(request("GET", "/v2/models/mlp", authorization="Bearer s3cret")), Reply)
-    assert guarded.answer(request("GET", "/healthz")).status == 200  # type: ignore[union-attr]
+    assert isinstance(guarded.answer(request("GET", "/v2/models/mlp", authorization="Bearer s3cret"), "r-1"), Reply)
+    assert guarded.answer(request("GET", "/healthz"), "r-1").status == 200  # type: ignore[union-attr]
 
 
 def test_heads_that_cannot_carry_a_body_are_refused_before_it_is_read() -> None:
@@ -105,8 +105,8 @@ def test_heads_that_cannot_carry_a_body_are_refused_before_it_is_read() -> None:
 ])
 def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type) -> None:
     frames = protocol.encode_error(1, code, "why")
-    kserve = routes().answer_forwarded(Forward([], KSERVE, "mlp"), frames)
-    openai = routes().answer_forwarded(Forward([], OPENAI, "mlp", OPENAI), frames)
+    kserve = routes().answer_forwarded(Forward([], KSERVE, "mlp", "infer", "r-1"), frames)
+    openai = routes().answer_forwarded(Forward([], OPENAI, "mlp", "embeddings", "r-1", OPENAI), frames)
     assert kserve.status == openai.status == status
     assert json.loads(openai.body)["error"]["type"] == openai_type
     assert ("why" in json.loads(kserve.body)["error"]) and kserve.close == (code == ErrorCode.SHUTTING_DOWN)
@@ -114,41 +114,41 @@ def test_every_error_code_has_its_status_on_both_apis(code, status, openai_type)
 
 
 def test_a_malformed_reply_is_a_500_not_a_crash() -> None:
-    reply = routes().answer_forwarded(Forward([], KSERVE, "mlp"), [b"not json"])
+    reply = routes().answer_forwarded(Forward([], KSERVE, "mlp", "infer", "r-1"), [b"not json"])
     assert reply.status == 500 and "malformed reply" in json.loads(reply.body)["error"]
 
 
 def test_each_model_has_its_routes_and_the_server_lists_them_all() -> None:
     several = routes(several=True)
-    assert answered(several.answer(request("GET", "/v2/models/embed")))[1]["platform"] == "workerpool_bert"
-    ready = several.answer(request("GET", "/v2/models/mlp/ready"))
-    unready = several.answer(request("GET", "/v2/models/embed/ready"))
+    assert answered(several.answer(request("GET", "/v2/models/embed"), "r-1"))[1]["platform"] == "workerpool_bert"
+    ready = several.answer(request("GET", "/v2/models/mlp/ready"), "r-1")
+    unready = several.answer(request("GET", "/v2/models/embed/ready"), "r-1")
     assert isinstance(ready, Reply) and isinstance(unready, Reply)
     assert (ready.status, unready.status, unready.body) == (200, 503, b"no worker is ready yet\n")
-    status, index = answered(several.answer(request("POST", "/v2/repository/index")))
+    status, index = answered(several.answer(request("POST", "/v2/repository/index"), "r-1"))
     assert status == 200 and index == [{"name": "mlp", "version": "2", "state": "READY", "reason": ""},
                      {"name": "embed", "version": "1", "state": "UNAVAILABLE", "reason": "no worker is ready yet"}]
-    listed = answered(several.answer(request("GET", "/v1/models")))[1]["data"]
+    listed = answered(several.answer(request("GET", "/v1/models"), "r-1"))[1]["data"]
     assert [model["id"] for model in listed] == ["mlp", "embed"]
-    forward = several.answer(request("POST", "/v2/models/embed/infer", b"{}"))
+    forward = several.answer(request("POST", "/v2/models/embed/infer", b"{}"), "r-1")
     assert isinstance(forward, Forward) and read_route(forward.frames[0]).model == b"embed"
-    unknown = several.answer(request("POST", "/v2/models/nope/infer", b"{}"))
-    assert isinstance(unknown, Reply) and unknown.status == 404 and unknown.refused == ("", "model_not_found")
-    metadata = several.answer(request("GET", "/v2/models/nope"))
+    unknown = several.answer(request("POST", "/v2/models/nope/infer", b"{}"), "r-1")
+    assert isinstance(unknown, Reply) and unknown.status == 404 and unknown.refused == ("", "model_not_found", "infer")
+    metadata = several.answer(request("GET", "/v2/models/nope"), "r-1")
     assert isinstance(metadata, Reply) and metadata.status == 404 and metadata.refused is None  # no inference
 
 
 @pytest.mark.parametrize("body, status, words, counted", [
-    (b'{"input": "hi"}', 404, "name a model: this server serves 'mlp', 'embed'", ("", "model_not_found")),
-    (b'{"input": "hi", "model": "gpt-4"}', 404, "the model 'gpt-4' does not exist here", ("", "model_not_found")),
-    (b'{"input": "hi", "model": 5}', 400, "'model' must be a string", ("", "bad_request")),
-    (b'{"input": "hi", "model": "mlp"}', 400, "takes no texts", ("mlp", "bad_request")),
-    (b'{"input": 7, "model": "embed"}', 400, "'input' must be a string", ("embed", "bad_request")),
-    (b'[]', 400, "JSON object", ("", "bad_request")),
+    (b'{"input": "hi"}', 404, "name a model: this server serves 'mlp', 'embed'", ("", "model_not_found", "embeddings")),
+    (b'{"input": "hi", "model": "gpt-4"}', 404, "the model 'gpt-4' does not exist here", ("", "model_not_found", "embeddings")),
+    (b'{"input": "hi", "model": 5}', 400, "'model' must be a string", ("", "bad_request", "embeddings")),
+    (b'{"input": "hi", "model": "mlp"}', 400, "takes no texts", ("mlp", "bad_request", "embeddings")),
+    (b'{"input": 7, "model": "embed"}', 400, "'input' must be a string", ("embed", "bad_request", "embeddings")),
+    (b'[]', 400, "JSON object", ("", "bad_request", "embeddings")),
 ])
 def test_an_openai_request_names_a_model_that_takes_texts(body, status, words, counted) -> None:
     """What the front door refuses itself is counted as the router counts its answers."""
-    decision = routes(several=True).answer(request("POST", "/v1/embeddings", body))
+    decision = routes(several=True).answer(request("POST", "/v1/embeddings", body), "r-1")
     assert isinstance(decision, Reply) and decision.status == status
     assert words in json.loads(decision.body)["error"]["message"]
     assert decision.refused == counted
@@ -157,5 +157,5 @@ def test_an_openai_request_names_a_model_that_takes_texts(body, status, words, c
 def test_an_openai_request_to_the_one_model_served_may_leave_its_name_out() -> None:
     one = Routes(lambda: {"embed": ModelState(TEXTS, "bert", 1)}, lambda model: None,
                  lambda path: (200, "text/plain", b""), token=None)
-    decision = one.answer(request("POST", "/v1/embeddings", b'{"input": ["a", "b"]}'))
+    decision = one.answer(request("POST", "/v1/embeddings", b'{"input": ["a", "b"]}'), "r-1")
     assert isinstance(decision, Forward) and decision.model == "embed"

@@ -248,7 +248,7 @@ class Front:
         assert self.socket.poll(2000), "the request did not arrive"
         receive_batch(self.socket, self.router.receive, self.router.intake.overlong)
         while (reply := self.router.outbox.take()) is not None:  # what the router's shell does
-            _, client, frames = reply
+            _, client, frames, _ = reply
             self.socket.send_multipart([client, b"", *frames])
 
     def queued_ids(self) -> list[int]:

@@ -79,7 +79,7 @@ class Pool:
     def flush(self) -> None:
         """What the shell does after each event."""
         while (send := self.router.outbox.take()) is not None:
-            kind, key, frames = send
+            kind, key, frames, _ = send
             if kind == CLIENT:
                 self.replies.append(frames)
                 continue
@@ -578,7 +578,7 @@ def test_http_requests_batch_by_count_and_never_with_requests_of_arrays():
     lane = pool.router.intake.local_key + b"lane"
     for request_id in (1, 2, 3, 4, 5):
         frames = request_frames(request_id, KSERVE, "m", b"{}", head=None, deadline=None)
-        pool.router.admit_local(lane + bytes([request_id]), frames, 100)
+        pool.router.admit_local(lane + bytes([request_id]), frames, 100, "infer")
     pool.request(6)
     pool.flush()
     assert len(pool.queue) == 6
@@ -1011,3 +1011,21 @@ def test_the_data_of_a_request_to_cut_must_be_what_its_route_frame_says():
     empty = protocol.encode_request(2, np.zeros((10**6, 0), np.float32))[1:]  # rows of no bytes
     pool.send(b"c", empty)
     assert pool.sends_to(1) == [[2]]  # one message: never a million parts
+
+
+def test_a_workers_usage_is_counted_for_a_model_it_serves_and_only_within_the_models_limit():
+    """What a worker says its tokenizer did reaches the metrics bounded: a worker host is outside."""
+    pool = Pool(models={"m": {**TEXTS, "max_input_tokens": 8}, "a": SIGNATURE})
+    worker = pool.worker(1, models={"m": {**TEXTS, "max_input_tokens": 8}})
+
+    def usage(frames: list[bytes]) -> None:
+        pool.router.from_worker(True, worker.address, [zmq.Frame(frame) for frame in frames])
+
+    usage(protocol.usage_message("m", 3, 20, 0.002))
+    usage(protocol.usage_message("m", 3, 25, 0.001))  # more than 3 texts of at most 8 tokens hold
+    usage(protocol.usage_message("a", 3, 20, 0.001))  # a model it does not serve
+    usage(protocol.usage_message("m", 1, 2, -1.0))
+    usage(protocol.usage_message("m", 1, 2, 0.001)[:2])  # malformed
+    stats = pool.router.stats.of("m")
+    assert (stats.texts, stats.tokens, stats.tokenizing) == (3, 20, pytest.approx(0.002))
+    assert pool.router.stats.of("a").texts == 0
