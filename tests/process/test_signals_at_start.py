@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -45,14 +46,16 @@ def guarded(pid: int, timeout: float = 30.0) -> float:
     raise AssertionError(f"{pid} never held SIGINT back")
 
 
-def session(pid: int) -> list[psutil.Process]:
-    """Every process of the session ``pid`` leads (the pool runs in a session of its own)."""
+def session(pid: int, tree: Sequence[psutil.Process] = ()) -> list[psutil.Process]:
+    """Every live process of the session ``pid`` leads (the pool runs in a session of its own),
+    and of ``tree``, the descendants it had when signalled (psutil tells a reused pid apart)."""
     found = []
-    for proc in psutil.process_iter():
+    for proc in [*psutil.process_iter(), *tree]:
         with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getsid(proc.pid) == pid and proc.status() != psutil.STATUS_ZOMBIE:
+            if (proc in tree or os.getsid(proc.pid) == pid) and proc.is_running() \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
-    return found
+    return list(dict.fromkeys(found))
 
 
 def start(model: str, folder: str) -> subprocess.Popen[bytes]:
@@ -99,11 +102,14 @@ def signalled(model: str, signum: int, delay: float) -> str:
             else:
                 proc.send_signal(signum)
             signalled_at = time.monotonic()
+            tree: list[psutil.Process] = []
+            with contextlib.suppress(psutil.NoSuchProcess):  # it may be gone already
+                tree = psutil.Process(proc.pid).children(recursive=True)
             try:
                 code = proc.wait(EXIT_BOUND)
             except subprocess.TimeoutExpired:
                 return f"still running {EXIT_BOUND}s after the signal"
-            while (left := session(proc.pid)) and time.monotonic() - signalled_at < EXIT_BOUND:
+            while (left := session(proc.pid, tree)) and time.monotonic() - signalled_at < EXIT_BOUND:
                 time.sleep(0.05)
             err = Path(folder, "stderr").read_text(errors="replace")
             if left:
