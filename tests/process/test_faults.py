@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import hostile_models as hostile
 import numpy as np
 import psutil
 import pytest
@@ -115,6 +116,9 @@ def test_kill_9_workers_under_load_blames_no_client(small_model, local_model):
         log = server.log()
         for victim in victims:
             assert f"worker {victim} was killed by SIGKILL; starting a replacement" in log
+        server.stop()
+    read = re.search(r"(\d+) requests read, (\d+) answered", server.log())
+    assert read is not None and read[1] == read[2] == str(len(outcomes)), read  # a retry is not answered twice
 
 
 def test_request_on_a_killed_worker_is_retried_on_another(small_model):
@@ -131,6 +135,8 @@ def test_request_on_a_killed_worker_is_retried_on_another(small_model):
             rf"worker {victim} lost \(.*\) with a request in flight; retrying it", server.log()
         )
         server.wait_for(pool_ready(2, without=(victim,)))
+        server.stop()
+    assert "1 requests read, 1 answered" in server.log()  # the retry is no second answer
 
 
 def test_request_whose_retry_also_dies_gets_worker_failed(small_model):
@@ -144,6 +150,25 @@ def test_request_whose_retry_also_dies_gets_worker_failed(small_model):
         with pytest.raises(workerpool.WorkerFailed, match=f"worker {second} failed .* twice"):
             slow.join(20)
         server.wait_for(pool_ready(2, without=(first, second)))
+        with workerpool.Client(server.endpoint, timeout=20, retries=0) as client:  # no killer: served
+            assert np.array_equal(client.infer(np.full((1, 2), -2.0, np.float32)), np.full((1, 2), -4.0))
+
+
+def test_a_request_that_crashes_two_workers_is_refused_and_the_pool_heals(small_model):
+    """The evidence of a killer: the workers running it alone die of themselves (reaping says
+    so), not by a SIGKILL from outside or with their host."""
+    crash = np.array([[hostile.CRASH, 0, 0, 0]], np.float32)
+    with Server(small_model, "--model", "hostile_models:factory", workers=2) as server:
+        before = {w["pid"] for w in server.wait_for(pool_ready(2))["workers"]}
+        with workerpool.Client(server.endpoint, timeout=20, retries=0) as client:
+            with pytest.raises(workerpool.WorkerFailed, match="failed while running the request, twice"):
+                client.infer(crash)
+            with pytest.raises(workerpool.WorkerFailed, match="an identical request killed workers"):
+                client.infer(crash)
+            status = server.wait_for(pool_ready(2, without=tuple(before)))
+            assert np.array_equal(client.infer(np.array([[hostile.ANSWER, 5, 0, 0]], np.float32)), [[0, 10]])
+        assert {w["pid"] for w in server.status()["workers"]} == {w["pid"] for w in status["workers"]}
+        assert "exited with code 70" in server.log()
 
 
 # 2. Garbage.

@@ -11,13 +11,16 @@ import time
 
 import numpy as np
 import zmq
+from support.commands import cli
 from support.models import SLOW
 from support.processes import vm_hwm
 from support.server import Server
-from support.sockets import dealer, f32, flood, raw_request, reply_header
+from support.sockets import dealer, f32, flood, free_port, raw_request, reply_header
+from test_operate import scrape
 
 import workerpool
 from workerpool.control import client as control
+from workerpool.protocol.route import route_for
 from workerpool.units import MiB
 
 
@@ -96,3 +99,31 @@ def take_in(server: Server, sock: zmq.Socket, sent: int, replies: list[dict],
             return
         assert time.monotonic() < deadline, f"taken in: {len(replies)} replies and {queue}"
         sock.poll(50)
+
+
+def test_rows_are_counted_as_workers_ran_them_never_as_route_frames_claim(small_model, context):
+    """A raw client's route frames that lie about a request's rows (2**64 - 1 of them, 2**32,
+    none, more than it holds) reach the worker, which refuses them (the model declares a batch
+    axis and is never cut into parts, so the router checks no bytes): ``status`` and ``/metrics``
+    count none of those rows; an honest request of 3 rows counts 3."""
+    model = "hostile_models:factory"  # float32 [B, 4] in; [[0, ...]] rows are answered
+    with Server(small_model, "--model", model, "--http", f"127.0.0.1:{free_port()}", workers=1) as server, \
+            dealer(context, server.endpoint) as sock:
+        one = np.zeros((1, 4), np.float32)
+        for request_id, claimed in enumerate(([2**64 - 1, 4], [2**32, 4], [0, 4], [3, 4]), 1):
+            _, _, header = raw_request(request_id, [f32([1, 4])])
+            lie = route_for({"method": "infer", "arrays": [f32(claimed)]})
+            sock.send_multipart([b"", lie, header, one.tobytes()])
+            assert sock.poll(10_000), "no reply"
+            assert reply_header(sock.recv_multipart())["error"]["code"] == "bad_request"
+        sock.send_multipart([*raw_request(9, [f32([3, 4])]), np.zeros((3, 4), np.float32).tobytes()])
+        assert sock.poll(10_000), "no reply"
+        assert reply_header(sock.recv_multipart())["status"] == "ok"
+        worker = server.status(memory=False)["workers"][0]
+        assert (worker["served"], worker["errors"], worker["rows"], worker["batch_sizes"]) == (5, 4, 3, {"4": 1})
+        samples = scrape(server.status(memory=False)["http"])
+        served = (("model", "small"),)
+        assert samples["workerpool_batch_rows_sum"][served] == 3
+        assert samples["workerpool_batch_rows_count"][served] == 1
+        shown = cli("status", "--control", server.control, timeout=30)
+        assert shown.returncode == 0 and "batches: 1 carrying 3 rows" in shown.stdout, shown.stdout

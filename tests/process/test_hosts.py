@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import threading
 from pathlib import Path
 
@@ -9,9 +12,11 @@ import numpy as np
 import pytest
 import zmq
 from support.keys import CurveKeys
+from support.models import SLOW
+from support.processes import slow_request
 from support.server import Host, Server, refused_at_start
 from support.sockets import dealer, free_backend
-from support.status import registered
+from support.status import busy_pids, registered
 
 import workerpool
 from workerpool import models, security
@@ -109,6 +114,33 @@ def test_two_hosts_serve_and_one_host_dying_hangs_nothing(host_model):
         with Host(host_model, backend, workers=2) as again:
             router.wait_for(lambda s: len(ready_pids(s)) == 3)
             assert worker_pids(again) <= answering_pids(router.endpoint, worker_pids(again))
+
+
+def test_a_request_lost_with_its_dying_host_is_answered_and_identical_ones_are_not_refused(host_model):
+    """A request's worker is killed, its retry goes to a sibling on the same host, and the host
+    goes away with the sibling: two losses, neither the request's doing. It is answered, and an
+    identical request is served by another host rather than refused as a killer."""
+    backend = free_backend()
+    with Server(host_model, *SLOW, "--backend", backend, workers=0) as router, \
+            Host(host_model, backend, *SLOW, workers=2) as dying:
+        router.wait_for(lambda s: len(ready_pids(s)) == 2)
+        slow = slow_request(router.endpoint, 2.0)
+        first = busy_pids(router.wait_for(busy_pids))[0]
+        os.kill(first, signal.SIGKILL)
+        status = router.wait_for(lambda s: [p for p in busy_pids(s) if p != first])
+        sibling = next(p for p in busy_pids(status) if p != first)
+        assert sibling in worker_pids(dying)  # the retry runs on the host about to go
+        dying.proc.kill()  # the whole host goes: its supervisor, then (orphaned) its workers
+        with pytest.raises(workerpool.WorkerFailed, match="twice"):
+            slow.join(20)
+        log = router.log()
+        assert re.search(rf"worker {first} lost \(.*\) with a request in flight; retrying it", log)
+        assert re.search(rf"worker {sibling} lost \(.*\); its request already failed once", log)
+        with Host(host_model, backend, *SLOW, workers=1) as spare:
+            router.wait_for(lambda s: ready_pids(s) == worker_pids(spare))
+            result = slow_request(router.endpoint, 2.0).join(20)  # identical: same model, method and data
+            assert result.worker_pid in worker_pids(spare)
+            assert np.array_equal(result.outputs, np.full((1, 2), -4.0, np.float32))
 
 
 def test_hosts_rejoin_a_restarted_router(host_model):

@@ -141,6 +141,20 @@ def test_bad_values_are_json_400s_not_500s(mlp):
         assert answers[0][0] == 400 and json.loads(answers[0][2])["error"], (case[:120], answers)
 
 
+def test_inferences_refused_at_the_door_are_counted_read_as_well_as_answered(small_model):
+    """The shutdown line accounts for every request: one the front door refuses itself (a body
+    it cannot read, a model not served, texts to a model of arrays) was read as well as answered."""
+    server, address = http_server(small_model, "--model-name", "mlp", workers=1)
+    with server:
+        cases = [post(b"not json"), post(b"{}", b"/v2/models/nosuch/infer"),
+                 post(b'{"input": "x", "model": "mlp"}', b"/v1/embeddings"),
+                 post(infer_body(np.ones((1, WIDTH), np.float32)))]
+        assert [exchange(address, case)[0][0] for case in cases] == [400, 404, 400, 200]
+        server.signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+    assert "4 requests read, 4 answered" in server.log(), server.log()
+
+
 def test_a_bearer_credential_of_any_bytes_is_refused_cleanly(small_model, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")

@@ -63,3 +63,16 @@ def test_a_running_supervisor_imports_only_what_it_serves_with(small_model) -> N
     assert plain.isdisjoint(unneeded), plain & unneeded
     assert {"httptools", "prometheus_client"} <= with_http  # the front door's, then only
     assert with_http.isdisjoint(NEVER + NOT_FOR_AN_MLP), with_http & set(NEVER + NOT_FOR_AN_MLP)
+
+
+def test_the_command_imports_nothing_before_it_holds_ctrl_c_back() -> None:
+    """``python -m workerpool`` and the ``workerpool`` script import the package, then
+    ``workerpool.command``, whose first lines block SIGINT: a Ctrl-C raised in an import before
+    them can be dropped (an import lock's weakref callback prints it and goes on), and the pool
+    then starts and serves on. So the package imports nothing of its own, nor anything new."""
+    probe = ("import sys\nbefore = set(sys.modules)\nimport workerpool\n"
+             "print(sorted(set(sys.modules) - before))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['workerpool']"]

@@ -77,7 +77,7 @@ def test_metrics_move_with_traffic_and_memory_matches_status(small_model, local_
     assert samples["workerpool_queue_wait_seconds_count"][model] == 6
     assert samples["workerpool_workers"][(("state", "ready"),)] == 2
     assert samples["workerpool_generation"][model] == 1
-    assert samples["workerpool_batch_rows_count"][model] == 6
+    assert samples["workerpool_batch_rows_count"][model] == 5  # the bad request ran no rows
     assert samples["workerpool_queue_depth"][model] == 0 and samples["workerpool_in_flight"][model] == 0
     scraped = samples["workerpool_memory_bytes"][(("kind", "workers_pss"),)]
     assert abs(scraped - status["totals"]["workers_pss"]) <= 0.1 * status["totals"]["workers_pss"]

@@ -212,7 +212,7 @@ class Connection:
         decision = self.server.routes.answer(request, self.request_id)
         if isinstance(decision, Reply):
             if decision.refused is not None:
-                self.server.router.replies.count(*decision.refused)
+                self.server.router.intake.refused_at_door(*decision.refused)
             self._respond(decision)
             return
         self.forwarded = decision

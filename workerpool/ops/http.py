@@ -97,8 +97,8 @@ class PoolCollector:
         yield reloads
         yield CounterMetricFamily("workerpool_worker_restarts", "Serving workers that died and were replaced.",
                                   value=snapshot["replacements"])
-        yield _histograms("workerpool_batch_rows", "Rows (or texts) per message to a worker, one or more "
-                          "forward passes.", histograms, "batch_rows")
+        yield _histograms("workerpool_batch_rows", "Rows (or texts) a worker ran of a message to it, one "
+                          "or more forward passes.", histograms, "batch_rows")
         for name, text, which in TOKENIZER_COUNTERS:
             yield _per_model(CounterMetricFamily, name, text, {model: copies[which] for model, copies in histograms.items()})
         yield from self._memory(status, snapshot)

@@ -54,7 +54,7 @@ class ServingRole:
 
     def child_exited(self, child: Child, why: str) -> None:
         self.parts.router.worker_exited(child.token, why, asked=child.stopping,
-                                  killed=child.returncode == -signal.SIGKILL)
+                                        outside=child.returncode in (-signal.SIGKILL, -signal.SIGBUS))
         if child.address is not None:
             self.parts.links.local.detach(child.address)
 

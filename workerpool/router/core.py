@@ -240,12 +240,14 @@ the ZeroMQ door's access lines (none without it). ``clock`` is what
         ``unsent``: the message that failed to reach it handed it the requests it holds."""
         self.scheduler.lose(key, why, asked=asked, unsent=unsent)
 
-    def worker_exited(self, token: str, why: str, *, asked: bool = False, killed: bool = False) -> None:
+    def worker_exited(self, token: str, why: str, *, asked: bool = False, outside: bool = False) -> None:
         """A local worker process exited (its supervisor, which gave it ``token``, reaped it);
-        ``asked``: it had been told to stop; ``killed``: by SIGKILL, which blames no request."""
+        ``asked``: it had been told to stop; ``outside``: of a cause that blames no request
+        (SIGKILL: an operator, the OOM killer; SIGBUS: its weight file was cut short). Any other
+        death of a local worker is a crash: the one loss that can blame a request."""
         for key, worker in list(self.scheduler.workers.items()):
             if worker.local and worker.token == token:
-                self.scheduler.lose(key, why, asked=asked, killed=killed)
+                self.scheduler.lose(key, why, asked=asked, crashed=not outside)
 
     def stop_worker(self, key: WorkerKey) -> None:
         """Ask a worker to exit once its current request is done."""

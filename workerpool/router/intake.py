@@ -94,6 +94,12 @@ class Intake:
         self.read += 1
         return self.admit(lane, frames, size, api)
 
+    def refused_at_door(self, model: str, outcome: str, api: str) -> None:
+        """An inference the HTTP front door answered itself by the route ``api`` (a body it could
+        not read, a model it does not serve): read and answered, like every request counted here."""
+        self.read += 1
+        self.replies.count(model, outcome, api)
+
     def admit(self, client: bytes, frames: list[Any], size: int, api: str = ZMQ) -> Request | None:
         """The request of ``size`` bytes (route frame, header frame, then array frames) from
         ``client`` to hold, or None when it was answered; ``api``: the door and route it came by."""

@@ -1,14 +1,16 @@
 """Requests and clients that kill workers are refused instead of fed to more workers.
 
 A request in flight on a worker that dies is retried once, alone (inference is idempotent, and
-the worker may have died of something else: an operator's ``kill``, the OOM killer, a fault).
-A death alone blames nobody. A request that kills a second worker running it alone (by
-anything but SIGKILL, which operators and the OOM killer send, and a kill sweep sends to a
-retry's worker too), or runs past ``--request-timeout``, is a killer: identical requests (same
-model, method, arrays or texts, whatever their id) are then refused at once for
-``REQUEST_TTL`` seconds, and a client connection ``CLIENT_KILLS`` of whose distinct requests
-were killers within ``CLIENT_WINDOW`` seconds is refused for that window. New weights for a
-model forgive what killed its workers. Both tables are bounded, oldest entries dropped first.
+the worker may have died of something else: an operator's ``kill``, the OOM killer, its host
+going away). A death alone blames nobody. A request is a killer only on evidence
+(``recovery.py``): a second worker running it alone crashed (a local worker's process died of
+itself: SIGKILL, which operators, the OOM killer and kill sweeps send, is no evidence, nor is
+SIGBUS, a weight file cut short, nor a worker host's link closing, which is how its host going
+away looks), or it ran past ``--request-timeout``. Identical requests (same model, method,
+arrays or texts, whatever their id) are then refused at once for ``REQUEST_TTL`` seconds, and a
+client connection ``CLIENT_KILLS`` of whose distinct requests were killers within
+``CLIENT_WINDOW`` seconds is refused for that window. New weights for a model forgive what
+killed its workers. Both tables are bounded, oldest entries dropped first.
 """
 
 from __future__ import annotations

@@ -2,11 +2,16 @@
 Rules only: the scheduler asks, and applies the answer.
 
 A part in flight on a worker that dies is retried once on another worker, alone (inference is
-idempotent); one that fails twice answers its request ``worker_failed``, and the request is a
-killer (quarantine.py) unless the deaths came from outside (SIGKILL: an operator's kill, the
-OOM killer, a kill sweep that takes a retry's worker as well as the first). A batch that dies
-tells nothing about which of its parts is to blame: each is retried alone. Parts a worker never
-received (the message to it could not be sent) go to another worker as they were.
+idempotent); one that fails twice answers its request ``worker_failed``. The request is a killer
+(quarantine.py) only on evidence that it killed the second worker: a local worker's process
+that died of itself while running it alone (reaping tells: a crash, an abort, an exit). Losses
+with another visible cause blame no request: a SIGKILL (an operator's kill, the OOM killer, a
+kill sweep that takes a retry's worker as well as the first), a SIGBUS (a weight file cut short
+under the workers that map it), a worker given up by the router (silent, stopped, malformed),
+and a worker host's worker whose link closed, which is all the router sees of its host going
+away (its workers go at once, a retry's included). A batch that dies tells nothing about which
+of its parts is to blame: each is retried alone. Parts a worker never received (the message to
+it could not be sent) go to another worker as they were.
 
 A part that runs past ``--request-timeout`` alone answers its request ``request_timeout`` and
 the request is a killer; the parts of a batch that ran out of time are retried alone (none of
@@ -37,9 +42,10 @@ class AfterLoss:
     blame: bool = False
 
 
-def after_loss(worker: WorkerRecord, parts: list[Part], why: str, *, killed: bool, unsent: bool,
+def after_loss(worker: WorkerRecord, parts: list[Part], why: str, *, crashed: bool, unsent: bool,
                asked: bool) -> AfterLoss:
-    """The fate of ``parts``, which ``worker`` was running when it was lost (``why``)."""
+    """The fate of ``parts``, which ``worker`` was running when it was lost (``why``);
+    ``crashed``: its process died of itself, the one evidence that what it ran killed it."""
     if not parts:
         log.log(logging.DEBUG if asked else logging.INFO, "worker %d %s (%s)", worker.pid,
                 "left" if asked else "lost", why, extra={"worker": worker.pid})
@@ -63,7 +69,7 @@ def after_loss(worker: WorkerRecord, parts: list[Part], why: str, *, killed: boo
         return AfterLoss(retry=[part])
     log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
     message = f"worker {worker.pid} failed while running the request, twice"
-    return AfterLoss(fail=[(part, ErrorCode.WORKER_FAILED, message)], blame=not killed)
+    return AfterLoss(fail=[(part, ErrorCode.WORKER_FAILED, message)], blame=crashed)
 
 
 def overdue(worker: WorkerRecord, now: float, request_timeout: float | None) -> bool:

@@ -42,17 +42,17 @@ class WorkerRecord:
     failed_last: bool = False  # its last answer was an error: it goes to the back of the free list
     batches: int = 0  # messages of requests sent to it, one forward pass each
     rows: int = 0  # rows of the batch axis it ran (its answers, never what a request claims)
-    batch_sizes: dict[int, int] = field(default_factory=dict)  # size_bucket(rows) -> batches
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # size_bucket(rows it ran) -> messages
     inflight: list[Part] = field(default_factory=list)  # answered in this order
     running: str = ""  # the model of what it runs
     sent: int = 0  # parts in the last message it was sent: a batch stays one as it is answered
-    sent_rows: int = 0  # rows in that message
+    ran_rows: int = 0  # rows of that message it answered well so far
     busy_since: float = 0.0
     batchable: bool = False  # what it runs now could have shared a pass
     charged: float = 0.0  # the worker-seconds its model was charged in advance for what it runs
 
-    def took(self, model: str, batch: list[Part], rows: int, *, batchable: bool, now: float) -> None:
-        """It was sent ``batch`` (``rows`` rows) of ``model`` to run as one message at ``now``;
+    def took(self, model: str, batch: list[Part], *, batchable: bool, now: float) -> None:
+        """It was sent ``batch`` of ``model`` to run as one message at ``now``;
         ``batchable``: of requests that may share a pass, whose run times tell how long a
         batch takes."""
         self.running = model
@@ -62,19 +62,27 @@ class WorkerRecord:
         self.inflight = batch
         for part in batch:
             part.request.worker = self.pid  # the last it went to, for its access line
-        self.sent, self.sent_rows = len(batch), rows
+        self.sent, self.ran_rows = len(batch), 0
         self.batches += 1
-        bucket = size_bucket(rows)
-        self.batch_sizes[bucket] = self.batch_sizes.get(bucket, 0) + 1
 
     def answered(self, rows: int, *, ok: bool) -> None:
-        """It answered a part of ``rows`` rows (counted as run only when it succeeded: what it
-        ran, never what a route frame claims)."""
+        """It answered a part of ``rows`` rows, counted as run only when it succeeded: a route
+        frame's rows are a claim until the worker, which holds the route frame against the
+        header and the header against the data, runs them."""
         self.served += 1
         self.errors += not ok
         self.failed_last = not ok
         if ok:
             self.rows += rows
+            self.ran_rows += rows
+
+    def finished(self) -> int:
+        """It answered the last part of the message it was sent: the rows it ran of it, its
+        batch counted by them (a message it ran none of is no batch of any size)."""
+        if self.ran_rows:
+            bucket = size_bucket(self.ran_rows)
+            self.batch_sizes[bucket] = self.batch_sizes.get(bucket, 0) + 1
+        return self.ran_rows
 
     @property
     def key(self) -> WorkerKey:

@@ -210,13 +210,13 @@ class Scheduler:
         if not worker.inflight and not switching:
             self.worker_free(worker)
 
-    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, killed: bool = False,
+    def lose(self, key: WorkerKey, why: str, *, asked: bool = False, crashed: bool = False,
              unsent: bool = False) -> None:
         """Forget a worker: its parts are retried or answered (``recovery.py``). ``asked``: it
-        left because it was told to (the supervisor logs that, not a loss); ``killed``: by
-        SIGKILL, which blames no request; ``unsent``: the message that failed to reach it
-        handed it what it holds. Those, like messages still waiting in the outbox to be sent
-        to it, never ran there."""
+        left because it was told to (the supervisor logs that, not a loss); ``crashed``: its
+        process died of itself (not SIGKILLed), the one loss that blames a request; ``unsent``:
+        the message that failed to reach it handed it what it holds. Those, like messages still
+        waiting in the outbox to be sent to it, never ran there."""
         worker = self.workers.pop(key, None)
         if worker is None:
             return
@@ -227,7 +227,7 @@ class Scheduler:
         for model in self.models.values():
             model.rollout.forget(key)
         unsent = self.outbox.withdraw(key) or unsent
-        self.backlog.settle(recovery.after_loss(worker, self.take_inflight(worker), why, killed=killed,
+        self.backlog.settle(recovery.after_loss(worker, self.take_inflight(worker), why, crashed=crashed,
                                                 unsent=unsent, asked=asked), self.models)
         self.events.worker_lost(worker, why)
         self.reload_next()
@@ -286,14 +286,14 @@ class Scheduler:
 
     def _finished(self, worker: WorkerRecord, now: float) -> None:
         """``worker`` answered the last part of what it was sent: it is free again, its model is
-        counted the time it took, and a batch's run time teaches the batching policy how long a
-        run takes."""
+        counted the time it took and the rows it ran (never the rows requests claim), and a
+        batch's run time teaches the batching policy how long a row takes."""
         self.shares.finished(worker.running, worker.charged, now - worker.busy_since)
+        self.stats.of(worker.running).ran(ran := worker.finished())
         if worker.key in self.running_here:
             self.running_here.discard(worker.key)
-            model = self.models.get(worker.running)
-            if worker.batchable and model is not None:
-                model.policy.finished(now - worker.busy_since, worker.sent_rows)
+            if worker.batchable and ran and (model := self.models.get(worker.running)) is not None:
+                model.policy.finished(now - worker.busy_since, ran)
         self.worker_free(worker)
 
     def tick(self, now: float) -> None:
@@ -364,10 +364,10 @@ class Scheduler:
             part.attempts += 1
         self.outbox.to_worker(worker.key, message_for(model.name, batch))
         shape = batch[0].request.shape
-        worker.took(model.name, batch, rows, batchable=shape is not None and rows <= model.policy.max_rows,
+        worker.took(model.name, batch, batchable=shape is not None and rows <= model.policy.max_rows,
                     now=self.clock())
         worker.charged = self.shares.charge(model.name)
-        self.stats.of(model.name).handed(rows, [worker.busy_since - part.request.received for part in batch])
+        self.stats.of(model.name).handed([worker.busy_since - part.request.received for part in batch])
         self.free.remove(worker.key)
         if worker.local:
             self.running_here.add(worker.key)

@@ -63,7 +63,7 @@ class ModelStats:
 
     queue_waits: Histogram = field(default_factory=_latencies)  # seconds from arrival to dispatch
     run_times: Histogram = field(default_factory=_latencies)  # seconds from dispatch to reply
-    batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # per message to a worker
+    batch_rows: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # run, per message to a worker
     texts: int = 0  # texts its workers tokenized
     tokens: int = 0  # their tokens, after the cut at the model's limit
     tokenizing: float = 0.0  # seconds its workers spent tokenizing
@@ -73,11 +73,15 @@ class ModelStats:
         self.tokens += tokens
         self.tokenizing += seconds
 
-    def handed(self, rows: int, waits: list[float]) -> None:
-        """A message of ``rows`` rows went to a worker, its parts having waited ``waits``."""
-        self.batch_rows.observe(rows)
+    def handed(self, waits: list[float]) -> None:
+        """A message went to a worker, its parts having waited ``waits``."""
         for wait in waits:
             self.queue_waits.observe(wait)
+
+    def ran(self, rows: int) -> None:
+        """A worker answered a message to it, running ``rows`` rows of it (none: no batch)."""
+        if rows:
+            self.batch_rows.observe(rows)
 
     def copy(self) -> dict[str, Any]:
         return {"queue_waits": self.queue_waits.copy(), "run_times": self.run_times.copy(),

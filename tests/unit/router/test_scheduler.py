@@ -246,8 +246,30 @@ def test_requests_queued_behind_a_busy_worker_go_to_it_as_one_batch():
     assert pool.sends_to(1) == [[0], [1, 2]]  # request 3 would make five rows
     assert (worker.batches, worker.rows, len(pool.queue)) == (2, 1, 1)  # rows it answered so far
     stats = pool.router.stats.of("m")
-    assert stats.batch_rows.counts[:3] == [1, 0, 1]  # a batch of 1 row, one of 3 (bucket 4)
+    assert stats.batch_rows.counts[:3] == [1, 0, 0]  # what it ran: one batch of 1 row
     assert sum(stats.queue_waits.counts) == 3
+    pool.answer(worker)
+    assert stats.batch_rows.counts[:3] == [1, 0, 1] and worker.rows == 4  # then one of 3 (bucket 4)
+    assert worker.batch_sizes == {1: 1, 4: 1}
+
+
+def test_rows_a_route_frame_claims_are_counted_only_once_run():
+    """A route frame that lies about its rows is refused by the worker: the lie is counted
+    nowhere; the rows a worker ran are."""
+    unsplit = {**SIGNATURE, "batching": False}  # the router never cuts its requests: it checks no bytes
+    pool = Pool(max_rows=4, models={"m": unsplit})
+    worker = pool.worker(1, models={"m": unsplit})
+    frames = protocol.encode_request(1, np.zeros((1, 4), np.float32))[1:]
+    route = bytearray(frames[0])
+    route[-16:-8] = (2**64 - 1).to_bytes(8, "little")  # the one array's first axis (it has no name)
+    pool.send(b"liar", [bytes(route), *frames[1:]])
+    assert pool.sends_to(1) == [[1]] and pool.part(1).rows == 2**64 - 1
+    pool.answer(worker, b"bad_request")
+    pool.request(2, rows=3)
+    pool.answer(worker)
+    stats = pool.router.stats.of("m")
+    assert (worker.served, worker.errors, worker.rows, worker.batch_sizes) == (2, 1, 3, {4: 1})
+    assert stats.batch_rows.counts[:3] == [0, 0, 1] and stats.batch_rows.total == 3
 
 
 def test_a_worker_told_to_stop_is_sent_stop_and_never_a_request():
@@ -354,17 +376,55 @@ def test_a_remote_worker_is_never_held_for_a_batch():
 # Recovery.
 
 
-def test_a_lost_request_is_retried_once_alone_then_fails():
+def test_a_lost_request_is_retried_once_alone_then_fails_and_a_crash_proves_it_a_killer():
     pool = Pool()
-    second, first = pool.worker(2), pool.worker(1)  # the request goes to the last one freed
+    pool.worker(2, token="b")
+    pool.worker(1, token="a")  # the request goes to the last one freed
     request = pool.request(9)
-    pool.lose(first)
+    pool.exited("a", "was killed by SIGSEGV")
     part = pool.part(9)
     assert pool.sends_to(2) == [[9]] and part.solo and part.attempts == MAX_ATTEMPTS
-    pool.lose(second)
+    pool.exited("b", "was killed by SIGABRT")
     assert pool.errors() == {9: "worker_failed"}
     assert pool.lost == [1, 2] and pool.workers == {}
     assert pool.quarantine.refusal(b"other", request.frames) is not None  # proven: it killed twice
+
+
+@pytest.mark.parametrize("second", ["sigkill", "sigbus", "link", "silent"])
+def test_a_second_loss_with_a_cause_of_its_own_fails_the_request_but_blames_it_for_nothing(second):
+    """The second worker went for a visible reason of its own (SIGKILLed from outside; SIGBUS, its
+    weight file cut short; a worker host's link closed, as when the host goes away with all its workers, the retry's too; given
+    up by the router): nothing shows the request killed it, whatever the first loss was."""
+    pool = Pool()
+    pool.worker(3, token="c")  # where an identical request goes afterwards
+    sibling = pool.worker(2, local=second != "link", token="b")
+    first = pool.worker(1, local=second != "link", token="a")
+    request = pool.request(9)
+    if first.local:
+        pool.exited("a", "was killed by SIGSEGV")  # even after a crash
+    else:
+        pool.lose(first, "unreachable (Host unreachable)")
+    assert pool.sends_to(2) == [[9]]
+    if second in ("sigkill", "sigbus"):
+        pool.exited("b", f"was killed by {second.upper()}", outside=True)
+    elif second == "link":
+        pool.lose(sibling, "unreachable (Host unreachable)")
+    else:
+        pool.lose(sibling, "no heartbeat for 6.0s, its process stopped")
+    assert pool.errors() == {9: "worker_failed"} and not pool.quarantine
+    pool.request(10, client=b"other", payload=np.zeros((1, 4), np.float32))
+    assert pool.quarantine.refusal(b"other", request.frames) is None and pool.sends_to(3) == [[10]]
+
+
+def test_a_killer_crashing_a_local_worker_after_a_remote_one_is_still_a_killer():
+    pool = Pool()
+    pool.worker(2, token="b")
+    remote = pool.worker(1, local=False)
+    request = pool.request(9)
+    pool.lose(remote, "unreachable (Host unreachable)")
+    pool.exited("b", "exited with code 134")
+    assert pool.errors() == {9: "worker_failed"}
+    assert pool.quarantine.refusal(b"other", request.frames) is not None
 
 
 def test_a_request_whose_workers_were_both_sigkilled_fails_but_is_not_quarantined():
@@ -372,9 +432,9 @@ def test_a_request_whose_workers_were_both_sigkilled_fails_but_is_not_quarantine
     pool.worker(2, token="b")
     pool.worker(1, token="a")  # freed last: the request goes to it
     request = pool.request(9)
-    pool.exited("a", "was killed by SIGKILL", killed=True)
+    pool.exited("a", "was killed by SIGKILL", outside=True)
     assert pool.sends_to(2) == [[9]]
-    pool.exited("b", "was killed by SIGKILL", killed=True)
+    pool.exited("b", "was killed by SIGKILL", outside=True)
     assert pool.errors() == {9: "worker_failed"}
     assert not pool.quarantine and pool.quarantine.refusal(b"other", request.frames) is None
 
