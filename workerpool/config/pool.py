@@ -8,11 +8,11 @@ uplink to a remote router. The defaults of options come from their declaration i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from dataclasses import field as plain_field
 from typing import TYPE_CHECKING, Any
 
+from ..linux.cpus import usable_cpus
 from .models import ModelEntry, entry_for
 from .settings import field, setting
 
@@ -76,12 +76,12 @@ class PoolConfig:
         more threads only make them take turns (and each wait is a cold pool)."""
         if self.threads_per_worker is not None:
             return self.threads_per_worker
-        return max(1, len(os.sched_getaffinity(0)) // max(1, self.workers))
+        return max(1, usable_cpus() // max(1, self.workers))
 
     def crowding(self) -> str | None:
         """What each of the workers gets when they are far more than the CPUs, or None: the
         others only wait, each costing memory and start-up time."""
-        workers, cpus = self.workers, len(os.sched_getaffinity(0))
+        workers, cpus = self.workers, usable_cpus()
         if workers <= CROWDED * cpus:
             return None
         threads = self.cpu_budget()

@@ -16,6 +16,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..endpoints import DEFAULT_BIND
+from ..linux.cpus import usable_cpus
 from ..logs import FORMATS, LEVELS
 from ..runtime import default_cache_dir
 from ..units import MS_PER_SECOND
@@ -35,8 +36,6 @@ def default_max_queue_bytes() -> int:
     return min(QUEUE_BYTES_CAP, memory // 8)
 
 
-def _cpu_count() -> int:
-    return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -112,12 +111,14 @@ _POOL_SETTINGS = (
     Setting("--log-format", choices=FORMATS, default="text",
             help="text, or json: one JSON object per line (default: %(default)s)",
             doc="`json`: one JSON object per line (see [Logs](operations.md#logs))"),
-    Setting("--workers", parse=values.count, default_factory=_cpu_count, per_model=True,
-            help="worker processes (default: the number of CPUs, {default} here); NAME=N: only N of "
-            "them map and serve the model NAME (default: every worker serves every model)",
+    Setting("--workers", parse=values.count, default_factory=usable_cpus, per_model=True,
+            help="worker processes (default: the CPUs this process may use, by its affinity and its "
+            "cgroup's CPU quota, {default} here); NAME=N: only N of them map and serve the model NAME "
+            "(default: every worker serves every model)",
             doc="worker processes; `NAME=N`: only N of them map and serve the model NAME (see "
             "[Several models](models.md#several-models-in-one-pool))",
-            doc_default="number of CPUs; every worker serves every model"),
+            doc_default="the CPUs the process may use (its affinity, and a container's CPU quota); every "
+            "worker serves every model"),
     Setting("--model", metavar=MODEL_METAVAR, per_model=True,
             help="model to build (default: metadata workerpool.model, else recognised from the "
             "tensors; built-ins: {builtin_models}); NAME=SPEC for one model",

@@ -30,6 +30,7 @@ from ..codecs.view import ModelState
 from ..config.pool import ServeConfig, StartupError
 from ..control.server import ControlServer
 from ..events.loop import Loop
+from ..linux.cpus import usable_cpus
 from ..logs import AccessLog
 from ..protocol import messages as protocol
 from ..router.connections import ConnectionLimit
@@ -114,7 +115,7 @@ def _bind_router(config: ServeConfig, pool: Pool, events: WorkerEvents, context:
         events, max_queue=config.max_queue, max_queue_bytes=config.max_queue_bytes,
         max_message_size=max_message_size, heartbeat=config.heartbeat, liveness=config.liveness,
         request_timeout=config.request_timeout,
-        running_cap=max(1, len(os.sched_getaffinity(0)) // pool.threads_per_worker),  # cores / a worker's share
+        running_cap=max(1, usable_cpus() // pool.threads_per_worker),  # cores / a worker's share
         access=access,
     )
     for served in pool.models:
