@@ -49,6 +49,7 @@ from benchlib.runs import stop_servers_on_sigterm, write_figures
 
 import workerpool
 from workerpool.control import client as control
+from workerpool.linux.procfs import processes_mapping
 from workerpool.runtime import default_cache_dir
 from workerpool.testing import ServerProcess, serve_args
 from workerpool.units import format_size, parse_size
@@ -416,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.model is None:
                 generate_model(model, args.size)
             model_size = os.path.getsize(model)
+            others = processes_mapping(model)
+            if others:  # their share of the file's pages is taken off the pool's PSS and USS
+                print(f"measure_rss: warning: processes {', '.join(map(str, others[:8]))} already map {model}: "
+                      "the pool's figures will read lower than alone (stop them for a true figure)",
+                      file=sys.stderr, flush=True)
             runs = []
             for pool, n in itertools.product(chosen, args.workers):
                 repeats = [measure(model, model_size, n, pool, directory, reading)
