@@ -150,11 +150,13 @@ def test_refusals_before_a_request_is_read_keep_its_id_and_get_a_line(small_mode
     token.write_text("s3cret")
     port = free_port()
     with Server(small_model, "--http", f"127.0.0.1:{port}", "--http-token-file", str(token),
-                "--max-connections", "1", workers=1) as server:
+                "--max-connections", "1", "--http-timeout", "0.5", workers=1) as server:
         unauthorized = raw_exchange(port, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Request-Id: client-401\r\n"
                                           b"Content-Length: 2\r\n\r\n{}")
         too_large = raw_exchange(port, b"POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                                        b"s3cret\r\nX-Request-Id: client-413\r\nContent-Length: 99999999999\r\n\r\n")
+        stalled = raw_exchange(port, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+                                     b"X-Request-Id: client-408\r\nContent-Length: 100\r\n\r\n{\"in")  # then nothing
         with socket.create_connection(("127.0.0.1", port), timeout=10) as held:  # the one connection allowed
             held.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             assert held.recv(65536).startswith(b"HTTP/1.1 200")
@@ -162,9 +164,12 @@ def test_refusals_before_a_request_is_read_keep_its_id_and_get_a_line(small_mode
     assert unauthorized.startswith(b"HTTP/1.1 401") and b"X-Request-Id: client-401\r\n" in unauthorized
     assert b'"request_id": "client-401"' in unauthorized
     assert too_large.startswith(b"HTTP/1.1 413") and b"X-Request-Id: client-413\r\n" in too_large
+    assert stalled.startswith(b"HTTP/1.1 408") and b"X-Request-Id: client-408\r\n" in stalled
+    assert json.loads(stalled.split(b"\r\n\r\n", 1)[1])["error"]["message"].startswith("the request body stopped")
     made = re.search(rb"X-Request-Id: (\S+)\r\n", turned_away).group(1).decode()
     assert turned_away.startswith(b"HTTP/1.1 503") and f'"request_id": "{made}"'.encode() in turned_away
     lines = {line["id"]: line for line in access_lines(server.log())}
     assert (lines["client-401"]["route"], lines["client-401"]["status"]) == ("POST /v1/embeddings", "401")
     assert (lines["client-413"]["route"], lines["client-413"]["status"]) == ("POST /v2/models/small/infer", "413")
+    assert (lines["client-408"]["route"], lines["client-408"]["status"]) == ("POST /v1/embeddings", "408")
     assert (lines[made]["status"], lines[made]["code"]) == ("503", "overloaded")

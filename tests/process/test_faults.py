@@ -532,6 +532,22 @@ def test_frozen_busy_worker_is_lost_and_the_request_is_retried(small_model):
         ), log
 
 
+def test_a_worker_stopped_past_the_request_timeout_blames_no_request(small_model):
+    """A worker stopped from outside (SIGSTOP) before the heartbeats notice, past a short
+    --request-timeout: it is given up, its request retried and answered, and an identical
+    request is not refused after it."""
+    with Server(small_model, *SLOW, "--request-timeout", "2", workers=2) as server:
+        slow = slow_request(server.endpoint, 0.5, timeout=20)
+        victim = busy_pids(server.wait_for(busy_pids))[0]
+        with frozen(victim):
+            result = slow.join(20)
+            assert result.worker_pid != victim
+            assert np.array_equal(result.outputs, np.full((1, 2), -1.0, np.float32))
+            again = slow_request(server.endpoint, 0.5, timeout=20).join(20)
+            assert np.array_equal(again.outputs, result.outputs)  # not refused as a killer
+        assert f"worker {victim} lost (past --request-timeout, its process stopped)" in server.log()
+
+
 @pytest.mark.xdist_group("timing")  # holds a worker 7 s
 def test_a_model_that_holds_the_gil_past_the_heartbeats_is_busy_not_frozen(small_model):
     """A busy worker does not beat; one whose model holds the GIL for 7 s (past heartbeat 1 s

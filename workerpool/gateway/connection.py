@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..codecs.http_call import KSERVE
 from ..events.loop import Loop
 from ..logs import AccessLog, Ran, RequestIds
 from ..router.core import Router
@@ -307,9 +306,11 @@ class Connection:
     def timed_out(self) -> None:
         if self.reader.in_body and self.current is None and not self.output:
             timeout = self.server.settings.client_timeout
-            self.request_id = self.server.request_ids.make()
-            self._respond(error_reply(408, f"the request body stopped arriving for {timeout:g}s "
-                                      "(--http-timeout)", KSERVE, request_id=self.request_id), close=True)
+            head = self.reader.partial
+            self.request_id = self.server.request_ids.chosen(head.headers.get("x-request-id") if head else None)
+            self._respond(error_reply(408, f"the request body stopped arriving for {timeout:g}s (--http-timeout)",
+                                      errors_of(head.path if head else ""), request_id=self.request_id),
+                          close=True, head=head)
             self.flush()
         if not self.closed:
             self.close()

@@ -128,11 +128,15 @@ class Backlog:
         """Apply what recovery decided for a lost worker's parts: each to retry is queued again
         before everything else of its model (unless its request was answered or started again
         meanwhile; if its model is no longer ``served``, its request is answered so), each to
-        fail answers its request, and a killer is quarantined."""
+        fail answers its request, and a killer is quarantined (a suspect too, when an identical
+        request crashed a worker before it)."""
         for part in reversed(decision.retry):
             if part.stale:
                 continue
-            if part.request.model in served:
+            request = part.request
+            if decision.suspect and self.quarantine.suspected(request.client, request.frames, request.model):
+                self.fail(request, ErrorCode.WORKER_FAILED, "an identical request crashed a worker before this one did")
+            elif part.request.model in served:
                 self.queue.put_back(part)
             else:
                 self.fail(part.request, ErrorCode.MODEL_NOT_FOUND,

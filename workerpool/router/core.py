@@ -281,7 +281,10 @@ the ZeroMQ door's access lines (none without it). ``clock`` is what
             elif silent > deadline and worker.local and worker.inflight and self.events.stopped(worker):
                 self.lose(key, f"no heartbeat for {silent:.1f}s, its process stopped")
             elif recovery.overdue(worker, now, scheduler.request_timeout):
-                scheduler.time_out(worker)
+                if worker.local and self.events.stopped(worker):  # stopped from outside: no request's fault
+                    self.lose(key, "past --request-timeout, its process stopped")
+                else:
+                    scheduler.time_out(worker)
             else:
                 self.outbox.to_worker(key, [protocol.HEARTBEAT])
 

@@ -3,7 +3,7 @@
 A request in flight on a worker that dies is retried once, alone (inference is idempotent, and
 the worker may have died of something else: an operator's ``kill``, the OOM killer, its host
 going away). A death alone blames nobody. A request is a killer only on evidence
-(``recovery.py``): a second worker running it alone crashed (a local worker's process died of
+(``recovery.py``): a second worker running it, or an identical request, alone crashed (a local worker's process died of
 itself: SIGKILL, which operators, the OOM killer and kill sweeps send, is no evidence, nor is
 SIGBUS, a weight file cut short, nor a worker host's link closing, which is how its host going
 away looks), or it ran past ``--request-timeout``. Identical requests (same model, method,
@@ -51,6 +51,7 @@ class Quarantine:
         self._requests: OrderedDict[bytes, float] = OrderedDict()  # fingerprint -> refused until
         self._kills: OrderedDict[bytes, dict[bytes, float]] = OrderedDict()  # client -> killer -> when
         self._models: dict[bytes, str] = {}  # fingerprint -> the model it killed workers of
+        self._suspects: OrderedDict[bytes, tuple[float, str]] = OrderedDict()  # fingerprint -> when, of which model
 
     def __bool__(self) -> bool:
         return bool(self._requests or self._kills)
@@ -58,6 +59,8 @@ class Quarantine:
     def clear(self, model: str) -> None:
         """New weights for ``model``: what killed its workers before may not now."""
         forgiven = {key for key, killed in self._models.items() if killed == model}
+        for key in [key for key, (_, suspected) in self._suspects.items() if suspected == model]:
+            del self._suspects[key]
         for key in forgiven:
             self._requests.pop(key, None)
             del self._models[key]
@@ -86,6 +89,22 @@ class Quarantine:
         if len(self._models) > 2 * MAX_ENTRIES:  # keep the models of those still remembered
             live = self._requests.keys() | {k for kills in self._kills.values() for k in kills}
             self._models = {k: m for k, m in self._models.items() if k in live}
+
+    def suspected(self, client: bytes, frames: list[Any], model: str) -> bool:
+        """A request crashed the worker running it alone: whether an identical one did so within
+        ``REQUEST_TTL`` (then it is a killer, quarantined now); else it is remembered."""
+        key = fingerprint(frames)
+        if key is None:
+            return False
+        now = time.monotonic()
+        before = self._suspects.pop(key, None)
+        if before is not None and now - before[0] < REQUEST_TTL:
+            self.killed(client, frames, model)
+            return True
+        self._suspects[key] = (now, model)
+        while len(self._suspects) > MAX_ENTRIES:
+            self._suspects.popitem(last=False)
+        return False
 
     def refusal(self, client: bytes, frames: list[Any]) -> str | None:
         """Why this request is refused, or None. Costs a hash only while anything is held."""

@@ -13,6 +13,11 @@ away (its workers go at once, a retry's included). A batch that dies tells nothi
 of its parts is to blame: each is retried alone. Parts a worker never received (the message to
 it could not be sent) go to another worker as they were.
 
+A crash is evidence whichever request of identical ones it comes from: a part that crashed its
+worker alone is a suspect, and an identical request (the same one retried, or sent again: one
+whose deadline passes before its retry runs is sent again) that crashes a worker while
+suspected is a killer.
+
 A part that runs past ``--request-timeout`` alone answers its request ``request_timeout`` and
 the request is a killer; the parts of a batch that ran out of time are retried alone (none of
 them is to blame for the time the others took). Either way the worker is given up.
@@ -40,6 +45,7 @@ class AfterLoss:
     retry: list[Part] = field(default_factory=list)
     fail: list[tuple[Part, ErrorCode, str]] = field(default_factory=list)
     blame: bool = False
+    suspect: bool = False  # the one part to retry crashed its worker alone: a first piece of evidence
 
 
 def after_loss(worker: WorkerRecord, parts: list[Part], why: str, *, crashed: bool, unsent: bool,
@@ -66,7 +72,7 @@ def after_loss(worker: WorkerRecord, parts: list[Part], why: str, *, crashed: bo
     if part.attempts < MAX_ATTEMPTS:
         log.warning("worker %d lost (%s) with a request in flight; retrying it", worker.pid, why)
         part.solo = True
-        return AfterLoss(retry=[part])
+        return AfterLoss(retry=[part], suspect=crashed)
     log.warning("worker %d lost (%s); its request already failed once", worker.pid, why)
     message = f"worker {worker.pid} failed while running the request, twice"
     return AfterLoss(fail=[(part, ErrorCode.WORKER_FAILED, message)], blame=crashed)

@@ -390,6 +390,23 @@ def test_a_lost_request_is_retried_once_alone_then_fails_and_a_crash_proves_it_a
     assert pool.quarantine.refusal(b"other", request.frames) is not None  # proven: it killed twice
 
 
+def test_a_crash_by_an_identical_request_sent_again_is_the_second_piece_of_evidence():
+    """A request that crashes its worker, and whose retry never runs (its deadline passes, say),
+    is sent again: the second crash of identical content proves it a killer, retried or not."""
+    pool = Pool()
+    pool.worker(2, token="b")
+    pool.worker(1, token="a")
+    first = pool.request(1, deadline_ms=10_000)
+    pool.exited("a", "was killed by SIGSEGV")  # a suspect: retried on b
+    pool.answer(pool.workers[(True, b"w2")])  # the retry runs and is answered: no verdict yet
+    assert pool.errors() == {} and pool.quarantine.refusal(b"c", first.frames) is None
+    pool.worker(3, token="c")
+    pool.request(2, deadline_ms=10_000)  # the same content again
+    pool.exited("c", "was killed by SIGSEGV")
+    assert pool.errors() == {2: "worker_failed"}  # not retried: it is the second crash
+    assert pool.quarantine.refusal(b"other", first.frames) is not None
+
+
 @pytest.mark.parametrize("second", ["sigkill", "sigbus", "link", "silent"])
 def test_a_second_loss_with_a_cause_of_its_own_fails_the_request_but_blames_it_for_nothing(second):
     """The second worker went for a visible reason of its own (SIGKILLed from outside; SIGBUS, its
