@@ -2,9 +2,8 @@
 
 ``text`` is for people; ``json`` is one JSON object per line for log collectors, with the time,
 level, logger, message, pid and, where the event knows them, ``worker``, ``generation`` and
-``request_id`` (passed as ``extra``). The format
-travels to the template and the workers in the environment (``WORKERPOOL_LOG_FORMAT``), which
-is also how an operator may set it.
+``request_id`` (passed as ``extra``). The format travels to the template and the workers in
+the environment (``WORKERPOOL_LOG_FORMAT``), which is also how an operator may set it.
 
 The access log (:class:`AccessLog`) is one line per answered request, from whichever door
 answered it: the router writes the ZeroMQ door's as it answers (``router/replies.py``), the

@@ -66,8 +66,8 @@ class Router:
     Models are served once added (:meth:`add_model`). It tells its owner about workers through
     ``events``; others read it through ``queue_depth``, ``in_flight``, ``unfinished``,
     ``workers`` and ``reload_complete()``. What it sends waits in ``outbox``; ``access`` writes
-the ZeroMQ door's access lines (none without it). ``clock`` is what
-    the scheduler measures the workers' time with (a test sets it).
+    the ZeroMQ door's access lines (none without it). ``clock`` is what the scheduler measures
+    the workers' time with (a test sets it).
     """
 
     def __init__(

@@ -17,21 +17,18 @@ import functools
 import json
 import logging
 import os
-import resource
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import zmq
 from threadpoolctl import ThreadpoolController
 
 from .. import burnpack, models, security
 from ..config.pool import POLLS_PER_HEARTBEAT
 from ..errors import ErrorCode
-from ..linux import controls, procfs
+from ..linux import controls
 from ..linux.controls import release_free_memory
 from ..logs import setup_logging
 from ..models.loaded import LoadedModel
@@ -39,6 +36,7 @@ from ..protocol import messages as protocol
 from ..protocol.transport import POLLIN, POLLOUT
 from ..units import MS_PER_SECOND, format_size
 from .channels import LinkChannel, RouterChannel, ZmqChannel
+from .memory_bound import MemoryBound, MemoryLimitTooLow
 from .requests import Answer, failed, handle_batch, in_batch_order, read_part
 from .spec import (
     CONTROL_SIGNALS,
@@ -55,7 +53,6 @@ from .spec import (
 
 log = logging.getLogger(__name__)
 
-BLAS_WARM_UP = 512  # side of a matrix product big enough to run on every BLAS thread
 IDLE_RELEASE = 1.0  # seconds without a request after which a worker gives back what serving took
 
 
@@ -160,7 +157,8 @@ class Worker:
             now = time.monotonic()
             if events.get(router.source, 0) & POLLIN:
                 router_seen = now
-                frames = router.receive()
+                with self.memory.unbounded() if self.memory else contextlib.nullcontext():
+                    frames = router.receive()
                 if frames is None:
                     log.warning("worker %d: the router closed this worker's link, exiting", os.getpid())
                     return 1
@@ -341,70 +339,6 @@ def is_identity(path: str, identity: list[int] | None) -> bool:
         return burnpack.FileIdentity.of(os.stat(path)).as_list() == identity
     except OSError:
         return False
-
-
-class MemoryLimitTooLow(Exception):
-    """The worker would be over --max-worker-memory before serving anything."""
-
-
-class MemoryBound:
-    """``--max-worker-memory`` inside the worker: a hard bound per request, a soft one per worker.
-
-    The hard bound is RLIMIT_DATA, which counts private writable mappings (heap, anonymous
-    memory, thread stacks) and not the read-only shared mapping of the weights. Set to what the
-    worker has mapped once ready plus the limit, it makes an allocation past the limit fail
-    with MemoryError, which fails that request alone instead of growing the worker. The soft
-    bound is checked after each answer: a worker whose resident private memory (RssAnon) is
-    over the limit, kept by a leak or a fragmented heap, leaves the pool to be replaced.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._inherited = resource.getrlimit(resource.RLIMIT_DATA)
-        _warm_up_blas()
-        self.arm()
-        private = self.private()
-        if private > limit:
-            raise MemoryLimitTooLow(f"--max-worker-memory {format_size(limit)} is below this worker's own "
-                                    f"private memory once ready ({format_size(private)}); raise it")
-
-    def _warn_if_over(self) -> None:
-        private = self.private()
-        if private > self.limit:
-            log.warning("worker %d: private memory is %s with the new generation, over "
-                        "--max-worker-memory %s: it will be recycled after every request",
-                        os.getpid(), format_size(private), format_size(self.limit))
-
-    def arm(self) -> None:
-        """Allow the limit beyond what is mapped now (never more than the inherited limits)."""
-        soft, hard = self._inherited
-        inherited = [limit for limit in (soft, hard) if limit != resource.RLIM_INFINITY]
-        mapped = procfs.status_figures()["VmData"]  # private writable mappings: what RLIMIT_DATA counts
-        bound = min([mapped + self.limit, *inherited])
-        resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
-
-    @contextlib.contextmanager
-    def lifted(self) -> Iterator[None]:
-        """No hard bound while a new generation is built (``--load copy`` copies its weights),
-        then one measured afresh, once the replaced generation is gone."""
-        resource.setrlimit(resource.RLIMIT_DATA, self._inherited)
-        try:
-            yield
-        finally:
-            self.arm()
-            self._warn_if_over()
-
-    def private(self) -> int:
-        """Resident private memory (RssAnon) in bytes."""
-        return procfs.private_resident()
-
-
-def _warm_up_blas() -> None:
-    """One matrix product per float type: BLAS threads allocate their work buffers on first use
-    and keep them, which must happen before the bound is set, not out of a request's share."""
-    for dtype in (np.float32, np.float64):
-        square = np.ones((BLAS_WARM_UP, BLAS_WARM_UP), dtype)
-        square @ square
 
 
 class Refused(Exception):
