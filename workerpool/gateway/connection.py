@@ -190,7 +190,7 @@ class Connection:
                 elif reader.refusal is not None:
                     refusal = reader.refusal
                     head = refusal.head
-                    self.request_id = self.server.request_ids.chosen(head.headers.get("x-request-id") if head else None)
+                    self.request_id = self._id_for(head)
                     self._respond(error_reply(refusal.status, refusal.message, errors_of(refusal.path or ""),
                                               refusal.headers, self.request_id),
                                   close=True, head=head)
@@ -207,7 +207,7 @@ class Connection:
     def _answer(self, request: Request) -> None:
         self.current = request
         self.deadline = None
-        self.request_id = self.server.request_ids.chosen(request.headers.get("x-request-id"))
+        self.request_id = self._id_for(request)
         decision = self.server.routes.answer(request, self.request_id)
         if isinstance(decision, Reply):
             if decision.refused is not None:
@@ -255,6 +255,11 @@ class Connection:
             access.write("http", _shown(shown), model=model, status=reply.status, ran=ran,
                          size_in=len(request.body) if request is not None else 0, size_out=len(body),
                          request_id=self.request_id)
+
+    def _id_for(self, request: Request | None) -> str:
+        """The id of ``request`` (None: one refused before its head was read): its
+        X-Request-Id when that is a fit id, else one made."""
+        return self.server.request_ids.chosen(request.headers.get("x-request-id") if request else None)
 
     def _release(self, request: Request) -> None:
         self.server.buffered -= request.reserved
@@ -307,7 +312,7 @@ class Connection:
         if self.reader.in_body and self.current is None and not self.output:
             timeout = self.server.settings.client_timeout
             head = self.reader.partial
-            self.request_id = self.server.request_ids.chosen(head.headers.get("x-request-id") if head else None)
+            self.request_id = self._id_for(head)
             self._respond(error_reply(408, f"the request body stopped arriving for {timeout:g}s (--http-timeout)",
                                       errors_of(head.path if head else ""), request_id=self.request_id),
                           close=True, head=head)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 CGROUPS = Path("/sys/fs/cgroup")
@@ -33,20 +34,27 @@ def cpu_quota(root: Path = CGROUPS, own: Path = OWN_CGROUPS) -> float | None:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        relative = path.lstrip("/")
         if controllers == "":  # v2: one hierarchy
-            for directory in (root / relative, root):
-                found = _read(directory / "cpu.max")
-                if found is not None:
-                    quota, _, period = found.partition(" ")
-                    return None if quota == "max" else _ratio(quota, period)
+            found = _first(root, [""], path, "cpu.max")
+            if found is not None:
+                quota, _, period = found[1].partition(" ")
+                return None if quota == "max" else _ratio(quota, period)
         elif "cpu" in controllers.split(","):
-            for name in V1_CPU_DIRECTORIES:
-                for directory in (root / name / relative, root / name):
-                    quota_text = _read(directory / "cpu.cfs_quota_us")
-                    if quota_text is not None:
-                        return None if quota_text.startswith("-") else _ratio(
-                            quota_text, _read(directory / "cpu.cfs_period_us") or "")
+            found = _first(root, V1_CPU_DIRECTORIES, path, "cpu.cfs_quota_us")
+            if found is not None:
+                directory, quota = found
+                return None if quota.startswith("-") else _ratio(quota, _read(directory / "cpu.cfs_period_us") or "")
+    return None
+
+
+def _first(root: Path, hierarchies: Iterable[str], path: str, name: str) -> tuple[Path, str] | None:
+    """The first file ``name`` found, with its directory: in a hierarchy's directory for the
+    cgroup at ``path``, else at the hierarchy's root."""
+    for hierarchy in hierarchies:
+        for directory in (root / hierarchy / path.lstrip("/"), root / hierarchy):
+            text = _read(directory / name)
+            if text is not None:
+                return directory, text
     return None
 
 

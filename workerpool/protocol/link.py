@@ -8,15 +8,13 @@ kernel keeps the records' order and boundaries, reports the peer's end closing a
 file, and needs no handshake: the link is usable from the moment it exists.
 
 The router's end does not block: what the socket has no room for waits here, in order, until
-it is writable. A worker's end blocks, and may be written from two threads (its heartbeat
-beats while the model runs): a message's records are written under one lock.
+it is writable. A worker's end blocks. Each end is used by one thread.
 """
 
 from __future__ import annotations
 
 import select
 import socket
-import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -54,7 +52,6 @@ class Link:
         self._buffer = receive_buffer if receive_buffer is not None else memoryview(bytearray(RECORD_BYTES))
         self._out: deque[list[Any]] = deque()  # records the socket had no room for yet
         self._partial: tuple[list[int], bytearray, int] | None = None  # lengths, its buffer, bytes read
-        self._lock = threading.Lock()
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -62,16 +59,11 @@ class Link:
     def send(self, frames: Sequence[Any]) -> bool:
         """Send a message; False when part of it waits for the socket to have room (see
         :meth:`flush`). Raises ``OSError`` when the other end is gone."""
-        with self._lock:
-            self._out.extend(records(frames, self.record_bytes))
-            return self._flush()
+        self._out.extend(records(frames, self.record_bytes))
+        return self.flush()
 
     def flush(self) -> bool:
         """Send what waits; True once nothing does."""
-        with self._lock:
-            return self._flush()
-
-    def _flush(self) -> bool:
         out, sock = self._out, self.sock
         while out:
             try:

@@ -74,8 +74,10 @@ class Quarantine:
         """A request of ``client`` for ``model`` proved a killer: it killed a worker running it
         alone after failing once, or ran out of time."""
         key = fingerprint(frames)
-        if key is None:
-            return
+        if key is not None:
+            self._quarantine(client, key, model)
+
+    def _quarantine(self, client: bytes, key: bytes, model: str) -> None:
         self._models[key] = model
         now = time.monotonic()
         self._requests.pop(key, None)
@@ -99,7 +101,7 @@ class Quarantine:
         now = time.monotonic()
         before = self._suspects.pop(key, None)
         if before is not None and now - before[0] < REQUEST_TTL:
-            self.killed(client, frames, model)
+            self._quarantine(client, key, model)  # hashed once: the request may be megabytes
             return True
         self._suspects[key] = (now, model)
         while len(self._suspects) > MAX_ENTRIES:

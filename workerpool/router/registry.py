@@ -60,8 +60,10 @@ class WorkerRecord:
         self.state = WorkerState.BUSY
         self.busy_since = now
         self.inflight = batch
-        for part in batch:
-            part.request.worker = self.pid  # the last it went to, for its access line
+        for part in batch:  # for its access line: when it first went to a worker, and the last one
+            if part.request.started is None:
+                part.request.started = now
+            part.request.worker = self.pid
         self.sent, self.ran_rows = len(batch), 0
         self.batches += 1
 

@@ -35,9 +35,10 @@ class Replies:
         self._ids = RequestIds()
 
     def send(self, client: bytes, frames: list[Any], model: str, outcome: str, *, api: str = ZMQ,
-             request: Request | None = None, sent: list[Any] | None = None) -> None:
+             request: Request | None = None, sent: list[Any] | None = None,
+             header: dict[str, Any] | None = None) -> None:
         """Answer ``client``'s ``request`` with ``frames``; or, for a request not taken in,
-        what it ``sent`` past the delimiter."""
+        what it ``sent`` past the delimiter (``header``: its header, when already read)."""
         self.count(model, outcome, api)
         now = time.monotonic()
         if request is not None:
@@ -50,7 +51,8 @@ class Replies:
             return
         self.outbox.to_client(client, frames)
         if self.access.wanted(outcome != OK):
-            self._write(frames, model, outcome, request, request.frames if request is not None else sent or [], now)
+            sent = request.frames if request is not None else sent or []
+            self._write(frames, model, outcome, request, sent, header_of(sent) if header is None else header, now)
 
     def count(self, model: str, outcome: str, api: str = ZMQ) -> None:
         """Count an answer: one sent here, or one the HTTP front door gave itself."""
@@ -59,12 +61,12 @@ class Replies:
     def error(self, client: bytes, sent: list[Any], code: ErrorCode, message: str,
               model: str = UNKNOWN_MODEL, *, api: str = ZMQ) -> None:
         """Answer a request not taken in (``sent``: what it sent past the delimiter)."""
-        request_id = header_of(sent).get("id")
-        self.send(client, protocol.encode_error(request_id, code, message), model, code, api=api, sent=sent)
+        header = header_of(sent)
+        self.send(client, protocol.encode_error(header.get("id"), code, message), model, code, api=api, sent=sent,
+                  header=header)
 
     def _write(self, frames: list[Any], model: str, outcome: str, request: Request | None, sent: list[Any],
-               now: float) -> None:
-        header = header_of(sent)
+               header: dict[str, Any], now: float) -> None:
         method = header.get("method")
         request_id = header.get("id")
         if request_id is None:

@@ -21,7 +21,6 @@ its first row (``restart``): replies of parts run before come back stale, and ar
 from __future__ import annotations
 
 import struct
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +54,7 @@ class Request:
     done: bool = False  # answered, or given up
     split: bool = False  # runs in parts
     api: str = ZMQ  # the door and route it came by, for the counts and the access log
-    started: float | None = None  # when its first part was taken for a worker
+    started: float | None = None  # when its first part went to a worker
     worker: int | None = None  # the pid of the worker its last part went to
     _offsets: list[int] | None = None
 
@@ -80,9 +79,7 @@ class Request:
         return min(self.rows - self.taken, most) if self.split else self.rows
 
     def take(self, most: int) -> Part:
-        """Its next part: the next ``next_rows(most)`` rows (taken to be handed to a worker now)."""
-        if self.started is None:
-            self.started = time.monotonic()
+        """Its next part: the next ``next_rows(most)`` rows."""
         start = self.taken
         self.taken += self.next_rows(most)
         return Part(self, start, self.taken, self.epoch)
